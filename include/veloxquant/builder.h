@@ -1,0 +1,48 @@
+// One cache per layer for a model shape.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "veloxquant/cache.h"
+#include "veloxquant/config.h"
+
+namespace vq {
+
+struct ModelShape {
+  std::int64_t n_layers = 0;
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t n_query_heads = 0;  // 0 means n_kv_heads
+};
+
+// The caches of every layer of one model. Layer i gets the config with seed = seed + i and
+// LayerShape{layer = i, n_layers}, so per-layer schedules (PyramidKV) come from the layer index.
+class ModelCache {
+ public:
+  ModelCache(const CacheConfig& config, const ModelShape& shape);
+  std::int64_t n_layers() const noexcept { return static_cast<std::int64_t>(layers_.size()); }
+  LayerCache& layer(std::int64_t i);
+  const LayerCache& layer(std::int64_t i) const;
+  const ModelShape& shape() const noexcept { return shape_; }
+  const CacheConfig& config() const noexcept { return config_; }
+
+  // Sums over layers (tokens_seen and tokens_kept are layer 0's).
+  CacheStats stats() const;
+  void reset();
+
+ private:
+  CacheConfig config_;
+  ModelShape shape_;
+  std::vector<LayerCache> layers_;
+};
+
+struct KVCacheBuilder {
+  // Validates config and shape (throws Error(kInvalidConfig) / kInvalidArgument).
+  static ModelCache for_model(const CacheConfig& config, const ModelShape& shape) {
+    return ModelCache(config, shape);
+  }
+};
+
+}  // namespace vq

@@ -1,0 +1,175 @@
+// The per-layer compressed KV cache.
+//
+// An engine makes one LayerCache per transformer layer (see builder.h) and calls it once per
+// layer per forward step. Contracts (docs/design.md):
+//  1. Positions are true token positions; each kept row carries its own, per KV head. The
+//     cache never renumbers or re-rotates rows (RoPE is applied before the cache sees a key).
+//  2. Deferred eviction: a step returns every previously kept row followed by all S new rows
+//     (uncapped); only afterwards is the stored state cut to the budget.
+//  3. Storage is fp16 by default (kv_dtype=f32 keeps fp32); all scoring and blending is fp32.
+//  4. The tokens of a chunk are decided one at a time: feeding S tokens in one step gives the
+//     same stored state as S steps of one token.
+//  5. Ties go to the lowest index; NaN scores never win a keep.
+//  6. Deterministic: randomness comes from a counter RNG keyed by (seed, layer, kv head, draw
+//     counter); the same config and inputs give bit-identical state.
+//  7. kept_bytes() is the K/V payload the cache holds (plus quantization metadata);
+//     full_bytes() the fp16 cost of every token seen; compression_ratio() their quotient.
+//  8. Construction validates the config and throws Error(kInvalidConfig) naming the field.
+//
+// Two ways to drive it:
+//  - Zero-copy, two phases (engines): view = begin_step(k, v); compute attention over the
+//    view's rows; end_step(&probs) (or end_step() with the proxy score source). The view points
+//    into cache storage and is valid until end_step().
+//  - One call (reference-library semantics): rows = update(k, v) returns an owning fp32 copy
+//    and leaves the stored state at budget.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "veloxquant/config.h"
+#include "veloxquant/types.h"
+
+namespace vq {
+
+namespace detail {
+class Policy;
+struct LayerState;
+}  // namespace detail
+
+// The shape a layer cache serves. Zero head counts or head_dim are taken from the first
+// non-empty update and fixed from then on.
+struct LayerShape {
+  std::int64_t n_kv_heads = 0;     // Hkv
+  std::int64_t head_dim = 0;       // D
+  std::int64_t n_query_heads = 0;  // Hq, for the attention input; 0 means Hkv
+  std::int64_t layer = 0;          // this layer's index (RNG key, per-layer budgets)
+  std::int64_t n_layers = 1;
+};
+
+// The rows of one (batch, kv head) to attend over, in order. Keys and values are
+// [n_rows][row_stride] elements of `dtype` (first head_dim used); positions [n_rows].
+struct HeadRows {
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  const std::int32_t* positions = nullptr;
+  DType dtype = DType::kF16;
+  std::int64_t n_rows = 0;
+  std::int64_t row_stride = 0;
+
+  // Element access converted to float (tests and tools; not for hot loops).
+  float key(std::int64_t row, std::int64_t d) const noexcept;
+  float value(std::int64_t row, std::int64_t d) const noexcept;
+};
+
+// What begin_step returns: per (b, kv head) the previously kept rows followed by the step's
+// new rows. Every head holds the same number of rows. Valid until end_step().
+class StepView {
+ public:
+  StepView() = default;
+  std::int64_t batch() const noexcept { return batch_; }
+  std::int64_t n_kv_heads() const noexcept { return heads_; }
+  std::int64_t head_dim() const noexcept { return head_dim_; }
+  std::int64_t n_rows() const noexcept { return n_rows_; }  // R
+  std::int64_t n_new() const noexcept { return n_new_; }    // S: the last S of the R rows
+  const HeadRows& head(std::int64_t b, std::int64_t h) const noexcept {
+    return rows_[b * heads_ + h];
+  }
+
+ private:
+  friend class LayerCache;
+  const HeadRows* rows_ = nullptr;  // [B * Hkv], owned by the cache
+  std::int64_t batch_ = 0, heads_ = 0, head_dim_ = 0, n_rows_ = 0, n_new_ = 0;
+};
+
+// Attention probabilities the engine computed for the rows of the current step:
+// [B, Hq, S, R] contiguous fp32, where S = view.n_new() (one query per new token) and
+// R = view.n_rows(). Query head q belongs to KV head q / (Hq / Hkv). Entries the causal mask
+// hid must be 0.
+struct AttentionRef {
+  const float* data = nullptr;
+  std::int64_t batch = 0, n_query_heads = 0, n_queries = 0, n_rows = 0;
+};
+
+// An owning fp32 copy of a step's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R].
+struct KVRows {
+  std::int64_t batch = 0, n_kv_heads = 0, n_rows = 0, head_dim = 0;
+  std::vector<float> keys, values;
+  std::vector<std::int32_t> positions;
+
+  const float* key(std::int64_t b, std::int64_t h, std::int64_t r) const noexcept {
+    return keys.data() + ((b * n_kv_heads + h) * n_rows + r) * head_dim;
+  }
+  const float* value(std::int64_t b, std::int64_t h, std::int64_t r) const noexcept {
+    return values.data() + ((b * n_kv_heads + h) * n_rows + r) * head_dim;
+  }
+  std::int32_t position(std::int64_t b, std::int64_t h, std::int64_t r) const noexcept {
+    return positions[(b * n_kv_heads + h) * n_rows + r];
+  }
+};
+
+struct CacheStats {
+  std::int64_t tokens_seen = 0;  // token positions passed in so far (per sequence)
+  std::int64_t tokens_kept = 0;  // rows stored for (b=0, h=0), as the reference library reports
+  std::vector<std::int64_t> tokens_kept_per_head;  // [B * Hkv]
+  std::int64_t kept_bytes = 0;       // K/V payload (+ quantization metadata) held now
+  std::int64_t full_bytes = 0;       // fp16 K+V cost of every token seen, all heads
+  double compression_ratio = 1.0;    // full_bytes / kept_bytes (1 when both are 0)
+  std::int64_t allocated_bytes = 0;  // capacity reserved for K/V payload (>= kept_bytes)
+  std::int64_t evictions = 0;        // rows removed since reset, all heads (merged or dropped)
+  std::int64_t merges = 0;           // of those, rows merged into a survivor
+};
+
+class LayerCache {
+ public:
+  // Validates `config` (throws Error(kInvalidConfig)) and builds the method's policy.
+  LayerCache(const CacheConfig& config, const LayerShape& shape);
+  ~LayerCache();
+  LayerCache(LayerCache&&) noexcept;
+  LayerCache& operator=(LayerCache&&) noexcept;
+  LayerCache(const LayerCache&) = delete;
+  LayerCache& operator=(const LayerCache&) = delete;
+
+  // Phase 1. keys/values: [B, Hkv, S, D], fp32 or fp16, same shape and dtype. Appends the S
+  // new rows (positions tokens_seen() .. + S - 1) and returns every kept row followed by them.
+  // Throws Error(kShapeMismatch) if B, Hkv or D differ from earlier calls or the shape given at
+  // construction (state untouched), kInvalidState if a step is already open. S = 0 is a no-op
+  // that returns the kept rows.
+  StepView begin_step(const TensorRef& keys, const TensorRef& values);
+
+  // Phase 2. Scores, evicts, merges or quantizes so the stored state fits the budget.
+  // `attention` (optional) holds the probabilities of this step's queries over the view's
+  // rows; methods configured with the proxy source ignore it, methods with source=attention
+  // require it. Throws Error(kShapeMismatch) for a wrongly shaped attention input,
+  // kInvalidState without an open step.
+  void end_step(const AttentionRef* attention = nullptr);
+
+  // begin_step + an owning copy of the view + end_step(). Reference-library semantics.
+  KVRows update(const TensorRef& keys, const TensorRef& values);
+
+  // Forgets every token (shape stays fixed); the RNG counters restart.
+  void reset();
+
+  // The rows stored between steps for (b, h), in order. Invalidated by the next step.
+  HeadRows stored(std::int64_t b, std::int64_t h) const;
+  bool step_open() const noexcept;
+
+  CacheStats stats() const;
+  std::int64_t tokens_seen() const noexcept;
+  std::int64_t tokens_kept() const noexcept;  // (b=0, h=0)
+  std::int64_t kept_bytes() const noexcept;
+  std::int64_t full_bytes() const noexcept;
+  double compression_ratio() const noexcept;
+  // Rows kept per KV head after each step, sinks included; -1 when the method keeps all.
+  std::int64_t budget() const noexcept;
+
+  const CacheConfig& config() const noexcept;
+  const LayerShape& shape() const noexcept;
+
+ private:
+  std::unique_ptr<detail::LayerState> state_;
+  std::unique_ptr<detail::Policy> policy_;
+};
+
+}  // namespace vq

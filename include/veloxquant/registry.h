@@ -1,0 +1,60 @@
+// The method registry: one entry per method id, in a fixed order. The CLI (`veloxquant list`),
+// the conformance tests, the benchmarks and the README table all read this table, so adding a
+// method is: its policy file, one line in src/core/registry.cpp, its test file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "veloxquant/config.h"
+
+namespace vq {
+
+struct LayerShape;
+namespace detail {
+class Policy;
+}
+
+struct MethodInfo {
+  std::string id;       // public, stable, lower-case (a contract: never renamed)
+  std::string prefix;   // field-name prefix ("cam" for cam_budget); may be empty
+  std::string summary;  // one line for `veloxquant list`
+  std::string paper;    // the paper it implements or adapts
+  // README table columns.
+  std::string disposition;   // drop / merge / quantize
+  std::string score_signal;  // what ranks tokens
+  std::string budget_type;   // uniform / none / ...
+  std::string deviations;    // plain statement of where it departs from the paper
+  std::vector<FieldSpec> fields;
+
+  // Cross-field guards; throws Error(kInvalidConfig). Ranges are checked before this runs.
+  void (*check)(const CacheConfig& config) = nullptr;
+  // Token budget (rows kept per KV head per layer, sinks included): get, and set (used by
+  // sweeps such as `eval --budget`). Both null for methods without a token budget (full).
+  std::int64_t (*get_budget)(const CacheConfig& config) = nullptr;
+  void (*set_budget)(CacheConfig& config, std::int64_t budget) = nullptr;
+  // Makes the per-layer policy. Called by LayerCache after validate().
+  std::unique_ptr<detail::Policy> (*make_policy)(const CacheConfig& config,
+                                                 const LayerShape& shape) = nullptr;
+};
+
+// All registered methods, in registry order.
+const std::vector<MethodInfo>& registry();
+// Throws Error(kUnknownMethod) "unknown method 'x'; known methods: full, streaming_llm, ...".
+const MethodInfo& find_method(std::string_view id);
+std::vector<std::string> method_ids();
+
+// Token budget helpers over MethodInfo::get_budget / set_budget.
+bool has_token_budget(const CacheConfig& config);
+std::int64_t token_budget(const CacheConfig& config);  // throws if the method has none
+// Returns a copy with the budget set and validated; throws Error(kInvalidConfig) if the
+// method has no budget or the result is inconsistent (e.g. budget <= n_sink).
+CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget);
+
+// The README's method table (markdown), generated from the registry.
+std::string method_table_markdown();
+
+}  // namespace vq

@@ -1,0 +1,76 @@
+#include "veloxquant/builder.h"
+
+#include <string>
+
+#include "veloxquant/errors.h"
+
+namespace vq {
+
+ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
+    : config_(config), shape_(shape) {
+  config.validate();
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[builder] " + msg);
+  };
+  if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
+  if (shape.n_kv_heads < 1) bad("n_kv_heads must be >= 1, got " + std::to_string(shape.n_kv_heads));
+  if (shape.head_dim < 1) bad("head_dim must be >= 1, got " + std::to_string(shape.head_dim));
+  const std::int64_t hq = shape.n_query_heads == 0 ? shape.n_kv_heads : shape.n_query_heads;
+  if (hq < 1 || hq % shape.n_kv_heads != 0) {
+    bad("n_query_heads must be a positive multiple of n_kv_heads (" +
+        std::to_string(shape.n_kv_heads) + "), got " + std::to_string(hq));
+  }
+  shape_.n_query_heads = hq;
+  layers_.reserve(static_cast<std::size_t>(shape.n_layers));
+  const std::int64_t seed = config.seed();
+  for (std::int64_t i = 0; i < shape.n_layers; ++i) {
+    CacheConfig layer_config = config;
+    layer_config.set("seed", seed + i);
+    LayerShape ls;
+    ls.n_kv_heads = shape.n_kv_heads;
+    ls.head_dim = shape.head_dim;
+    ls.n_query_heads = hq;
+    ls.layer = i;
+    ls.n_layers = shape.n_layers;
+    layers_.emplace_back(layer_config, ls);
+  }
+}
+
+LayerCache& ModelCache::layer(std::int64_t i) {
+  if (i < 0 || i >= n_layers()) {
+    throw Error(ErrorCode::kInvalidArgument, "[builder] layer must be in [0, " +
+                                                 std::to_string(n_layers() - 1) + "], got " +
+                                                 std::to_string(i));
+  }
+  return layers_[static_cast<std::size_t>(i)];
+}
+
+const LayerCache& ModelCache::layer(std::int64_t i) const {
+  return const_cast<ModelCache*>(this)->layer(i);
+}
+
+CacheStats ModelCache::stats() const {
+  CacheStats s;
+  for (const LayerCache& l : layers_) {
+    const CacheStats ls = l.stats();
+    if (&l == &layers_.front()) {
+      s.tokens_seen = ls.tokens_seen;
+      s.tokens_kept = ls.tokens_kept;
+      s.tokens_kept_per_head = ls.tokens_kept_per_head;
+    }
+    s.kept_bytes += ls.kept_bytes;
+    s.full_bytes += ls.full_bytes;
+    s.allocated_bytes += ls.allocated_bytes;
+    s.evictions += ls.evictions;
+    s.merges += ls.merges;
+  }
+  s.compression_ratio =
+      s.kept_bytes == 0 ? 1.0 : static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes);
+  return s;
+}
+
+void ModelCache::reset() {
+  for (LayerCache& l : layers_) l.reset();
+}
+
+}  // namespace vq

@@ -1,0 +1,309 @@
+#include "veloxquant/cache.h"
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/float_env.h"
+#include "core/kernels.h"
+#include "core/layer_state.h"
+#include "policies/policy.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+
+namespace vq {
+
+using detail::HeadState;
+using detail::LayerState;
+
+float HeadRows::key(std::int64_t row, std::int64_t d) const noexcept {
+  const std::int64_t off = row * row_stride + d;
+  return dtype == DType::kF32 ? static_cast<const float*>(keys)[off]
+                              : half_to_float(static_cast<const std::uint16_t*>(keys)[off]);
+}
+
+float HeadRows::value(std::int64_t row, std::int64_t d) const noexcept {
+  const std::int64_t off = row * row_stride + d;
+  return dtype == DType::kF32 ? static_cast<const float*>(values)[off]
+                              : half_to_float(static_cast<const std::uint16_t*>(values)[off]);
+}
+
+namespace {
+
+[[noreturn]] void shape_error(const std::string& msg) {
+  throw Error(ErrorCode::kShapeMismatch, "[cache] " + msg);
+}
+
+std::string shape_text(const TensorRef& t) {
+  return "[" + std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
+         std::to_string(t.shape[2]) + ", " + std::to_string(t.shape[3]) + "]";
+}
+
+void check_tensor(const TensorRef& t, const char* name) {
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 0) shape_error(std::string(name) + " has a negative dimension " + shape_text(t));
+  }
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF16) {
+    shape_error(std::string(name) + " has an unsupported dtype (allowed: f32, f16)");
+  }
+  const bool empty = t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0 || t.shape[3] == 0;
+  if (!empty && t.data == nullptr) shape_error(std::string(name) + " has no data pointer");
+  if (!empty && t.stride[3] != 1) {
+    shape_error(std::string(name) + " must be contiguous along head_dim (stride 1), got stride " +
+                std::to_string(t.stride[3]));
+  }
+}
+
+HeadRows to_head_rows(const detail::RowsRef& r) {
+  return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride};
+}
+
+}  // namespace
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : state_(std::make_unique<LayerState>()) {
+  config.validate();
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[cache] " + msg);
+  };
+  if (shape.n_kv_heads < 0) bad("n_kv_heads must be >= 0, got " + std::to_string(shape.n_kv_heads));
+  if (shape.head_dim < 0) bad("head_dim must be >= 0, got " + std::to_string(shape.head_dim));
+  if (shape.n_query_heads < 0) {
+    bad("n_query_heads must be >= 0, got " + std::to_string(shape.n_query_heads));
+  }
+  if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
+  if (shape.layer < 0 || shape.layer >= shape.n_layers) {
+    bad("layer must be in [0, " + std::to_string(shape.n_layers - 1) + "], got " +
+        std::to_string(shape.layer));
+  }
+  if (shape.n_query_heads > 0 && shape.n_kv_heads > 0 &&
+      shape.n_query_heads % shape.n_kv_heads != 0) {
+    bad("n_query_heads (" + std::to_string(shape.n_query_heads) +
+        ") must be a multiple of n_kv_heads (" + std::to_string(shape.n_kv_heads) + ")");
+  }
+  state_->config = config;
+  state_->shape = shape;
+  policy_ = config.info().make_policy(config, shape);
+}
+
+LayerCache::~LayerCache() = default;
+LayerCache::LayerCache(LayerCache&&) noexcept = default;
+LayerCache& LayerCache::operator=(LayerCache&&) noexcept = default;
+
+StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] begin_step called while a step is open; call end_step() first");
+  }
+  check_tensor(keys, "keys");
+  check_tensor(values, "values");
+  for (int i = 0; i < 4; ++i) {
+    if (keys.shape[i] != values.shape[i]) {
+      shape_error("keys " + shape_text(keys) + " and values " + shape_text(values) +
+                  " must have the same shape [B, Hkv, S, D]");
+    }
+  }
+  const std::int64_t B = keys.shape[0], H = keys.shape[1], S = keys.shape[2], D = keys.shape[3];
+  const LayerShape& ls = st.shape;
+  auto mismatch = [&](const char* what, std::int64_t got, std::int64_t want, const char* origin) {
+    shape_error(std::string("keys/values ") + shape_text(keys) + " have " + what + " " +
+                std::to_string(got) + ", but this cache holds " + std::to_string(want) + " (" +
+                origin + ")");
+  };
+  if (st.shaped) {
+    if (B != st.batch) mismatch("batch", B, st.batch, "fixed by the first update");
+    if (H != ls.n_kv_heads) mismatch("n_kv_heads", H, ls.n_kv_heads, "fixed");
+    if (D != ls.head_dim) mismatch("head_dim", D, ls.head_dim, "fixed");
+  } else {
+    if (ls.n_kv_heads > 0 && H != ls.n_kv_heads && S > 0) {
+      mismatch("n_kv_heads", H, ls.n_kv_heads, "given at construction");
+    }
+    if (ls.head_dim > 0 && D != ls.head_dim && S > 0) {
+      mismatch("head_dim", D, ls.head_dim, "given at construction");
+    }
+  }
+  if (S > 0 && (B == 0 || H == 0 || D == 0)) {
+    shape_error("keys/values " + shape_text(keys) + " must have B, Hkv and D >= 1");
+  }
+  if (S > 0 && st.tokens_seen + S > std::numeric_limits<std::int32_t>::max()) {
+    shape_error("positions would exceed 2^31 - 1 tokens");
+  }
+  if (S > 0 && !st.shaped) {
+    st.batch = B;
+    st.shape.n_kv_heads = H;
+    st.shape.head_dim = D;
+    if (st.shape.n_query_heads == 0) st.shape.n_query_heads = H;
+    if (st.shape.n_query_heads % H != 0) {
+      shape_error("n_query_heads (" + std::to_string(st.shape.n_query_heads) +
+                  ") must be a multiple of n_kv_heads (" + std::to_string(H) + ")");
+    }
+    const DType storage = st.config.kv_dtype();
+    st.heads.clear();
+    st.heads.resize(static_cast<std::size_t>(B * H));
+    for (HeadState& hs : st.heads) hs.store = detail::make_plain_store(storage, D);
+    st.rngs.clear();
+    const auto seed = static_cast<std::uint64_t>(st.config.seed());
+    for (std::int64_t h = 0; h < H; ++h) {
+      st.rngs.emplace_back(seed, static_cast<std::uint64_t>(ls.layer), static_cast<std::uint64_t>(h));
+    }
+    st.view_rows.resize(static_cast<std::size_t>(B * H));
+    st.shaped = true;
+  }
+  st.step_prev = st.heads.empty() ? 0 : st.heads[0].store->size();
+  st.step_new = S;
+  if (S > 0) {
+    const auto first = static_cast<std::int32_t>(st.tokens_seen);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        st.heads[static_cast<std::size_t>(b * H + h)].store->append(keys, values, b, h, first);
+      }
+    }
+    st.tokens_seen += S;
+  }
+  for (std::size_t i = 0; i < st.heads.size(); ++i) {
+    st.view_rows[i] = to_head_rows(st.heads[i].store->rows());
+  }
+  st.step_open = true;
+  StepView view;
+  view.rows_ = st.view_rows.data();
+  view.batch_ = st.batch;
+  view.heads_ = st.shaped ? st.shape.n_kv_heads : 0;
+  view.head_dim_ = st.shaped ? st.shape.head_dim : 0;
+  view.n_rows_ = st.step_prev + S;
+  view.n_new_ = S;
+  return view;
+}
+
+void LayerCache::end_step(const AttentionRef* attention) {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (!st.step_open) {
+    throw Error(ErrorCode::kInvalidState, "[cache] end_step called without an open step");
+  }
+  if (attention != nullptr && st.step_new > 0) {
+    const AttentionRef& a = *attention;
+    const std::int64_t R = st.step_prev + st.step_new;
+    if (a.data == nullptr || a.batch != st.batch || a.n_query_heads != st.shape.n_query_heads ||
+        a.n_queries != st.step_new || a.n_rows != R) {
+      throw Error(ErrorCode::kShapeMismatch,
+                  "[cache] attention must be [B, Hq, S, R] = [" + std::to_string(st.batch) + ", " +
+                      std::to_string(st.shape.n_query_heads) + ", " +
+                      std::to_string(st.step_new) + ", " + std::to_string(R) + "], got [" +
+                      std::to_string(a.batch) + ", " + std::to_string(a.n_query_heads) + ", " +
+                      std::to_string(a.n_queries) + ", " + std::to_string(a.n_rows) + "]" +
+                      (a.data == nullptr ? " with no data" : ""));
+    }
+  }
+  if (st.step_new > 0) policy_->end_step(st, attention);
+  st.step_open = false;
+  st.step_new = 0;
+}
+
+KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
+  const StepView view = begin_step(keys, values);
+  KVRows out;
+  out.batch = view.batch();
+  out.n_kv_heads = view.n_kv_heads();
+  out.n_rows = view.n_rows();
+  out.head_dim = view.head_dim();
+  const std::int64_t D = out.head_dim, R = out.n_rows;
+  const std::size_t n = static_cast<std::size_t>(out.batch * out.n_kv_heads * R);
+  out.keys.resize(n * static_cast<std::size_t>(D));
+  out.values.resize(n * static_cast<std::size_t>(D));
+  out.positions.resize(n);
+  for (std::int64_t b = 0; b < out.batch; ++b) {
+    for (std::int64_t h = 0; h < out.n_kv_heads; ++h) {
+      const HeadRows& hr = view.head(b, h);
+      const std::size_t size = dtype_size(hr.dtype);
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::int64_t o = ((b * out.n_kv_heads + h) * R + r);
+        const auto* krow = static_cast<const char*>(hr.keys) + r * hr.row_stride * static_cast<std::int64_t>(size);
+        const auto* vrow = static_cast<const char*>(hr.values) + r * hr.row_stride * static_cast<std::int64_t>(size);
+        kernels::load_row(krow, hr.dtype, out.keys.data() + o * D, D);
+        kernels::load_row(vrow, hr.dtype, out.values.data() + o * D, D);
+        out.positions[static_cast<std::size_t>(o)] = hr.positions[r];
+      }
+    }
+  }
+  end_step(nullptr);
+  return out;
+}
+
+void LayerCache::reset() {
+  LayerState& st = *state_;
+  for (HeadState& hs : st.heads) {
+    hs.store->clear();
+    hs.live.clear();
+    hs.score.clear();
+    hs.aux.clear();
+    hs.draws = 0;
+    hs.evictions = hs.merges = 0;
+  }
+  st.tokens_seen = 0;
+  st.step_open = false;
+  st.step_prev = st.step_new = 0;
+  policy_->on_reset(st);
+}
+
+HeadRows LayerCache::stored(std::int64_t b, std::int64_t h) const {
+  const LayerState& st = *state_;
+  if (!st.shaped) return HeadRows{};
+  if (b < 0 || b >= st.batch || h < 0 || h >= st.shape.n_kv_heads) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[cache] stored(b, h) needs b in [0, " + std::to_string(st.batch - 1) +
+                    "] and h in [0, " + std::to_string(st.shape.n_kv_heads - 1) + "], got (" +
+                    std::to_string(b) + ", " + std::to_string(h) + ")");
+  }
+  return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store->rows());
+}
+
+bool LayerCache::step_open() const noexcept { return state_->step_open; }
+
+std::int64_t LayerCache::tokens_seen() const noexcept { return state_->tokens_seen; }
+
+std::int64_t LayerCache::tokens_kept() const noexcept {
+  return state_->heads.empty() ? 0 : state_->heads[0].store->size();
+}
+
+std::int64_t LayerCache::kept_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (const HeadState& hs : state_->heads) total += hs.store->bytes();
+  return total;
+}
+
+std::int64_t LayerCache::full_bytes() const noexcept {
+  const LayerState& st = *state_;
+  if (!st.shaped) return 0;
+  return st.tokens_seen * st.batch * st.shape.n_kv_heads * st.shape.head_dim * 2 * 2;
+}
+
+double LayerCache::compression_ratio() const noexcept {
+  const std::int64_t kept = kept_bytes();
+  const std::int64_t full = full_bytes();
+  if (kept == 0) return 1.0;
+  return static_cast<double>(full) / static_cast<double>(kept);
+}
+
+CacheStats LayerCache::stats() const {
+  CacheStats s;
+  s.tokens_seen = tokens_seen();
+  s.tokens_kept = tokens_kept();
+  for (const HeadState& hs : state_->heads) {
+    s.tokens_kept_per_head.push_back(hs.store->size());
+    s.allocated_bytes += hs.store->allocated_bytes();
+    s.evictions += hs.evictions;
+    s.merges += hs.merges;
+  }
+  s.kept_bytes = kept_bytes();
+  s.full_bytes = full_bytes();
+  s.compression_ratio = compression_ratio();
+  return s;
+}
+
+std::int64_t LayerCache::budget() const noexcept { return policy_->budget(); }
+const CacheConfig& LayerCache::config() const noexcept { return state_->config; }
+const LayerShape& LayerCache::shape() const noexcept { return state_->shape; }
+
+}  // namespace vq

@@ -1,0 +1,56 @@
+// Row storage for one (batch, kv head): keys, values and true positions, in order.
+// Policies decide; only the cache (through this interface) mutates storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "veloxquant/types.h"
+
+namespace vq::detail {
+
+// Direct read access to the rows: keys/values are [n_rows][stride] elements of dtype.
+struct RowsRef {
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  const std::int32_t* positions = nullptr;
+  DType dtype = DType::kF16;
+  std::int64_t n_rows = 0;
+  std::int64_t stride = 0;
+
+  const void* key(std::int64_t i) const noexcept {
+    return static_cast<const char*>(keys) + i * stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+  const void* value(std::int64_t i) const noexcept {
+    return static_cast<const char*>(values) +
+           i * stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+};
+
+class RowStore {
+ public:
+  virtual ~RowStore() = default;
+  virtual std::int64_t size() const noexcept = 0;
+  // Appends the S = k.tokens() rows of (b, h), with positions first_pos, first_pos + 1, ...
+  virtual void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
+                      std::int32_t first_pos) = 0;
+  // All rows in physical order, readable until the next mutating call.
+  virtual RowsRef rows() const noexcept = 0;
+  virtual void read_key(std::int64_t i, float* out) const noexcept = 0;
+  virtual void read_value(std::int64_t i, float* out) const noexcept = 0;
+  virtual void write_key(std::int64_t i, const float* in) noexcept = 0;
+  virtual void write_value(std::int64_t i, const float* in) noexcept = 0;
+  virtual void set_position(std::int64_t i, std::int32_t pos) noexcept = 0;
+  // Keeps rows idx[0..n) (strictly increasing physical indices), in that order.
+  virtual void keep(const std::int64_t* idx, std::int64_t n) = 0;
+  virtual void clear() noexcept = 0;
+  // Payload bytes held now (K + V, plus quantization metadata where there is some).
+  virtual std::int64_t bytes() const noexcept = 0;
+  // Bytes reserved for the payload (>= bytes()).
+  virtual std::int64_t allocated_bytes() const noexcept = 0;
+};
+
+// Plain rows of `storage` dtype (fp16 or fp32).
+std::unique_ptr<RowStore> make_plain_store(DType storage, std::int64_t head_dim);
+
+}  // namespace vq::detail

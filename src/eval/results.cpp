@@ -1,0 +1,84 @@
+#include "eval/results.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "veloxquant/errors.h"
+
+#ifndef VELOXQUANT_GIT_COMMIT
+#define VELOXQUANT_GIT_COMMIT "unknown"
+#endif
+
+namespace vq::eval {
+namespace fs = std::filesystem;
+
+namespace {
+[[noreturn]] void io_error(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::kIoError, "cannot write '" + path + "': " + what, path);
+}
+
+fs::path parent_of(const std::string& path) {
+  fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+}  // namespace
+
+void check_writable(const std::string& path) {
+  if (path.empty()) io_error(path, "empty path");
+  if (fs::is_directory(path)) io_error(path, "it is a directory");
+  const fs::path parent = parent_of(path);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) io_error(path, "cannot create directory '" + parent.string() + "': " + ec.message());
+  if (::access(parent.c_str(), W_OK) != 0) {
+    io_error(path, "directory '" + parent.string() + "' is not writable: " + std::strerror(errno));
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  check_writable(path);
+  const fs::path target(path);
+  const fs::path tmp = parent_of(path) / ("." + target.filename().string() + ".tmp." +
+                                          std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) io_error(path, "cannot create temporary file '" + tmp.string() + "'");
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.flush();
+    if (!out) {
+      out.close();
+      std::remove(tmp.c_str());
+      io_error(path, "write failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    io_error(path, "rename failed: " + ec.message());
+  }
+}
+
+std::string build_commit() { return VELOXQUANT_GIT_COMMIT; }
+
+std::string machine_description() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) model = line.substr(colon + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " logical cores";
+}
+
+}  // namespace vq::eval

@@ -1,0 +1,102 @@
+#include "policies/fields.h"
+
+#include <string>
+
+#include "veloxquant/errors.h"
+
+namespace vq::detail {
+
+FieldSpec int_field(std::string name, std::int64_t def, std::int64_t min, std::int64_t max,
+                    std::string doc) {
+  FieldSpec f;
+  f.name = std::move(name);
+  f.type = FieldType::kInt;
+  f.default_value = def;
+  f.min = static_cast<double>(min);
+  f.max = static_cast<double>(max);
+  f.doc = std::move(doc);
+  return f;
+}
+
+FieldSpec float_field(std::string name, double def, double min, double max, std::string doc) {
+  FieldSpec f;
+  f.name = std::move(name);
+  f.type = FieldType::kFloat;
+  f.default_value = def;
+  f.min = min;
+  f.max = max;
+  f.doc = std::move(doc);
+  return f;
+}
+
+FieldSpec bool_field(std::string name, bool def, std::string doc) {
+  FieldSpec f;
+  f.name = std::move(name);
+  f.type = FieldType::kBool;
+  f.default_value = def;
+  f.doc = std::move(doc);
+  return f;
+}
+
+FieldSpec enum_field(std::string name, std::string def, std::vector<std::string> choices,
+                     std::string doc) {
+  FieldSpec f;
+  f.name = std::move(name);
+  f.type = FieldType::kEnum;
+  f.default_value = std::move(def);
+  f.choices = std::move(choices);
+  f.doc = std::move(doc);
+  return f;
+}
+
+void add_common_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(int_field("seed", 42, 0, 9007199254740991,
+                             "RNG seed; layer i of a model uses seed + i"));
+  fields.push_back(enum_field("kv_dtype", "f16", {"f16", "f32"},
+                              "storage type of kept K/V rows (scoring is fp32 either way)"));
+}
+
+void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
+                      const std::string& default_mode) {
+  fields.push_back(enum_field(prefix + "_merge", default_mode, {"sim_weighted", "mean", "drop"},
+                              "what happens to an evicted row: blend into the most similar "
+                              "survivor (cosine-weighted or 0.5), or drop it"));
+  fields.push_back(bool_field(prefix + "_merge_gate", true,
+                              "merge only with probability clamp(score_loser / score_target, "
+                              "0, 1) (CaM's merge mask)"));
+  fields.push_back(bool_field(prefix + "_merge_keys", false,
+                              "blend keys as well as values when merging"));
+}
+
+void config_error(const CacheConfig& config, const std::string& message) {
+  throw Error(ErrorCode::kInvalidConfig, "[" + config.method() + "] " + message);
+}
+
+void require_less(const CacheConfig& config, std::string_view a, std::string_view b) {
+  const std::int64_t va = config.get_int(a), vb = config.get_int(b);
+  if (!(va < vb)) {
+    config_error(config, std::string(a) + " must be < " + std::string(b) + " (" +
+                             std::to_string(vb) + "), got " + std::to_string(va));
+  }
+}
+
+void require_sum_less(const CacheConfig& config, std::string_view a, std::string_view b,
+                      std::string_view c) {
+  const std::int64_t va = config.get_int(a), vb = config.get_int(b), vc = config.get_int(c);
+  if (!(va + vb < vc)) {
+    config_error(config, std::string(a) + " + " + std::string(b) + " must be < " +
+                             std::string(c) + " (" + std::to_string(vc) + "), got " +
+                             std::to_string(va) + " + " + std::to_string(vb) + " = " +
+                             std::to_string(va + vb));
+  }
+}
+
+void require_at_most(const CacheConfig& config, std::string_view a, std::string_view b) {
+  const std::int64_t va = config.get_int(a), vb = config.get_int(b);
+  if (!(va <= vb)) {
+    config_error(config, std::string(a) + " must be <= " + std::string(b) + " (" +
+                             std::to_string(vb) + "), got " + std::to_string(va));
+  }
+}
+
+}  // namespace vq::detail

@@ -1,0 +1,90 @@
+// h2o: Heavy-Hitter Oracle, cumulative attention mass.
+//
+// Paper: Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large
+// Language Models", NeurIPS 2023.
+//
+// Proxy rule (reference library): the first token starts at score 1.0. For each later token
+// t, a = softmax(K_stored . k_t / sqrt(d)) over the stored rows (t excluded);
+// score <- score * decay + a; t is appended with score 0. Over budget: the first n_sink rows
+// and the newest grace rows are protected, the argmin is evicted (ties to the lowest index).
+//
+// Fields: h2o_budget=512, h2o_n_sink=4, h2o_grace=16, h2o_decay=0.98, h2o_merge=drop (+gate,
+// keys), seed, kv_dtype.
+// Deviations from the paper: the incoming key stands in for the query; grace and decay are
+// the reference library's additions (grace=0, decay=1 is the paper's rule, under which the
+// newest token, at score 0, is almost always the loser).
+#include "policies/h2o.h"
+
+#include <limits>
+
+#include "policies/fields.h"
+#include "policies/methods.h"
+
+namespace vq::detail {
+
+void H2OPolicy::on_token(HeadCtx& h, std::int64_t row) {
+  const std::int64_t n = h.n_live();
+  if (n == 0) {
+    push_row(h.hs, row, 1.0f);
+    return;
+  }
+  weights_.resize(static_cast<std::size_t>(n));
+  proxy_weights(h, key_of_row(h, row), n, weights_.data());
+  float* score = h.hs.score.data();
+  for (std::int64_t i = 0; i < n; ++i) score[i] = score[i] * decay_ + weights_[i];
+  push_row(h.hs, row, 0.0f);
+}
+
+void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
+  const std::int64_t n = h.n_live();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float* score = h.hs.score.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = (i < n_sink_ || i >= n - grace_) ? inf : score[i];
+  }
+}
+
+namespace {
+
+std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+  return std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
+                                     c.get_int("h2o_grace"),
+                                     static_cast<float>(c.get_float("h2o_decay")),
+                                     merge_rule_from(c, "h2o"));
+}
+
+void check(const CacheConfig& c) {
+  require_less(c, "h2o_n_sink", "h2o_budget");
+  require_sum_less(c, "h2o_n_sink", "h2o_grace", "h2o_budget");
+}
+
+}  // namespace
+
+MethodInfo h2o_method() {
+  MethodInfo m;
+  m.id = "h2o";
+  m.prefix = "h2o";
+  m.summary = "H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace "
+              "window protected";
+  m.paper = "Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023";
+  m.disposition = "drop (merge optional)";
+  m.score_signal = "cumulative attention mass";
+  m.budget_type = "uniform";
+  m.deviations = "key-as-query proxy; decay and grace window added (grace=0, decay=1 is the "
+                 "paper's rule)";
+  m.fields = {
+      int_field("h2o_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
+      int_field("h2o_n_sink", 4, 0, kMaxTokens, "leading rows never evicted (attention sinks)"),
+      int_field("h2o_grace", 16, 0, kMaxTokens, "newest rows protected from eviction"),
+      float_field("h2o_decay", 0.98, 0.0, 1.0, "score <- score * decay + attention each step"),
+  };
+  add_merge_fields(m.fields, "h2o", "drop");
+  add_common_fields(m.fields);
+  m.check = &check;
+  m.get_budget = [](const CacheConfig& c) { return c.get_int("h2o_budget"); };
+  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("h2o_budget", b); };
+  m.make_policy = &make;
+  return m;
+}
+
+}  // namespace vq::detail

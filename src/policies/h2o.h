@@ -1,0 +1,23 @@
+#pragma once
+
+#include "policies/policy.h"
+
+namespace vq::detail {
+
+// H2O's cumulative attention mass under the key-as-query proxy (see h2o.cpp). Shared by cam,
+// which is this policy with grace 0, decay 1 and a merge rule.
+class H2OPolicy : public TokenPolicy {
+ public:
+  H2OPolicy(std::int64_t budget, std::int64_t n_sink, std::int64_t grace, float decay,
+            MergeRule merge)
+      : TokenPolicy(budget, n_sink, merge), grace_(grace), decay_(decay) {}
+
+ protected:
+  void on_token(HeadCtx& h, std::int64_t row) override;
+  void eviction_scores(HeadCtx& h, float* out) override;
+
+  std::int64_t grace_;
+  float decay_;
+};
+
+}  // namespace vq::detail

@@ -1,0 +1,110 @@
+// Policies decide, the cache applies: a policy looks at a step's rows and scores, and tells
+// the row stores which rows to keep, merge or drop. One policy object per layer.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "core/layer_state.h"
+#include "veloxquant/cache.h"
+
+namespace vq::detail {
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  // Rows kept per KV head after each step; -1 when the policy keeps everything.
+  virtual std::int64_t budget() const noexcept { return -1; }
+  // Decide and apply for the open step: every head's store holds st.step_prev kept rows
+  // followed by st.step_new new rows. `attention` is validated by the cache (shape) and may be
+  // null.
+  virtual void end_step(LayerState& st, const AttentionRef* attention) = 0;
+  // Called by LayerCache::reset() after the stores were cleared.
+  virtual void on_reset(LayerState& /*st*/) {}
+};
+
+// What happens to an evicted row (CaM's disposition, available to every eviction method).
+struct MergeRule {
+  enum class Mode { kDrop, kMean, kSimWeighted };
+  Mode mode = Mode::kDrop;
+  bool gate = true;   // Bernoulli gate p = clamp(score_loser / score_target, 0, 1)
+  bool keys = false;  // blend keys too (values are always blended)
+};
+
+// Gate probability for merging a loser into a target (CaM, Eq. 14 adapted):
+// clamp(score_loser / score_target, 0, 1); when score_target <= 0: 1 if score_loser > 0 else 0.
+// NaN inputs give 0.
+float merge_gate_probability(float score_loser, float score_target) noexcept;
+
+// CaM's merge target: among live rows [n_sink, n_live) other than `loser`, the one whose key
+// has the largest cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1
+// when no such row exists (only sinks survive). `live` maps live index -> physical row of
+// `rows`; *cos_out receives the winning cosine. scratch: [2 * head_dim] floats.
+std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
+                               std::int64_t n_sink, std::int64_t loser, std::int64_t head_dim,
+                               float* cos_out, float* scratch);
+
+// Per-head context handed to TokenPolicy hooks.
+struct HeadCtx {
+  LayerState& st;
+  HeadState& hs;
+  std::int64_t index;  // b * n_kv_heads + h
+  std::int64_t head_dim;
+  const CounterRng& rng;
+  RowsRef rows() const noexcept { return hs.store->rows(); }
+  std::int64_t n_live() const noexcept { return static_cast<std::int64_t>(hs.live.size()); }
+};
+
+// The token-level eviction loop shared by the score-based methods. For each new token in
+// order and each head: on_token() appends it (updating scores); if the head then holds more
+// than budget rows, pick_loser() chooses one row and the merge rule disposes of it. At the end
+// each store keeps exactly its live rows.
+class TokenPolicy : public Policy {
+ public:
+  TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge)
+      : budget_(budget), n_sink_(n_sink), merge_(merge) {}
+  std::int64_t budget() const noexcept override { return budget_; }
+  void end_step(LayerState& st, const AttentionRef* attention) override;
+
+ protected:
+  // Appends physical row `row` (a new token) to h.hs.live with its initial score.
+  virtual void on_token(HeadCtx& h, std::int64_t row) = 0;
+  // Fills out[i] for every live row i with the eviction ranking (lowest is evicted; +inf
+  // protects). The default protects the first n_sink rows and ranks the rest by score.
+  virtual void eviction_scores(HeadCtx& h, float* out);
+  // The live index to evict; the default is argmin of eviction_scores().
+  virtual std::int64_t pick_loser(HeadCtx& h);
+  // Score the merge gate compares (default: the row's score).
+  virtual float gate_score(const HeadCtx& h, std::int64_t i) const { return h.hs.score[i]; }
+  // Bookkeeping when live row `loser` is merged into `target` (default: score_t += score_e).
+  virtual void on_merge(HeadCtx& h, std::int64_t target, std::int64_t loser);
+
+  // Helpers for hooks.
+  static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
+  // out[i] = softmax_i(K[live[i]] . q / sqrt(d)) over live rows [0, n).
+  void proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out);
+  // Key of live row i as fp32, into a scratch buffer owned by the policy (valid until the next
+  // call of key_of).
+  const float* key_of(const HeadCtx& h, std::int64_t i);
+  // Key of physical row `row` as fp32 (same scratch as key_of).
+  const float* key_of_row(const HeadCtx& h, std::int64_t row);
+
+  std::int64_t budget_;
+  std::int64_t n_sink_;
+  MergeRule merge_;
+  std::vector<float> ranking_;  // [n_live] eviction_scores output
+  std::vector<float> weights_;  // [n_live] softmax scratch
+  std::vector<float> query_;    // [d]
+
+ private:
+  void dispose(HeadCtx& h, std::int64_t loser);
+  void merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser, float cos);
+  static void remove_row(HeadState& hs, std::int64_t i);
+  std::vector<float> a_, b_;  // [d] row scratch
+};
+
+// Reads `<prefix>_merge`, `<prefix>_merge_gate`, `<prefix>_merge_keys` from the config.
+MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix);
+
+}  // namespace vq::detail

@@ -1,0 +1,214 @@
+// Method specs, field validation, the guards of every method, the registry.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace vq {
+namespace {
+
+using test::expect_error;
+
+TEST(Spec, PrefixIsOptional) {
+  EXPECT_EQ(CacheConfig::parse("cam:budget=64,merge=drop"),
+            CacheConfig::parse("cam:cam_budget=64,cam_merge=drop"));
+  const CacheConfig c = CacheConfig::parse("cam:budget=64,merge=drop,seed=7,kv_dtype=f32");
+  EXPECT_EQ(c.get_int("cam_budget"), 64);
+  EXPECT_EQ(c.get_int("budget"), 64);
+  EXPECT_EQ(c.get_enum("cam_merge"), "drop");
+  EXPECT_EQ(c.seed(), 7);
+  EXPECT_EQ(c.kv_dtype(), DType::kF32);
+}
+
+TEST(Spec, BareIdGivesTheReferenceDefaults) {
+  const CacheConfig h = CacheConfig::parse("h2o");
+  EXPECT_EQ(h.get_int("h2o_budget"), 512);
+  EXPECT_EQ(h.get_int("h2o_n_sink"), 4);
+  EXPECT_EQ(h.get_int("h2o_grace"), 16);
+  EXPECT_DOUBLE_EQ(h.get_float("h2o_decay"), 0.98);
+  EXPECT_EQ(h.seed(), 42);
+  EXPECT_EQ(h.kv_dtype(), DType::kF16);
+  const CacheConfig c = CacheConfig::parse("cam");
+  EXPECT_EQ(c.get_int("cam_budget"), 512);
+  EXPECT_EQ(c.get_enum("cam_merge"), "sim_weighted");
+  EXPECT_TRUE(c.get_bool("cam_merge_gate"));
+  EXPECT_FALSE(c.get_bool("cam_merge_keys"));
+  const CacheConfig m = CacheConfig::parse("morphkv");
+  EXPECT_EQ(m.get_int("morphkv_window"), 8);
+  EXPECT_EQ(m.get_enum("morphkv_fusion"), "mean");
+  const CacheConfig s = CacheConfig::parse("streaming_llm");
+  EXPECT_EQ(s.get_int("stream_n_sink"), 4);
+  EXPECT_EQ(s.get_int("stream_window_size"), 512);
+  EXPECT_EQ(CacheConfig::parse("tova").get_int("tova_budget"), 512);
+}
+
+TEST(Spec, RoundTripsThroughSpecString) {
+  for (const auto& id : method_ids()) {
+    const CacheConfig c(id);
+    EXPECT_EQ(CacheConfig::parse(c.spec(true)), c) << c.spec(true);
+    EXPECT_EQ(CacheConfig::parse(c.spec(false)), c) << c.spec(false);
+  }
+  const CacheConfig c = CacheConfig::parse("h2o:decay=0.5,grace=0,budget=100");
+  EXPECT_EQ(c.spec(), "h2o:h2o_budget=100,h2o_grace=0,h2o_decay=0.5");
+  EXPECT_EQ(CacheConfig::parse(c.spec()), c);
+}
+
+TEST(Spec, UnknownMethodListsTheKnownOnes) {
+  expect_error([] { CacheConfig::parse("snapkvv:budget=3"); }, ErrorCode::kUnknownMethod,
+               {"unknown method 'snapkvv'", "full", "streaming_llm", "h2o", "tova", "morphkv", "cam"});
+  expect_error([] { CacheConfig("nope"); }, ErrorCode::kUnknownMethod, {"'nope'"});
+}
+
+TEST(Spec, UnknownKeyListsTheAllowedKeys) {
+  expect_error([] { CacheConfig::parse("cam:budgett=64"); }, ErrorCode::kInvalidSpec,
+               {"[cam] unknown key 'budgett'", "budget (cam_budget)", "merge_gate", "seed",
+                "kv_dtype"});
+  // Another method's prefix does not resolve.
+  expect_error([] { CacheConfig::parse("cam:h2o_budget=64"); }, ErrorCode::kInvalidSpec,
+               {"unknown key 'h2o_budget'"});
+}
+
+TEST(Spec, BadValuesNameTheFieldAndWhatIsAllowed) {
+  expect_error([] { CacheConfig::parse("cam:budget=abc"); }, ErrorCode::kInvalidSpec,
+               {"[cam] cam_budget must be an integer", "got 'abc'"});
+  expect_error([] { CacheConfig::parse("cam:budget=64.5"); }, ErrorCode::kInvalidSpec,
+               {"cam_budget", "got '64.5'"});
+  expect_error([] { CacheConfig::parse("cam:merge=blend"); }, ErrorCode::kInvalidSpec,
+               {"cam_merge", "{sim_weighted, mean, drop}", "got 'blend'"});
+  expect_error([] { CacheConfig::parse("cam:merge_gate=maybe"); }, ErrorCode::kInvalidSpec,
+               {"cam_merge_gate", "true or false"});
+  expect_error([] { CacheConfig::parse("h2o:decay=nan"); }, ErrorCode::kInvalidSpec,
+               {"h2o_decay"});
+  expect_error([] { CacheConfig::parse("h2o:decay=1.5"); }, ErrorCode::kInvalidConfig,
+               {"[h2o] h2o_decay must be in [0, 1], got 1.5"});
+  expect_error([] { CacheConfig::parse("h2o:budget=99999999999"); }, ErrorCode::kInvalidConfig,
+               {"h2o_budget must be in [1, 16777216], got 99999999999"});
+  expect_error([] { CacheConfig::parse("full:kv_dtype=bf16"); }, ErrorCode::kInvalidSpec,
+               {"kv_dtype", "{f16, f32}", "'bf16'"});
+}
+
+TEST(Spec, SyntaxErrors) {
+  for (const char* s : {"", ":budget=4", "cam:", "cam:budget", "cam:=4", "cam:budget=4,",
+                        "cam:budget=4,,seed=1", "cam: budget=4"}) {
+    try {
+      CacheConfig::parse(s);
+      ADD_FAILURE() << "spec '" << s << "' parsed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidSpec) << s << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("ID[:KEY=VALUE"), std::string::npos) << e.what();
+    }
+  }
+  expect_error([] { CacheConfig::parse("cam:budget=4,cam_budget=8"); }, ErrorCode::kInvalidSpec,
+               {"'cam_budget' is given more than once"});
+}
+
+TEST(Config, SetChecksTypesAndValidateChecksRanges) {
+  CacheConfig c("h2o");
+  expect_error([&] { c.set("budget", std::string("x")); }, ErrorCode::kInvalidConfig,
+               {"h2o_budget must be an integer"});
+  expect_error([&] { c.set("nonsense", std::int64_t{1}); }, ErrorCode::kInvalidArgument,
+               {"unknown field 'nonsense'"});
+  c.set("decay", std::int64_t{1});  // ints are accepted for floats
+  EXPECT_DOUBLE_EQ(c.get_float("h2o_decay"), 1.0);
+  c.set("budget", std::int64_t{0});
+  expect_error([&] { c.validate(); }, ErrorCode::kInvalidConfig,
+               {"[h2o] h2o_budget must be in [1, 16777216], got 0"});
+  // The cache constructor validates too: nothing is clamped.
+  expect_error([&] { LayerCache cache(c, LayerShape{}); }, ErrorCode::kInvalidConfig,
+               {"h2o_budget", "got 0"});
+}
+
+// Every construction guard, each naming its field.
+struct GuardCase {
+  std::string spec;
+  std::string fragment;
+};
+
+class Guards : public ::testing::TestWithParam<GuardCase> {};
+
+TEST_P(Guards, RaiseNamingTheField) {
+  const GuardCase& g = GetParam();
+  try {
+    CacheConfig::parse(g.spec);
+    ADD_FAILURE() << g.spec << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidConfig) << e.what();
+    EXPECT_NE(std::string(e.what()).find(g.fragment), std::string::npos)
+        << "'" << e.what() << "' lacks '" << g.fragment << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllMethods, Guards,
+    ::testing::Values(
+        // h2o's two
+        GuardCase{"h2o:budget=8,n_sink=8,grace=0", "h2o_n_sink must be < h2o_budget (8), got 8"},
+        GuardCase{"h2o:budget=20,n_sink=4,grace=16",
+                  "h2o_n_sink + h2o_grace must be < h2o_budget (20), got 4 + 16 = 20"},
+        // morphkv's five
+        GuardCase{"morphkv:budget=0", "morphkv_budget must be in [1, 16777216], got 0"},
+        GuardCase{"morphkv:window=0", "morphkv_window must be in [1, 16777216], got 0"},
+        GuardCase{"morphkv:budget=8,n_sink=8,window=1",
+                  "morphkv_n_sink must be < morphkv_budget (8), got 8"},
+        GuardCase{"morphkv:budget=8,n_sink=0,window=9",
+                  "morphkv_window must be <= morphkv_budget (8), got 9"},
+        GuardCase{"morphkv:budget=12,n_sink=4,window=8",
+                  "morphkv_n_sink + morphkv_window must be < morphkv_budget (12), got 4 + 8 = 12"},
+        // cam's
+        GuardCase{"cam:budget=4,n_sink=4", "cam_n_sink must be < cam_budget (4), got 4"},
+        GuardCase{"cam:budget=0", "cam_budget must be in [1, 16777216], got 0"},
+        GuardCase{"cam:n_sink=-1", "cam_n_sink must be in [0, 16777216], got -1"},
+        // tova, streaming_llm
+        GuardCase{"tova:budget=2,n_sink=3", "tova_n_sink must be < tova_budget (2), got 3"},
+        GuardCase{"streaming_llm:window_size=0",
+                  "stream_window_size must be in [1, 16777216], got 0"},
+        GuardCase{"full:seed=-3", "seed must be in [0, 9007199254740991], got -3"}));
+
+TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
+  const std::vector<std::string> ids = method_ids();
+  ASSERT_GE(ids.size(), 6u);
+  EXPECT_EQ(std::vector<std::string>(ids.begin(), ids.begin() + 6),
+            (std::vector<std::string>{"full", "streaming_llm", "h2o", "tova", "morphkv", "cam"}));
+  for (const auto& m : registry()) {
+    EXPECT_FALSE(m.summary.empty()) << m.id;
+    EXPECT_FALSE(m.paper.empty()) << m.id;
+    EXPECT_FALSE(m.deviations.empty()) << m.id;
+    EXPECT_TRUE(m.make_policy != nullptr) << m.id;
+    for (const auto& f : m.fields) {
+      EXPECT_FALSE(f.doc.empty()) << m.id << "." << f.name;
+      if (!m.prefix.empty() && f.name != "seed" && f.name != "kv_dtype") {
+        EXPECT_EQ(f.name.rfind(m.prefix + "_", 0), 0u) << m.id << "." << f.name;
+      }
+    }
+    EXPECT_NO_THROW(CacheConfig(m.id).validate()) << m.id;
+    EXPECT_EQ(m.get_budget == nullptr, m.set_budget == nullptr) << m.id;
+  }
+}
+
+TEST(Registry, TokenBudgetHelpers) {
+  EXPECT_FALSE(has_token_budget(CacheConfig("full")));
+  expect_error([] { with_token_budget(CacheConfig("full"), 64); }, ErrorCode::kInvalidConfig,
+               {"[full]", "no token budget"});
+  const CacheConfig s = with_token_budget(CacheConfig("streaming_llm"), 64);
+  EXPECT_EQ(s.get_int("stream_window_size"), 60);
+  EXPECT_EQ(token_budget(s), 64);
+  expect_error([] { with_token_budget(CacheConfig("streaming_llm"), 4); },
+               ErrorCode::kInvalidConfig, {"must be > stream_n_sink (4)"});
+  for (const auto& id : method_ids()) {
+    const CacheConfig c(id);
+    if (!has_token_budget(c)) continue;
+    EXPECT_EQ(token_budget(with_token_budget(c, 100)), 100) << id;
+  }
+  // Setting a budget that breaks a guard is an error, not a silent clamp.
+  expect_error([] { with_token_budget(CacheConfig("h2o"), 16); }, ErrorCode::kInvalidConfig,
+               {"h2o_n_sink + h2o_grace"});
+}
+
+TEST(Registry, MarkdownTableHasOneRowPerMethod) {
+  const std::string table = method_table_markdown();
+  for (const auto& m : registry()) {
+    EXPECT_NE(table.find("| `" + m.id + "` |"), std::string::npos) << m.id;
+  }
+}
+
+}  // namespace
+}  // namespace vq

@@ -1,0 +1,149 @@
+// Conformance: every registered method, without editing this file when methods are added.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace vq {
+namespace {
+
+using test::KV;
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The method with budget `budget` (when it has one) and its other defaults.
+  CacheConfig config(std::int64_t budget, const std::string& extra = "") const {
+    CacheConfig c = extra.empty() ? CacheConfig(GetParam()) : CacheConfig::parse(GetParam() + ":" + extra);
+    if (has_token_budget(c)) c = with_token_budget(c, budget);
+    return c;
+  }
+  LayerCache cache(std::int64_t budget, const std::string& extra = "") const {
+    return LayerCache(config(budget, extra), LayerShape{0, 0, 0, 0, 1});
+  }
+};
+
+TEST_P(Conformance, BudgetHeldAfterEveryUpdate) {
+  for (std::int64_t chunk : {1, 7, 64}) {
+    KV kv(2, 3, 160, 16, 100 + chunk);
+    LayerCache c = cache(40);
+    const std::int64_t budget = c.budget();
+    for (std::int64_t t = 0; t < kv.S; t += chunk) {
+      const std::int64_t n = std::min(chunk, kv.S - t);
+      c.update(kv.keys(t, n), kv.values(t, n));
+      for (std::int64_t kept : c.stats().tokens_kept_per_head) {
+        if (budget < 0) {
+          EXPECT_EQ(kept, c.tokens_seen());
+        } else {
+          EXPECT_EQ(kept, std::min(c.tokens_seen(), budget)) << "chunk " << chunk << " t " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, SinksKeptBitExact) {
+  const CacheConfig probe(GetParam());
+  if (!probe.has("n_sink")) GTEST_SKIP() << GetParam() << " has no sinks";
+  KV kv(1, 2, 120, 8, 7);
+  LayerCache c = cache(24);
+  const std::int64_t n_sink = c.config().get_int("n_sink");
+  ASSERT_GT(n_sink, 0);
+  test::feed(c, kv, 3);
+  for (std::int64_t h = 0; h < 2; ++h) {
+    const HeadRows r = c.stored(0, h);
+    for (std::int64_t i = 0; i < n_sink; ++i) {
+      EXPECT_EQ(r.positions[i], i);
+      for (std::int64_t d = 0; d < 8; ++d) {
+        EXPECT_EQ(r.key(i, d), half_to_float(float_to_half(kv.k[(h * 120 + i) * 8 + d])));
+        EXPECT_EQ(r.value(i, d), half_to_float(float_to_half(kv.v[(h * 120 + i) * 8 + d])));
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, BudgetCoveringEveryTokenEqualsFull) {
+  KV kv(2, 2, 50, 8, 8);
+  for (std::int64_t chunk : {1, 50}) {
+    LayerCache c = cache(64), full = test::make_cache("full");
+    test::feed(c, kv, chunk);
+    test::feed(full, kv, chunk);
+    EXPECT_TRUE(test::snapshot(c, 2, 2) == test::snapshot(full, 2, 2)) << "chunk " << chunk;
+    EXPECT_EQ(c.kept_bytes(), full.kept_bytes());
+  }
+}
+
+TEST_P(Conformance, DeterministicAndChunkingInvariant) {
+  KV kv(1, 3, 130, 16, 9);
+  LayerCache a = cache(32), b = cache(32), c = cache(32);
+  test::feed(a, kv, 1);
+  test::feed(b, kv, 1);
+  test::feed(c, kv, 13);
+  const test::Snapshot sa = test::snapshot(a, 1, 3);
+  EXPECT_TRUE(sa == test::snapshot(b, 1, 3)) << "same inputs, different state";
+  EXPECT_TRUE(sa == test::snapshot(c, 1, 3)) << "chunk of 13 differs from single tokens";
+}
+
+TEST_P(Conformance, MergingVariantsAreDeterministicToo) {
+  const CacheConfig probe(GetParam());
+  if (!probe.has("merge")) GTEST_SKIP() << GetParam() << " has no merge disposition";
+  KV kv(1, 2, 100, 8, 10);
+  for (const char* extra : {"merge=sim_weighted", "merge=mean,merge_gate=false,merge_keys=true"}) {
+    LayerCache a = cache(24, extra), b = cache(24, extra), c = cache(24, extra);
+    test::feed(a, kv, 1);
+    test::feed(b, kv, 1);
+    test::feed(c, kv, 9);
+    EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << extra;
+    EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(c, 1, 2)) << extra;
+  }
+}
+
+TEST_P(Conformance, ResetForgetsEverything) {
+  KV kv(1, 2, 90, 8, 11), other(1, 2, 90, 8, 12);
+  LayerCache fresh = cache(24), reused = cache(24);
+  test::feed(reused, other, 4);
+  reused.reset();
+  EXPECT_EQ(reused.tokens_seen(), 0);
+  EXPECT_EQ(reused.kept_bytes(), 0);
+  test::feed(fresh, kv, 4);
+  test::feed(reused, kv, 4);
+  EXPECT_TRUE(test::snapshot(fresh, 1, 2) == test::snapshot(reused, 1, 2));
+}
+
+TEST_P(Conformance, DeferredEvictionOnEveryStep) {
+  KV kv(1, 2, 70, 8, 13);
+  LayerCache c = cache(24);
+  for (std::int64_t t = 0; t < kv.S; t += 5) {
+    const test::Snapshot before = test::snapshot(c, 1, 2);
+    const KVRows rows = c.update(kv.keys(t, 5), kv.values(t, 5));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const std::int64_t kept = static_cast<std::int64_t>(before.positions[h].size());
+      ASSERT_EQ(rows.n_rows, kept + 5);
+      for (std::int64_t r = 0; r < kept; ++r) {
+        ASSERT_EQ(rows.position(0, h, r), before.positions[h][r]);
+        for (std::int64_t d = 0; d < 8; ++d) {
+          ASSERT_EQ(rows.value(0, h, r)[d], before.values[h][r * 8 + d]);
+        }
+      }
+      for (std::int64_t s = 0; s < 5; ++s) ASSERT_EQ(rows.position(0, h, kept + s), t + s);
+    }
+  }
+}
+
+TEST_P(Conformance, StatsAreConsistent) {
+  KV kv(1, 2, 100, 8, 14);
+  LayerCache c = cache(32);
+  test::feed(c, kv, 10);
+  const CacheStats s = c.stats();
+  EXPECT_EQ(s.tokens_seen, 100);
+  EXPECT_EQ(s.full_bytes, 100 * 2 * 8 * 2 * 2);
+  EXPECT_GT(s.kept_bytes, 0);
+  EXPECT_DOUBLE_EQ(s.compression_ratio,
+                   static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes));
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryMethod, Conformance, ::testing::ValuesIn(method_ids()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param;
+                         });
+
+}  // namespace
+}  // namespace vq

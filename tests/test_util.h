@@ -1,0 +1,116 @@
+// Helpers shared by the test files.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "veloxquant/veloxquant.h"
+
+namespace vq::test {
+
+// n standard normals from stream `seed`.
+inline std::vector<float> randn(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  CounterRng rng(seed, 99, 7);
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = scale * static_cast<float>(rng.normal(i));
+  return out;
+}
+
+// K/V for B x H x S x D, contiguous [B, H, S, D].
+struct KV {
+  std::int64_t B, H, S, D;
+  std::vector<float> k, v;
+  KV(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d, std::uint64_t seed)
+      : B(b), H(h), S(s), D(d),
+        k(randn(static_cast<std::size_t>(b * h * s * d), seed)),
+        v(randn(static_cast<std::size_t>(b * h * s * d), seed + 1000)) {}
+  // The tokens [t0, t0 + n) as a strided view into the full tensors.
+  TensorRef keys(std::int64_t t0, std::int64_t n) const { return slice(k, t0, n); }
+  TensorRef values(std::int64_t t0, std::int64_t n) const { return slice(v, t0, n); }
+
+ private:
+  TensorRef slice(const std::vector<float>& x, std::int64_t t0, std::int64_t n) const {
+    TensorRef t = TensorRef::f32(x.data() + t0 * D, B, H, n, D);
+    t.stride[0] = H * S * D;
+    t.stride[1] = S * D;
+    return t;
+  }
+};
+
+// Feeds tokens [0, S) in chunks of `chunk` through update(); returns the last KVRows.
+inline KVRows feed(LayerCache& cache, const KV& kv, std::int64_t chunk, std::int64_t t0 = 0,
+                   std::int64_t t1 = -1) {
+  if (t1 < 0) t1 = kv.S;
+  KVRows last;
+  for (std::int64_t t = t0; t < t1; t += chunk) {
+    const std::int64_t n = std::min(chunk, t1 - t);
+    last = cache.update(kv.keys(t, n), kv.values(t, n));
+  }
+  return last;
+}
+
+// Everything a cache stores, as fp32 copies, for bit-exact comparisons.
+struct Snapshot {
+  std::vector<std::vector<float>> keys, values;     // [B*H][rows*D]
+  std::vector<std::vector<std::int32_t>> positions;  // [B*H][rows]
+  bool operator==(const Snapshot& o) const {
+    if (keys.size() != o.keys.size() || positions != o.positions) return false;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].size() != o.keys[i].size() || values[i].size() != o.values[i].size()) return false;
+      // Bitwise: memcmp, so -0.0 vs 0.0 or NaN payloads count as differences.
+      if (std::memcmp(keys[i].data(), o.keys[i].data(), keys[i].size() * 4) != 0) return false;
+      if (std::memcmp(values[i].data(), o.values[i].data(), values[i].size() * 4) != 0) return false;
+    }
+    return true;
+  }
+};
+
+inline Snapshot snapshot(const LayerCache& cache, std::int64_t B, std::int64_t H) {
+  Snapshot s;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      const HeadRows r = cache.stored(b, h);
+      const std::int64_t D = cache.shape().head_dim;
+      std::vector<float> k, v;
+      std::vector<std::int32_t> p;
+      for (std::int64_t i = 0; i < r.n_rows; ++i) {
+        for (std::int64_t d = 0; d < D; ++d) {
+          k.push_back(r.key(i, d));
+          v.push_back(r.value(i, d));
+        }
+        p.push_back(r.positions[i]);
+      }
+      s.keys.push_back(k);
+      s.values.push_back(v);
+      s.positions.push_back(p);
+    }
+  }
+  return s;
+}
+
+// Expects `fn` to throw vq::Error with `code` and a message containing every fragment.
+template <typename Fn>
+void expect_error(Fn&& fn, ErrorCode code, const std::vector<std::string>& fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected vq::Error(" << to_string(code) << ") but nothing was thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& f : fragments) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << f << "'";
+    }
+  }
+}
+
+inline LayerCache make_cache(const std::string& spec, std::int64_t H = 0, std::int64_t D = 0,
+                             std::int64_t layer = 0, std::int64_t n_layers = 1) {
+  return LayerCache(CacheConfig::parse(spec), LayerShape{H, D, 0, layer, n_layers});
+}
+
+}  // namespace vq::test

@@ -1,0 +1,25 @@
+// Shared pieces of the veloxquant command-line tool.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "veloxquant/config.h"
+
+namespace vq::cli {
+
+// Each command file adds its subcommand to the app.
+void add_list_command(CLI::App& app);
+void add_demo_command(CLI::App& app);
+
+// Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
+// the flag.
+std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag,
+                                         std::int64_t min_value);
+
+// Method specs for a sweep: each --method SPEC parsed; with none given, every registered
+// method with its defaults.
+std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs);
+
+}  // namespace vq::cli
