@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+#include "veloxquant/version.h"
 
 #ifndef VELOXQUANT_GIT_COMMIT
 #define VELOXQUANT_GIT_COMMIT "unknown"
@@ -63,6 +65,46 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     std::remove(tmp.c_str());
     io_error(path, "rename failed: " + ec.message());
   }
+}
+
+nlohmann::json results_envelope(const std::string& kind, const std::string& command,
+                                nlohmann::json settings) {
+  nlohmann::json j;
+  j["schema"] = kResultsSchema;
+  j["kind"] = kind;
+  j["veloxquant_version"] = kVersion;
+  j["git_commit"] = build_commit();
+  j["machine"] = machine_description();
+  j["command"] = command;
+  j["settings"] = std::move(settings);
+  j["rows"] = nlohmann::json::array();
+  return j;
+}
+
+nlohmann::json method_json(const CacheConfig& config) {
+  nlohmann::json j;
+  j["method"] = config.spec(false);
+  j["method_id"] = config.method();
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, value] : config.fields()) {
+    std::visit([&, &n = name](const auto& v) { params[n] = v; }, value);
+  }
+  j["params"] = params;
+  j["budget"] = has_token_budget(config) ? nlohmann::json(token_budget(config)) : nlohmann::json();
+  return j;
+}
+
+std::string command_line(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) {
+    const bool plain = !a.empty() && a.find_first_of(" \t\"'\\$`") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
+  }
+  return out;
+}
+
+std::string command_line(int argc, const char* const* argv) {
+  return command_line(std::vector<std::string>(argv, argv + argc));
 }
 
 std::string build_commit() { return VELOXQUANT_GIT_COMMIT; }

@@ -1,9 +1,29 @@
 // Writing result files: whole or not at all.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "veloxquant/config.h"
+
 namespace vq::eval {
+
+// The results schema shared by every result file (docs/results.md).
+inline constexpr const char* kResultsSchema = "veloxquant.results/1";
+
+// The envelope: schema, kind ("perturb", "eval"), version, git commit, machine, the command
+// line, and `settings` (the run's own parameters). Rows go in "rows".
+nlohmann::json results_envelope(const std::string& kind, const std::string& command,
+                                nlohmann::json settings);
+
+// The method part of a row: "method" (canonical spec of non-default fields), "method_id",
+// "params" (every field, resolved) and "budget" (null for methods without one).
+nlohmann::json method_json(const CacheConfig& config);
+
+// argv joined with spaces, quoting arguments that need it.
+std::string command_line(int argc, const char* const* argv);
+// The same with the arguments a caller kept (for commands run through CLI11).
+std::string command_line(const std::vector<std::string>& args);
 
 // Writes `content` to `path` atomically: a temporary file in the same directory, flushed, then
 // renamed over `path`. Creates missing parent directories. Throws Error(kIoError) naming the
