@@ -1,6 +1,9 @@
 #include "eval/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "veloxquant/errors.h"
@@ -26,115 +29,162 @@ const char* to_string(Geometry g) noexcept {
   return "?";
 }
 
+const char* describe(Geometry g) noexcept {
+  switch (g) {
+    case Geometry::kSpans:
+      return "N(0,I) keys and values; three spans of floor(S/12) tokens at S/6, S/2, 4S/5 with "
+             "+4u on their keys; N(0,I) probes (the seed's CaM benchmark)";
+    case Geometry::kShift:
+      return "keys 4a + N(0,I) for t < 0.7S, 4b + N(0,I) after (topic shift); probes "
+             "sqrt(D) b + N(0,I); N(0,I) values";
+    case Geometry::kStable:
+      return "keys 4a + N(0,I) throughout (null control for shift); probes sqrt(D) a + N(0,I); "
+             "N(0,I) values";
+    case Geometry::kPlanted:
+      return "filler keys N(0,I) orthogonal to u; key 2 sqrt(D) u at S/4; +4u on keys of the "
+             "last 10%; probes sqrt(D) u + N(0,I); N(0,I) values";
+  }
+  return "?";
+}
+
 namespace {
 
-// Draws standard normals from one counter stream.
-class Normals {
+// Sequential draws from one counter-RNG stream (seed, head).
+class Draws {
  public:
-  Normals(std::uint64_t seed, std::uint64_t stream) : rng_(seed, 0x5eed, stream) {}
-  float next() { return static_cast<float>(rng_.normal(n_++)); }
-  double uniform() { return rng_.uniform(1000000000ull + n_++); }
+  Draws(std::uint64_t seed, std::uint64_t head) : rng_(seed, 0x5eed, head) {}
+  float normal() { return static_cast<float>(rng_.normal(n_++)); }
+  void normals(float* out, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = normal();
+  }
 
  private:
   CounterRng rng_;
   std::uint64_t n_ = 0;
 };
 
-void unit_vector(Normals& g, float* out, std::int64_t d) {
-  double norm = 0;
-  for (std::int64_t i = 0; i < d; ++i) {
-    out[i] = g.next();
-    norm += static_cast<double>(out[i]) * out[i];
-  }
-  const float inv = static_cast<float>(1.0 / std::sqrt(norm));
-  for (std::int64_t i = 0; i < d; ++i) out[i] *= inv;
+double dot(const float* a, const float* b, std::int64_t d) {
+  double s = 0;
+  for (std::int64_t i = 0; i < d; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// out <- out / |out| (a zero draw is impossible in practice: D normals all exactly 0).
+void normalise(float* out, std::int64_t d) {
+  const double n = std::sqrt(dot(out, out, d));
+  for (std::int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(out[i] / n);
+}
+
+void unit_vector(Draws& g, float* out, std::int64_t d) {
+  g.normals(out, d);
+  normalise(out, d);
+}
+
+// x <- x - (x . u) u for a unit vector u.
+void remove_component(float* x, const float* u, std::int64_t d) {
+  const double c = dot(x, u, d);
+  for (std::int64_t i = 0; i < d; ++i) x[i] = static_cast<float>(x[i] - c * u[i]);
+}
+
+// x <- x + s u
+void add_scaled(float* x, const float* u, float s, std::int64_t d) {
+  for (std::int64_t i = 0; i < d; ++i) x[i] += s * u[i];
 }
 
 }  // namespace
 
 SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t tokens,
                            std::int64_t head_dim, std::int64_t n_probes, std::uint64_t seed) {
-  if (heads < 1 || tokens < 1 || head_dim < 1 || n_probes < 1) {
+  if (heads < 1 || head_dim < 1 || n_probes < 1 || tokens < kMinSyntheticTokens) {
     throw Error(ErrorCode::kInvalidArgument,
-                "[synthetic] heads, tokens, head_dim and probes must be >= 1");
+                "[synthetic] needs heads, head_dim and probes >= 1 and tokens >= " +
+                    std::to_string(kMinSyntheticTokens) + ", got heads " +
+                    std::to_string(heads) + ", tokens " + std::to_string(tokens) +
+                    ", head_dim " + std::to_string(head_dim) + ", probes " +
+                    std::to_string(n_probes));
   }
   SyntheticKV kv;
   kv.heads = heads;
   kv.tokens = tokens;
   kv.head_dim = head_dim;
   kv.n_probes = n_probes;
-  const std::int64_t D = head_dim, S = tokens;
+  const std::int64_t D = head_dim, S = tokens, P = n_probes;
   kv.keys.resize(static_cast<std::size_t>(heads * S * D));
   kv.values.resize(kv.keys.size());
-  kv.probes.resize(static_cast<std::size_t>(heads * n_probes * D));
+  kv.probes.resize(static_cast<std::size_t>(heads * P * D));
+  kv.axis.resize(static_cast<std::size_t>(heads * D));
   const float sqrt_d = std::sqrt(static_cast<float>(D));
-  std::vector<float> dir(static_cast<std::size_t>(D)), dir2(static_cast<std::size_t>(D));
 
+  switch (geometry) {
+    case Geometry::kSpans:
+      kv.span_len = std::max<std::int64_t>(1, S / 12);
+      kv.span_starts = {S / 6, S / 2, (4 * S) / 5};
+      break;
+    case Geometry::kShift:
+    case Geometry::kStable:
+      kv.late_start = (7 * S) / 10;
+      break;
+    case Geometry::kPlanted:
+      kv.planted_pos = S / 4;
+      kv.burst_start = (9 * S) / 10;
+      break;
+  }
+
+  std::vector<float> a(static_cast<std::size_t>(D)), b(static_cast<std::size_t>(D));
   for (std::int64_t h = 0; h < heads; ++h) {
-    Normals g(seed, static_cast<std::uint64_t>(h));
+    // Draw order per head: directions, keys, values, probes (each a fixed count of normals).
+    Draws g(seed, static_cast<std::uint64_t>(h));
     float* K = kv.keys.data() + h * S * D;
     float* V = kv.values.data() + h * S * D;
-    float* P = kv.probes.data() + h * n_probes * D;
-    for (std::int64_t i = 0; i < S * D; ++i) K[i] = g.next();
-    for (std::int64_t i = 0; i < S * D; ++i) V[i] = g.next();
+    float* Q = kv.probes.data() + h * P * D;
+    float* axis = kv.axis.data() + h * D;
+    unit_vector(g, a.data(), D);
+    g.normals(b.data(), D);
+    if (D > 1) {
+      // b orthonormal to a (Gram-Schmidt). With D = 1 there is no second direction; b = a.
+      remove_component(b.data(), a.data(), D);
+      normalise(b.data(), D);
+    } else {
+      b = a;
+    }
+    g.normals(K, S * D);
+    g.normals(V, S * D);
+    g.normals(Q, P * D);
 
     switch (geometry) {
       case Geometry::kSpans: {
-        // Spans of 16 tokens, one per 128, sharing a strong key direction and a value centroid;
-        // half the probes look for one of the spans, half are plain noise.
-        const std::int64_t span_len = std::min<std::int64_t>(16, S);
-        const std::int64_t n_spans = std::max<std::int64_t>(1, S / 128);
-        std::vector<std::vector<float>> dirs;
-        for (std::int64_t s = 0; s < n_spans; ++s) {
-          const std::int64_t slot = S / n_spans;
-          const std::int64_t start =
-              s * slot + static_cast<std::int64_t>(g.uniform() * static_cast<double>(std::max<std::int64_t>(1, slot - span_len)));
-          unit_vector(g, dir.data(), D);
-          unit_vector(g, dir2.data(), D);
-          dirs.push_back(dir);
-          for (std::int64_t t = start; t < std::min(S, start + span_len); ++t) {
-            for (std::int64_t d = 0; d < D; ++d) {
-              K[t * D + d] = 0.5f * K[t * D + d] + 1.5f * sqrt_d * dir[d];
-              V[t * D + d] = 0.5f * V[t * D + d] + 2.0f * sqrt_d * dir2[d] / sqrt_d;
-            }
+        for (const std::int64_t start : kv.span_starts) {
+          for (std::int64_t t = start; t < std::min(S, start + kv.span_len); ++t) {
+            add_scaled(K + t * D, a.data(), 4.0f, D);
           }
         }
-        for (std::int64_t p = 0; p < n_probes; ++p) {
-          for (std::int64_t d = 0; d < D; ++d) P[p * D + d] = g.next();
-          if (p % 2 == 0) {
-            const auto& u = dirs[static_cast<std::size_t>(p / 2) % dirs.size()];
-            for (std::int64_t d = 0; d < D; ++d) P[p * D + d] = 0.5f * P[p * D + d] + sqrt_d * u[d];
-          }
-        }
+        std::copy(a.begin(), a.end(), axis);
         break;
       }
       case Geometry::kShift:
       case Geometry::kStable: {
-        // Two topic directions; with kShift the second half of the sequence (and the probes)
-        // move to topic B, with kStable everything stays on topic A.
-        unit_vector(g, dir.data(), D);
-        unit_vector(g, dir2.data(), D);
-        kv.late_start = S / 2;
+        const bool shift = geometry == Geometry::kShift;
         for (std::int64_t t = 0; t < S; ++t) {
-          const bool late = geometry == Geometry::kShift && t >= kv.late_start;
-          const float* u = late ? dir2.data() : dir.data();
-          for (std::int64_t d = 0; d < D; ++d) K[t * D + d] = 0.7f * K[t * D + d] + 0.8f * sqrt_d * u[d];
+          const float* topic = shift && t >= kv.late_start ? b.data() : a.data();
+          add_scaled(K + t * D, topic, 4.0f, D);
         }
-        const float* u = geometry == Geometry::kShift ? dir2.data() : dir.data();
-        for (std::int64_t p = 0; p < n_probes; ++p) {
-          for (std::int64_t d = 0; d < D; ++d) P[p * D + d] = 0.7f * g.next() + 0.8f * sqrt_d * u[d];
-        }
+        const std::vector<float>& probe_topic = shift ? b : a;
+        for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, probe_topic.data(), sqrt_d, D);
+        std::copy(probe_topic.begin(), probe_topic.end(), axis);
         break;
       }
       case Geometry::kPlanted: {
-        // One token early in the sequence whose key every probe aligns with strongly.
-        kv.planted_pos = std::min<std::int64_t>(S - 1, std::max<std::int64_t>(4, S / 16));
-        unit_vector(g, dir.data(), D);
-        const std::int64_t t = kv.planted_pos;
-        for (std::int64_t d = 0; d < D; ++d) K[t * D + d] = 2.0f * sqrt_d * dir[d];
-        for (std::int64_t p = 0; p < n_probes; ++p) {
-          for (std::int64_t d = 0; d < D; ++d) P[p * D + d] = g.next() + 0.6f * sqrt_d * dir[d];
+        for (std::int64_t t = 0; t < S; ++t) {
+          float* k = K + t * D;
+          if (t == kv.planted_pos) {
+            for (std::int64_t d = 0; d < D; ++d) k[d] = 2.0f * sqrt_d * a[d];
+            continue;
+          }
+          remove_component(k, a.data(), D);
+          if (t >= kv.burst_start) add_scaled(k, a.data(), 4.0f, D);
         }
+        for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, a.data(), sqrt_d, D);
+        std::copy(a.begin(), a.end(), axis);
         break;
       }
     }
