@@ -39,6 +39,24 @@ double one_minus_cos(const float* a, const float* b, std::int64_t n) {
   return 1.0 - ab / (std::sqrt(aa) * std::sqrt(bb));
 }
 
+void attention_outputs(const float* probes, std::int64_t n_probes, std::int64_t head_dim,
+                       const HeadRows& rows, float* out) {
+  for (std::int64_t p = 0; p < n_probes; ++p) {
+    attention_output(probes + p * head_dim, rows, head_dim, out + p * head_dim);
+  }
+}
+
+double perturbation_vs(const float* probes, std::int64_t n_probes, std::int64_t head_dim,
+                       const float* reference, const HeadRows& compressed) {
+  std::vector<float> b(static_cast<std::size_t>(head_dim));
+  double total = 0;
+  for (std::int64_t p = 0; p < n_probes; ++p) {
+    attention_output(probes + p * head_dim, compressed, head_dim, b.data());
+    total += one_minus_cos(reference + p * head_dim, b.data(), head_dim);
+  }
+  return n_probes > 0 ? total / static_cast<double>(n_probes) : 0.0;
+}
+
 double head_perturbation(const float* probes, std::int64_t n_probes, std::int64_t head_dim,
                          const HeadRows& full, const HeadRows& compressed) {
   std::vector<float> a(static_cast<std::size_t>(head_dim)), b(static_cast<std::size_t>(head_dim));

@@ -43,6 +43,28 @@ void check_writable(const std::string& path) {
   }
 }
 
+void check_creatable(const std::string& path) {
+  if (path.empty()) io_error(path, "empty path");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) io_error(path, "it is a directory");
+  // Walk up to the nearest existing ancestor; it must be a directory we can write into.
+  fs::path dir = parent_of(path);
+  while (!fs::exists(dir, ec)) {
+    const fs::path up = dir.parent_path();
+    if (up.empty() || up == dir) {
+      dir = fs::path(".");
+      break;
+    }
+    dir = up;
+  }
+  if (!fs::is_directory(dir, ec)) {
+    io_error(path, "'" + dir.string() + "' is not a directory");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    io_error(path, "directory '" + dir.string() + "' is not writable: " + std::strerror(errno));
+  }
+}
+
 void write_file_atomic(const std::string& path, const std::string& content) {
   check_writable(path);
   const fs::path target(path);

@@ -34,6 +34,12 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // writable), so a long run fails before it starts. Throws Error(kIoError).
 void check_writable(const std::string& path);
 
+// Like check_writable, but creates nothing: `path` must not be a directory and its nearest
+// existing ancestor must be a writable directory (missing directories below it would be
+// created by write_file_atomic). For validating flags before a run that must leave nothing
+// behind when it fails. Throws Error(kIoError).
+void check_creatable(const std::string& path);
+
 // The git commit of the source tree the binary was built from ("unknown" when not built from
 // a git checkout), and a short machine description (CPU model, cores).
 std::string build_commit();
