@@ -12,6 +12,8 @@ namespace vq::cli {
 // Each command file adds its subcommand to the app.
 void add_list_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+// `bench perturb` records the command line (argv) in its result files.
+void add_bench_command(CLI::App& app, int argc, const char* const* argv);
 
 // Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
 // the flag.

@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   vq::cli::add_list_command(app);
   vq::cli::add_demo_command(app);
+  vq::cli::add_bench_command(app, argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;
@@ -70,6 +71,22 @@ int main(int argc, char** argv) {
       std::cerr << "error: unknown command '" << argv[1] << "'; commands: " << names
                 << " (see veloxquant --help)\n";
       return 2;
+    }
+    // The same for a command with subcommands of its own (`bench perturb`).
+    const CLI::App* cmd = app.get_subcommand(argv[1]);
+    const auto subs = cmd->get_subcommands({});
+    if (!subs.empty() && argc > 2 && argv[2][0] != '-') {
+      bool sub_known = false;
+      std::string sub_names;
+      for (const auto* sub : subs) {
+        sub_known = sub_known || sub->get_name() == argv[2];
+        sub_names += (sub_names.empty() ? "" : ", ") + sub->get_name();
+      }
+      if (!sub_known) {
+        std::cerr << "error: unknown " << argv[1] << " command '" << argv[2] << "'; " << argv[1]
+                  << " commands: " << sub_names << " (see veloxquant " << argv[1] << " --help)\n";
+        return 2;
+      }
     }
   }
   try {

@@ -1,0 +1,178 @@
+// `veloxquant bench ...`: benchmarks that write result files.
+//   bench perturb  the model-free perturbation benchmark (src/eval/perturb_bench.h)
+//   bench table    markdown tables of perturb result files (the README's tables)
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli.h"
+#include "eval/perturb_bench.h"
+#include "eval/results.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+
+namespace vq::cli {
+namespace {
+
+struct PerturbArgs {
+  std::vector<std::string> methods;
+  std::string seq = "256,512,1024", budget = "64,128";
+  std::int64_t heads = 4, head_dim = 64, probes = 32, seeds = 5;
+  std::string geometry = "spans", feed = "prefill";
+  std::string json, plot;
+  bool quiet = false;
+  std::vector<std::string> argv;  // the command line, for the result file
+};
+
+std::string budget_text(const CacheConfig& c) {
+  return has_token_budget(c) ? std::to_string(token_budget(c)) : "-";
+}
+
+void run_bench_perturb(const PerturbArgs& a) {
+  eval::PerturbOptions o;
+  o.methods = a.methods;
+  o.seqs = parse_int_list(a.seq, "--seq", 1);
+  o.budgets = parse_int_list(a.budget, "--budget", 1);
+  o.heads = a.heads;
+  o.head_dim = a.head_dim;
+  o.probes = a.probes;
+  o.seeds = a.seeds;
+  o.geometry = eval::parse_geometry(a.geometry);
+  o.feed = eval::parse_feed(a.feed);
+  // Everything is checked before the first row runs; a failed run writes nothing.
+  const std::vector<eval::PerturbCase> cases = eval::plan_perturb(o);
+  if (a.json.empty()) throw Error(ErrorCode::kInvalidArgument, "bench perturb: --json FILE is required");
+  eval::check_creatable(a.json);
+  if (!a.plot.empty()) {
+    eval::check_creatable(a.plot);
+    namespace fs = std::filesystem;
+    if (fs::weakly_canonical(a.json) == fs::weakly_canonical(a.plot)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "bench perturb: --json and --plot name the same file '" + a.json + "'");
+    }
+  }
+
+  auto progress = [&](std::size_t i, std::size_t n, const eval::PerturbCase& c,
+                      const eval::PerturbMeasure& m, double seconds) {
+    if (a.quiet) return;
+    std::string extra;
+    if (m.late_topic_fraction) extra = fmt::format(", late-topic {:.3f}", *m.late_topic_fraction);
+    if (m.planted_survival) extra = fmt::format(", planted kept {:.3f}", *m.planted_survival);
+    std::cerr << fmt::format(
+        "[perturb {}/{}] seq {} budget {} {}: perturbation {:.4f} ± {:.4f}{}, {:.1f} rows/head, "
+        "{:.2f} us/token ({:.2f} s)\n",
+        i, n, c.seq, budget_text(c.config), c.method_arg, m.perturbation_mean, m.perturbation_std,
+        extra, m.kept_tokens, m.time_per_token_us, seconds);
+  };
+  if (!a.quiet) {
+    std::cerr << fmt::format("[perturb] {} rows x {} seeds, geometry {}, feed {}\n", cases.size(),
+                             o.seeds, a.geometry, a.feed);
+  }
+  const nlohmann::json doc = eval::run_perturb(o, eval::command_line(a.argv), progress);
+  const std::string svg = a.plot.empty() ? std::string() : eval::perturb_plot_svg(doc);
+  eval::write_file_atomic(a.json, doc.dump(2) + "\n");
+  if (!a.plot.empty()) eval::write_file_atomic(a.plot, svg);
+
+  std::cout << fmt::format("{:<44} {:>6} {:>6} {:>7} {:>22} {:>9} {:>10}\n", "method", "seq",
+                           "budget", "ratio", "perturbation (± std)", "extra", "us/token");
+  for (const auto& r : doc["rows"]) {
+    std::string extra = "-";
+    if (r["late_topic_fraction"].is_number()) {
+      extra = fmt::format("{:.3f}", r["late_topic_fraction"].get<double>());
+    } else if (r["planted_survival"].is_number()) {
+      extra = fmt::format("{:.3f}", r["planted_survival"].get<double>());
+    }
+    std::cout << fmt::format(
+        "{:<44} {:>6} {:>6} {:>7.2f} {:>13.4f} ± {:<6.4f} {:>9} {:>10.2f}\n",
+        r["method_arg"].get<std::string>(), r["seq"].get<std::int64_t>(),
+        r["budget"].is_number() ? std::to_string(r["budget"].get<std::int64_t>()) : "-",
+        r["compression_ratio"].get<double>(), r["perturbation_mean"].get<double>(),
+        r["perturbation_std"].get<double>(), extra, r["time_per_token_us"].get<double>());
+  }
+  std::cout << "\nperturbation = mean over probes and KV heads of 1 - cos(full-cache attention "
+               "output, compressed output); extra = "
+            << (o.geometry == eval::Geometry::kPlanted ? "planted token survival"
+                : o.geometry == eval::Geometry::kShift || o.geometry == eval::Geometry::kStable
+                    ? "late-topic fraction of kept rows"
+                    : "-")
+            << "\nwrote " << a.json << (a.plot.empty() ? "" : " and " + a.plot) << "\n";
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Error(ErrorCode::kFileError, "cannot read '" + path + "': " + std::strerror(errno), path);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kFileError, "'" + path + "' is not valid JSON: " + e.what(), path);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb) "
+                                            "and tables of them (bench table)");
+  bench->require_subcommand(1);
+
+  auto a = std::make_shared<PerturbArgs>();
+  a->argv.assign(argv, argv + argc);
+  auto* perturb = bench->add_subcommand(
+      "perturb",
+      "Model-free perturbation benchmark: how far attention over each method's kept (or merged) "
+      "rows moves from attention over the full cache, on synthetic K/V");
+  perturb->add_option("--method", a->methods,
+                      "Method spec ID[:key=value,...]; repeatable; each gets every --budget")
+      ->required();
+  perturb->add_option("--seq", a->seq, "Sequence lengths, comma-separated (each >= 8)")
+      ->capture_default_str();
+  perturb->add_option("--budget", a->budget,
+                      "Token budgets per KV head, comma-separated (methods without a budget, "
+                      "e.g. full, run once per seq)")
+      ->capture_default_str();
+  perturb->add_option("--heads", a->heads, "KV heads")->capture_default_str();
+  perturb->add_option("--head-dim", a->head_dim, "Head dimension")->capture_default_str();
+  perturb->add_option("--probes", a->probes, "Probe queries per head")->capture_default_str();
+  perturb->add_option("--seeds", a->seeds, "Data seeds: seed s of N is data seed s (0..N-1)")
+      ->capture_default_str();
+  perturb
+      ->add_option("--geometry", a->geometry,
+                   "spans (CaM's planted spans) | shift | stable (topic shift and its null "
+                   "control) | planted (a planted heavy token)")
+      ->capture_default_str();
+  perturb->add_option("--feed", a->feed, "prefill (one call) | stream (one token per call)")
+      ->capture_default_str();
+  perturb->add_option("--json", a->json, "Result file (written whole or not at all)")->required();
+  perturb->add_option("--plot", a->plot, "SVG plot of the results");
+  perturb->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  perturb->callback([a]() { run_bench_perturb(*a); });
+
+  auto files = std::make_shared<std::vector<std::string>>();
+  auto* table = bench->add_subcommand(
+      "table", "Markdown tables of `bench perturb` result files (the README's tables)");
+  table->add_option("files", *files, "Result files (JSON) written by bench perturb")->required();
+  table->callback([files]() {
+    std::vector<nlohmann::json> docs;
+    for (const auto& f : *files) {
+      docs.push_back(read_json_file(f));
+      try {
+        (void)eval::perturb_markdown({docs.back()});
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kFileError, "'" + f + "': " + e.what(), f);
+      }
+    }
+    std::cout << eval::perturb_markdown(docs);
+  });
+}
+
+}  // namespace vq::cli
