@@ -33,8 +33,9 @@ for id in full streaming_llm h2o tova morphkv cam; do
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
 check "help" 0 "list" -- "$bin" --help
-for cmd in list demo; do
-  check "$cmd --help" 0 "Usage|Options" -- "$bin" "$cmd" --help
+for cmd in list demo bench "bench perturb" "bench table"; do
+  # shellcheck disable=SC2086
+  check "$cmd --help" 0 "Usage|Options" -- "$bin" $cmd --help
 done
 check "no command" 2 "subcommand is required" -- "$bin"
 check "unknown command" 2 "unknown command 'frobnicate'; commands: list, demo" -- "$bin" frobnicate
@@ -44,6 +45,84 @@ check "bad spec" 2 "unknown key 'budgett'" -- "$bin" demo --method cam:budgett=3
 check "out of range" 2 "h2o_decay must be in \[0, 1\], got 2" -- "$bin" demo --method h2o:decay=2 --seq 10
 check "bad geometry" 2 "unknown geometry 'round'" -- "$bin" demo --geometry round --seq 10
 check "demo runs" 0 "cam:cam_budget=32" -- "$bin" demo --seq 64 --budget 32 --heads 2 --head-dim 8 --probes 4
+
+# bench perturb: every bad flag is a clear error (exit 2) that writes nothing, not even the
+# --json file's missing directory.
+bad_json=$tmp/perturb_out/never/bad.json
+bp() {  # bench perturb with small settings for every size flag the arguments do not give
+  local small=(--seq 64 --budget 16 --heads 2 --head-dim 8 --probes 4 --seeds 2) extra=() i
+  for ((i = 0; i < ${#small[@]}; i += 2)); do
+    case " $* " in *" ${small[i]} "*) ;; *) extra+=("${small[i]}" "${small[i + 1]}") ;; esac
+  done
+  "$bin" bench perturb --quiet "${extra[@]}" "$@"
+}
+check_bad() {  # check_bad NAME PATTERN -- ARGS...
+  local name=$1 pattern=$2
+  shift 3
+  check "bench perturb $name" 2 "$pattern" -- bp "$@"
+  if [ -e "$tmp/perturb_out" ]; then
+    echo "FAIL bench perturb $name: wrote $(find "$tmp/perturb_out" | tail -1)"; fails=$((fails + 1))
+    rm -rf "$tmp/perturb_out"
+  fi
+}
+check_bad "no method" "--method is required" -- --json "$bad_json"
+check_bad "no json" "--json is required" -- --method cam
+check_bad "empty seq" "--seq expects comma-separated integers >= 1 .*got an empty value" -- --method cam --seq "" --json "$bad_json"
+check_bad "empty item" "--seq expects .*got ''" -- --method cam --seq 64,,128 --json "$bad_json"
+check_bad "zero budget" "--budget expects .*got 0" -- --method cam --budget 0 --json "$bad_json"
+check_bad "short seq" "--seq must be in \[8, [0-9]+\], got 4" -- --method cam --seq 4 --json "$bad_json"
+check_bad "duplicate seq" "--seq lists 64 twice" -- --method cam --seq 64,64 --json "$bad_json"
+check_bad "zero heads" "--heads must be in \[1, [0-9]+\], got 0" -- --method cam --heads 0 --json "$bad_json"
+check_bad "negative seeds" "--seeds must be in \[1, [0-9]+\], got -2" -- --method cam --seeds -2 --json "$bad_json"
+check_bad "zero probes" "--probes must be in" -- --method cam --probes 0 --json "$bad_json"
+check_bad "not a number" "Could not convert: --head-dim = x" -- --method cam --head-dim x --json "$bad_json"
+check_bad "bad geometry" "unknown geometry 'round'; allowed: spans, shift, stable, planted" -- --method cam --geometry round --json "$bad_json"
+check_bad "bad feed" "unknown feed 'batch'; allowed: prefill, stream" -- --method cam --feed batch --json "$bad_json"
+check_bad "unknown method" "--method 'nope': unknown method 'nope'" -- --method cam --method nope --json "$bad_json"
+check_bad "bad spec" "--method 'cam:budgett=3': .*unknown key 'budgett'" -- --method cam:budgett=3 --json "$bad_json"
+check_bad "budget a guard rejects" "--budget 16 does not fit --method 'h2o': \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget \(16\)" -- --method cam --method h2o --json "$bad_json"
+check_bad "duplicate method" "--method 'cam:merge=sim_weighted' and --method 'cam' give the same configuration" -- --method cam --method cam:merge=sim_weighted --json "$bad_json"
+touch "$tmp/a_file"
+check_bad "json under a file" "cannot write '$tmp/a_file/x.json': '$tmp/a_file' is not a directory" -- --method cam --json "$tmp/a_file/x.json"
+check_bad "json is a directory" "cannot write '$tmp': it is a directory" -- --method cam --json "$tmp"
+check_bad "plot under a file" "cannot write '$tmp/a_file/x.svg'" -- --method cam --json "$bad_json" --plot "$tmp/a_file/x.svg"
+check_bad "json = plot" "--json and --plot name the same file" -- --method cam --json "$bad_json" --plot "$bad_json"
+check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, table" -- "$bin" bench nope
+
+# A small run writes the JSON and the plot; the same command again gives the same file apart
+# from timing fields (one key per line in the JSON).
+run_dir=$tmp/perturb_run
+check "bench perturb runs" 0 "wrote $run_dir/r.json and $run_dir/r.svg" -- \
+  bp --method cam --method h2o:grace=0,decay=1 --method full --geometry planted --json "$run_dir/r.json" --plot "$run_dir/r.svg"
+check "bench perturb progress" 0 "\\[perturb 3/3\\] seq 64 budget - full: perturbation 0.0000" -- \
+  "$bin" bench perturb --seq 64 --budget 16 --heads 2 --head-dim 8 --probes 4 --seeds 2 --method cam --method h2o:grace=0,decay=1 --method full --geometry planted --json "$run_dir/progress.json"
+mv "$run_dir/r.json" "$run_dir/first.json"
+bp --method cam --method h2o:grace=0,decay=1 --method full --geometry planted --json "$run_dir/r.json" --plot "$run_dir/r.svg" >/dev/null 2>&1
+if diff <(grep -vE '_(us|ms)"' "$run_dir/first.json") <(grep -vE '_(us|ms)"' "$run_dir/r.json") >"$tmp/diff" &&
+   grep -q '"schema": "veloxquant.results/1"' "$run_dir/r.json" && grep -q '"planted_survival": 1' "$run_dir/r.json" &&
+   grep -q '^<svg' "$run_dir/r.svg"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL bench perturb: reruns differ or files incomplete"; head -20 "$tmp/diff"; fails=$((fails + 1))
+fi
+check "bench table" 0 "^\| \`cam\` \| [0-9.]+ ± [0-9.]+ \|" -- "$bin" bench table "$run_dir/r.json"
+check "bench table missing" 2 "cannot read '$tmp/none.json': No such file" -- "$bin" bench table "$tmp/none.json"
+echo '{"schema": "veloxquant.results/1", "kind": "eval", "rows": []}' >"$tmp/eval.json"
+check "bench table not perturb" 2 "not a perturb result document" -- "$bin" bench table "$tmp/eval.json"
+
+# The README's perturbation tables are the committed result files'.
+if ls "$root"/results/perturb/*.json >/dev/null 2>&1; then
+  files=$(awk '/<!-- perturb:begin/{print; exit}' "$root/README.md" | sed -E 's/.*files: (.*) -->/\1/')
+  # shellcheck disable=SC2086
+  (cd "$root" && "$bin" bench table $files) >"$tmp/perturb_table"
+  awk '/<!-- perturb:begin/{on=1; next} /<!-- perturb:end -->/{on=0} on' "$root/README.md" >"$tmp/readme_perturb"
+  if [ -n "$files" ] && diff -u "$tmp/perturb_table" "$tmp/readme_perturb" >"$tmp/diff"; then
+    passes=$((passes + 1))
+  else
+    echo "FAIL README perturbation tables differ from results/perturb (run scripts/sweep_perturb.sh --readme-only):"
+    head -40 "$tmp/diff"; fails=$((fails + 1))
+  fi
+fi
 
 # The README's method table is the registry's.
 "$bin" list --markdown >"$tmp/table"
