@@ -32,9 +32,16 @@ void run_demo(const DemoOptions& o) {
       eval::make_synthetic(geometry, o.heads, o.seq, o.head_dim, o.probes, o.seed);
   const TensorRef all_k = TensorRef::f32(kv.keys.data(), 1, o.heads, o.seq, o.head_dim);
 
-  // The full cache is the reference for the perturbation column.
-  LayerCache full(CacheConfig("full"), LayerShape{o.heads, o.head_dim, 0, 0, 1});
-  full.update(all_k, TensorRef::f32(kv.values.data(), 1, o.heads, o.seq, o.head_dim));
+  // The full cache is the reference for the perturbation column, stored in the method's own
+  // kv_dtype (so a method that keeps everything scores exactly 0).
+  auto full_cache = [&](DType dtype) {
+    CacheConfig c("full");
+    c.set("kv_dtype", std::string(to_string(dtype)));
+    LayerCache cache(c, LayerShape{o.heads, o.head_dim, 0, 0, 1});
+    cache.update(all_k, TensorRef::f32(kv.values.data(), 1, o.heads, o.seq, o.head_dim));
+    return cache;
+  };
+  LayerCache full_f16 = full_cache(DType::kF16), full_f32 = full_cache(DType::kF32);
 
   std::cout << fmt::format(
       "synthetic K/V: geometry {}, {} tokens fed one at a time, {} KV heads, head_dim {}, "
@@ -56,6 +63,7 @@ void run_demo(const DemoOptions& o) {
     }
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                           .count() / static_cast<double>(o.seq);
+    const LayerCache& full = config.kv_dtype() == DType::kF32 ? full_f32 : full_f16;
     double pert = 0;
     for (std::int64_t h = 0; h < o.heads; ++h) {
       pert += eval::head_perturbation(kv.probes.data() + h * o.probes * o.head_dim, o.probes,
