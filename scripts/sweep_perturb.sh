@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The perturbation benchmark sweep (README "Perturbation benchmark"): runs `veloxquant bench
+# perturb` for every registered method and writes results/perturb/<geometry>.json and .svg,
+# then rewrites the README's perturbation tables from those files (`veloxquant bench table`).
+#
+#   scripts/sweep_perturb.sh                 builds, runs every sweep, refreshes the README
+#   scripts/sweep_perturb.sh --readme-only   only refreshes the README from the committed files
+#   VQ_BIN=path/to/veloxquant scripts/sweep_perturb.sh   uses that binary instead of building
+#
+# Sweeps (seq 256,512,1024 x budget 64,128, 20 data seeds, 4 KV heads x 64, 32 probes, prefill):
+#   spans    full; cam merge drop/mean/sim_weighted x gate on/off; h2o (defaults, and grace=0,
+#            decay=1: the paper's rule); tova; streaming_llm; morphkv window 1, 8, 32;
+#            keyformer tau 0, 2, 6 when registered; every other registered method, defaults.
+#   shift    morphkv window 1, 8, 32 vs h2o (both), tova, streaming_llm, full;
+#   stable   the same methods (the null control);
+#   planted  keyformer tau 0, 2, 6 vs h2o (both) and full, when keyformer is registered.
+# Runtime: about two minutes on two cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readme_only=false
+case "${1:-}" in
+  "") ;;
+  --readme-only) readme_only=true ;;
+  *) echo "usage: scripts/sweep_perturb.sh [--readme-only]" >&2; exit 2 ;;
+esac
+
+if [ -n "${VQ_BIN:-}" ]; then
+  bin=$VQ_BIN
+else
+  scripts/build.sh >/dev/null
+  bin=build/veloxquant
+fi
+out=results/perturb
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ids=$("$bin" list | awk '{print $1}')
+registered() { grep -qx "$1" <<<"$ids"; }
+
+# Methods the sweep names explicitly; every other registered id joins the spans sweep.
+explicit="full cam h2o tova streaming_llm morphkv keyformer"
+spans=(full)
+registered cam && spans+=(cam:merge=drop cam:merge=drop,merge_gate=false cam:merge=mean
+                          cam:merge=mean,merge_gate=false cam cam:merge_gate=false)
+registered h2o && spans+=(h2o h2o:grace=0,decay=1)
+registered tova && spans+=(tova)
+registered streaming_llm && spans+=(streaming_llm)
+morph=()
+registered morphkv && morph=(morphkv:window=1 morphkv:window=8 morphkv:window=32)
+spans+=("${morph[@]}")
+keyformer=()
+if registered keyformer; then
+  if "$bin" list keyformer | grep -q '^keyformer_tau '; then
+    keyformer=(keyformer:tau=0 keyformer:tau=2 keyformer:tau=6)
+  else
+    echo "sweep: keyformer has no keyformer_tau field; running it with its defaults" >&2
+    keyformer=(keyformer)
+  fi
+  spans+=("${keyformer[@]}")
+fi
+for id in $ids; do
+  case " $explicit " in *" $id "*) continue ;; esac
+  # A method whose defaults do not fit the sweep's budgets is reported and left out, so one new
+  # method cannot stop the sweep.
+  if err=$("$bin" bench perturb --quiet --method "$id" --seq 8 --budget 64,128 --seeds 1 \
+             --heads 1 --head-dim 8 --probes 1 --json "$tmp/check.json" 2>&1 >/dev/null); then
+    spans+=("$id")
+  else
+    echo "sweep: leaving out $id: $err" >&2
+  fi
+done
+
+common=(--seq 256,512,1024 --budget 64,128 --seeds 20 --heads 4 --head-dim 64 --probes 32
+        --feed prefill)
+run() {  # run GEOMETRY METHOD...
+  local geometry=$1 args=()
+  shift
+  for m in "$@"; do args+=(--method "$m"); done
+  echo "sweep: $geometry (${#@} methods)" >&2
+  "$bin" bench perturb "${common[@]}" --geometry "$geometry" "${args[@]}" \
+    --json "$out/$geometry.json" --plot "$out/$geometry.svg" >/dev/null
+}
+
+if ! $readme_only; then
+  start=$(date +%s)
+  run spans "${spans[@]}"
+  topic=(full)
+  registered h2o && topic+=(h2o h2o:grace=0,decay=1)
+  registered tova && topic+=(tova)
+  registered streaming_llm && topic+=(streaming_llm)
+  topic+=("${morph[@]}")
+  run shift "${topic[@]}"
+  run stable "${topic[@]}"
+  if [ ${#keyformer[@]} -gt 0 ]; then
+    planted=(full "${keyformer[@]}")
+    registered h2o && planted+=(h2o h2o:grace=0,decay=1)
+    run planted "${planted[@]}"
+  else
+    rm -f "$out/planted.json" "$out/planted.svg"
+    echo "sweep: keyformer is not registered; no planted sweep" >&2
+  fi
+  echo "sweep: done in $(($(date +%s) - start)) s" >&2
+fi
+
+# The README block between the perturb markers is `bench table` of these files; the begin
+# marker names them so tests/cli_test.sh can check the block against them.
+files=()
+for g in spans shift stable planted; do
+  [ -f "$out/$g.json" ] && files+=("$out/$g.json")
+done
+if [ ${#files[@]} -eq 0 ]; then
+  echo "sweep: no result files in $out" >&2
+  exit 1
+fi
+if ! grep -q '<!-- perturb:begin' README.md || ! grep -q '<!-- perturb:end -->' README.md; then
+  echo "sweep: README.md lacks the <!-- perturb:begin ... --> / <!-- perturb:end --> markers" >&2
+  exit 1
+fi
+"$bin" bench table "${files[@]}" >"$tmp/table.md"
+awk -v files="${files[*]}" -v table="$tmp/table.md" '
+  /<!-- perturb:begin/ {
+    print "<!-- perturb:begin files: " files " -->"
+    while ((getline line < table) > 0) print line
+    skip = 1
+    next
+  }
+  /<!-- perturb:end -->/ { skip = 0 }
+  !skip { print }
+' README.md >"$tmp/README.md"
+cp "$tmp/README.md" README.md
+echo "sweep: README perturbation tables updated from ${files[*]}" >&2
