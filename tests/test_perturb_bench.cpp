@@ -248,9 +248,17 @@ TEST(PerturbBench, ValidatesEverythingBeforeRunning) {
 }
 
 TEST(PerturbBench, PlotAndTables) {
-  PerturbOptions o = small_options({"full", "cam", "tova"}, Geometry::kShift);
+  PerturbOptions o = small_options({"full", "cam", "cam:merge_gate=false", "tova"}, Geometry::kShift);
   const nlohmann::json doc = eval::run_perturb(o, "test");
   const std::string svg = eval::perturb_plot_svg(doc);
+  // Ungated merging is drawn dashed, nothing else is (full is left out: perturbation 0): one
+  // dashed line in each of the two panels (perturbation, late-topic fraction).
+  std::size_t dashed = 0;
+  for (std::size_t at = svg.find("stroke-dasharray=\"5,3\" points"); at != std::string::npos;
+       at = svg.find("stroke-dasharray=\"5,3\" points", at + 1)) {
+    ++dashed;
+  }
+  EXPECT_EQ(dashed, 2u);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("seq 96"), std::string::npos);
   EXPECT_NE(svg.find("late-topic fraction"), std::string::npos);
@@ -263,6 +271,13 @@ TEST(PerturbBench, PlotAndTables) {
                                        r["perturbation_std"].get<double>());
   EXPECT_NE(md.find(cell), std::string::npos) << cell << "\n" << md;
   EXPECT_NE(md.find("**Late-topic fraction**"), std::string::npos);
+  // Merges of the merging methods only: gated CaM under H2O's grace-0 rule never merges (its
+  // loser is the newest row, score 0, so the gate's probability is 0); ungated merges every
+  // evicted row. 2 heads x (96 - 24) and x (96 - 48) evictions.
+  const std::string merges = md.substr(md.find("**Merges**"));
+  EXPECT_NE(merges.find("| `cam` | 0 / 144 | 0 / 96 |"), std::string::npos) << merges;
+  EXPECT_NE(merges.find("| `cam:merge_gate=false` | 144 / 144 | 96 / 96 |"), std::string::npos);
+  EXPECT_EQ(merges.substr(0, merges.find("**Late-topic")).find("tova"), std::string::npos);
   // full has no budget: one row, shown under every budget of its seq.
   EXPECT_NE(md.find("| `full` | 0.000 ± 0.000 | 0.000 ± 0.000 |"), std::string::npos);
   test::expect_error([] { eval::perturb_markdown({nlohmann::json{{"kind", "eval"}}}); },

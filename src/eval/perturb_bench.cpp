@@ -399,6 +399,33 @@ std::vector<std::int64_t> budgets_of(const nlohmann::json& rows) {
   return out;
 }
 
+// Whether a row's method disposes of evicted rows by merging (a `*_merge` field other than
+// drop), and whether it does so with its gate off.
+bool merges_rows(const nlohmann::json& row) {
+  if (!row.contains("params") || !row["params"].is_object()) return false;
+  for (const auto& [key, value] : row["params"].items()) {
+    const std::string suffix = "_merge";
+    if (key.size() >= suffix.size() &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        value.is_string() && value != "drop") {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ungated_merge(const nlohmann::json& row) {
+  if (!merges_rows(row)) return false;
+  for (const auto& [key, value] : row["params"].items()) {
+    const std::string suffix = "_merge_gate";
+    if (key.size() >= suffix.size() &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0 && value == false) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Rows of one method at one sequence length, by budget (a budget-less row under every budget).
 std::vector<const nlohmann::json*> rows_for(const nlohmann::json& rows, const std::string& arg,
                                             std::int64_t seq) {
@@ -442,6 +469,7 @@ std::string perturb_plot_svg(const nlohmann::json& doc) {
     for (const std::string& arg : series_args) {
       Series s{arg, {}, {}, {}, false}, se{arg, {}, {}, {}, false};
       for (const nlohmann::json* r : rows_for(rows, arg, seq)) {
+        if (ungated_merge(*r)) s.dashed = se.dashed = true;
         const double y = num_or(*r, "perturbation_mean", std::nan(""));
         const double err = num_or(*r, "perturbation_std", 0.0);
         const double ye = extra_key ? num_or(*r, extra_key, std::nan("")) : 0.0;
@@ -468,7 +496,7 @@ std::string perturb_plot_svg(const nlohmann::json& doc) {
   for (auto& e : extra) panels.push_back(std::move(e));
   std::string title = fmt::format(
       "bench perturb: geometry {}, feed {}, {} KV heads x {}, {} probes, {} seeds (bars: std over "
-      "seeds)",
+      "seeds; dashed: merging with the gate off, or no budget)",
       geometry, st.value("feed", "?"), st.value("heads", 0), st.value("head_dim", 0),
       st.value("probes", 0), st.value("seeds", 0));
   if (!lossless.empty()) {
@@ -492,17 +520,17 @@ std::string perturb_markdown(const std::vector<nlohmann::json>& docs) {
     for (const std::int64_t seq : seqs_of(rows)) {
       for (const std::int64_t b : budgets) cols.emplace_back(seq, b);
     }
-    auto table = [&](const std::string& caption, auto cell) {
+    auto table = [&](const nlohmann::json& trows, const std::string& caption, auto cell) {
       out += caption + "\n\n| method |";
       for (const auto& [seq, b] : cols) out += fmt::format(" {} / {} |", seq, b);
       out += "\n| --- |";
       for (std::size_t i = 0; i < cols.size(); ++i) out += " ---: |";
       out += "\n";
-      for (const std::string& arg : method_args(rows)) {
+      for (const std::string& arg : method_args(trows)) {
         out += "| `" + arg + "` |";
         for (const auto& [seq, b] : cols) {
           const nlohmann::json* hit = nullptr;
-          for (const nlohmann::json* r : rows_for(rows, arg, seq)) {
+          for (const nlohmann::json* r : rows_for(trows, arg, seq)) {
             if (!(*r)["budget"].is_number() || (*r)["budget"].get<std::int64_t>() == b) hit = r;
           }
           out += " " + (hit ? cell(*hit) : std::string("-")) + " |";
@@ -516,20 +544,34 @@ std::string perturb_markdown(const std::vector<nlohmann::json>& docs) {
         "seq / budget",
         geometry, st.value("feed", "?"), st.value("heads", 0), st.value("head_dim", 0),
         st.value("probes", 0), st.value("seeds", 0));
-    table("**Perturbation** (mean ± std over seeds, lower is better), " + setup + ":",
+    table(rows, "**Perturbation** (mean ± std over seeds, lower is better), " + setup + ":",
           [](const nlohmann::json& r) {
             return fmt::format("{:.3f} ± {:.3f}", num_or(r, "perturbation_mean", 0.0),
                                num_or(r, "perturbation_std", 0.0));
           });
+    // The methods that merge: how many of the rows they evicted they merged.
+    nlohmann::json merging = nlohmann::json::array();
+    for (const auto& r : rows) {
+      if (merges_rows(r)) merging.push_back(r);
+    }
+    if (!merging.empty()) {
+      table(merging,
+            "**Merges** per run (rows merged into a survivor / rows evicted, all KV heads, mean "
+            "over seeds) of the methods with a merge disposition, geometry `" + geometry + "`:",
+            [](const nlohmann::json& r) {
+              return fmt::format("{:g} / {:g}", num_or(r, "merges", 0.0),
+                                 num_or(r, "evictions", 0.0));
+            });
+    }
     if (geometry == "shift" || geometry == "stable") {
-      table("**Late-topic fraction** (share of kept rows at positions >= 0.7 seq), geometry `" +
+      table(rows, "**Late-topic fraction** (share of kept rows at positions >= 0.7 seq), geometry `" +
                 geometry + "`:",
             [](const nlohmann::json& r) {
               return fmt::format("{:.3f}", num_or(r, "late_topic_fraction", 0.0));
             });
     }
     if (geometry == "planted") {
-      table("**Planted token survival** (share of seed x head runs that keep it), geometry "
+      table(rows, "**Planted token survival** (share of seed x head runs that keep it), geometry "
             "`planted`:",
             [](const nlohmann::json& r) {
               return fmt::format("{:.3f}", num_or(r, "planted_survival", 0.0));

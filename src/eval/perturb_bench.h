@@ -101,12 +101,13 @@ nlohmann::json perturb_settings_json(const PerturbOptions& options);
 // An SVG figure of a perturb result document: one panel per sequence length with perturbation
 // (mean, error bars = std over seeds) against the budget, one series per --method; plus
 // late-topic-fraction (shift / stable) or planted-survival (planted) panels. Methods without a
-// budget are drawn as dashed flat lines across the budgets.
+// budget are drawn as dashed flat lines across the budgets (left out, and named in the title,
+// when their perturbation is 0 everywhere), merging with the gate off as dashed lines.
 std::string perturb_plot_svg(const nlohmann::json& results);
 
 // Markdown tables of perturb result documents: per document, perturbation mean +- std per
-// method (rows) and (seq, budget) (columns), and the late-topic fraction or planted survival
-// when present. Throws Error(kInvalidArgument) for a document that is not a perturb result.
+// method (rows) and (seq, budget) (columns); merges / evictions of the methods with a merge
+// disposition; and the late-topic fraction or planted survival when present. Throws Error(kInvalidArgument) for a document that is not a perturb result.
 std::string perturb_markdown(const std::vector<nlohmann::json>& results);
 
 }  // namespace vq::eval
