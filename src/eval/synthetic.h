@@ -30,10 +30,11 @@
 //   u is a unit vector; filler keys are N(0, I) with their u component removed, so they are
 //   orthogonal to u. The planted token at P = floor(S / 4) has key 2 sqrt(D) u. The burst,
 //   t >= B = floor(9 S / 10), has filler keys + 4 u. Probes q = sqrt(D) u + N(0, I). Before
-//   the burst the planted token gets logit 0 from every filler key (below the average
-//   exp-logit of filler rows), so cumulative scorers see nothing special in it; the burst
-//   attends to it with 8 logits, and every probe puts almost all its attention on it (16
-//   logits at D = 64), so whether a cache still holds it decides the perturbation.
+//   the burst the planted token gets logit exactly 0 from every filler key (filler rows get
+//   N(0, 1) logits from each other): an ordinary row for a scorer that looks at one step, and
+//   a young, light row for a cumulative one. The burst attends to it with 8 logits and every
+//   probe puts almost all its attention on it (2 sqrt(D) = 16 logits at D = 64), so whether a
+//   cache still holds it decides the perturbation.
 #pragma once
 
 #include <cstdint>
