@@ -220,6 +220,10 @@ TEST(PerturbBench, ValidatesEverythingBeforeRunning) {
   bad = o;
   bad.head_dim = 5000;
   expect_error(plan(bad), ErrorCode::kInvalidArgument, {"--head-dim", "got 5000"});
+  bad = o;
+  bad.seqs = {1 << 20};
+  bad.seeds = 100;
+  expect_error(plan(bad), ErrorCode::kInvalidArgument, {"GiB of synthetic K/V", "limit is 4 GiB"});
   // h2o's default grace 16 + 4 sinks needs a budget above 20.
   bad = small_options({"cam", "h2o"});
   bad.budgets = {64, 16};

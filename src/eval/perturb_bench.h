@@ -44,6 +44,8 @@ inline constexpr std::int64_t kMaxBenchHeads = 256;
 inline constexpr std::int64_t kMaxBenchHeadDim = 1024;
 inline constexpr std::int64_t kMaxBenchProbes = 4096;
 inline constexpr std::int64_t kMaxBenchSeeds = 1000;
+// Synthetic K/V plus references held for one sequence length (every seed at once).
+inline constexpr std::int64_t kMaxBenchBytes = std::int64_t{4} << 30;
 
 struct PerturbOptions {
   std::vector<std::string> methods;  // method specs as given (--method)
