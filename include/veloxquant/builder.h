@@ -30,6 +30,12 @@ class ModelCache {
 
   // Sums over layers (tokens_seen and tokens_kept are layer 0's).
   CacheStats stats() const;
+  // Each layer's current budget (-1: keeps everything). PyramidKV's schedule is fixed at
+  // construction; SqueezeAttention's changes once, after every layer has seen `budget` tokens.
+  std::vector<std::int64_t> layer_budgets() const;
+  // Mean of layer_budgets(): the realised average (it can exceed the requested one where a
+  // schedule's floors bind). -1 when the method keeps everything.
+  double mean_budget() const;
   void reset();
 
  private:

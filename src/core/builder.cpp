@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "policies/policy.h"
 #include "veloxquant/errors.h"
 
 namespace vq {
@@ -22,6 +23,7 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
   }
   shape_.n_query_heads = hq;
   layers_.reserve(static_cast<std::size_t>(shape.n_layers));
+  auto group = std::make_shared<detail::LayerGroup>(shape.n_layers);
   const std::int64_t seed = config.seed();
   for (std::int64_t i = 0; i < shape.n_layers; ++i) {
     CacheConfig layer_config = config;
@@ -32,7 +34,7 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
     ls.n_query_heads = hq;
     ls.layer = i;
     ls.n_layers = shape.n_layers;
-    layers_.emplace_back(layer_config, ls);
+    layers_.push_back(LayerCache(layer_config, ls, group));
   }
 }
 
@@ -61,12 +63,28 @@ CacheStats ModelCache::stats() const {
     s.kept_bytes += ls.kept_bytes;
     s.full_bytes += ls.full_bytes;
     s.allocated_bytes += ls.allocated_bytes;
+    s.workspace_bytes += ls.workspace_bytes;
     s.evictions += ls.evictions;
     s.merges += ls.merges;
   }
   s.compression_ratio =
       s.kept_bytes == 0 ? 1.0 : static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes);
   return s;
+}
+
+std::vector<std::int64_t> ModelCache::layer_budgets() const {
+  std::vector<std::int64_t> out;
+  for (const LayerCache& l : layers_) out.push_back(l.budget());
+  return out;
+}
+
+double ModelCache::mean_budget() const {
+  double sum = 0;
+  for (const LayerCache& l : layers_) {
+    if (l.budget() < 0) return -1.0;
+    sum += static_cast<double>(l.budget());
+  }
+  return sum / static_cast<double>(layers_.size());
 }
 
 void ModelCache::reset() {

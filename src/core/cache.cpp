@@ -61,6 +61,10 @@ HeadRows to_head_rows(const detail::RowsRef& r) {
 }  // namespace
 
 LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : LayerCache(config, shape, nullptr) {}
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
+                       std::shared_ptr<detail::LayerGroup> group)
     : state_(std::make_unique<LayerState>()) {
   config.validate();
   auto bad = [](const std::string& msg) {
@@ -83,7 +87,7 @@ LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
   }
   state_->config = config;
   state_->shape = shape;
-  policy_ = config.info().make_policy(config, shape);
+  policy_ = config.info().make_policy(detail::PolicyContext{config, shape, std::move(group)});
 }
 
 LayerCache::~LayerCache() = default;
@@ -139,10 +143,9 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
       shape_error("n_query_heads (" + std::to_string(st.shape.n_query_heads) +
                   ") must be a multiple of n_kv_heads (" + std::to_string(H) + ")");
     }
-    const DType storage = st.config.kv_dtype();
     st.heads.clear();
     st.heads.resize(static_cast<std::size_t>(B * H));
-    for (HeadState& hs : st.heads) hs.store = detail::make_plain_store(storage, D);
+    for (HeadState& hs : st.heads) hs.store = detail::make_store(st.config, D);
     st.rngs.clear();
     const auto seed = static_cast<std::uint64_t>(st.config.seed());
     for (std::int64_t h = 0; h < H; ++h) {
@@ -293,6 +296,7 @@ CacheStats LayerCache::stats() const {
   for (const HeadState& hs : state_->heads) {
     s.tokens_kept_per_head.push_back(hs.store->size());
     s.allocated_bytes += hs.store->allocated_bytes();
+    s.workspace_bytes += hs.store->workspace_bytes();
     s.evictions += hs.evictions;
     s.merges += hs.merges;
   }

@@ -24,7 +24,8 @@
 namespace vq::detail {
 namespace {
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"), 0, 1.0f,
                                      merge_rule_from(c, "cam"));
 }
@@ -51,6 +52,7 @@ MethodInfo cam_method() {
                 "leading rows never evicted and never merge targets"),
   };
   add_merge_fields(m.fields, "cam", "sim_weighted");
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("cam_budget"); };

@@ -68,6 +68,24 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                               "blend keys as well as values when merging"));
 }
 
+void add_quantize_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
+                              "store kept rows KIVI-quantized (2 or 4 bits, really packed)"));
+  fields.push_back(int_field("kivi_group_size", 32, 1, 4096,
+                             "KIVI group: G tokens per key channel group, G channels per value "
+                             "group"));
+  fields.push_back(int_field("residual_length", 128, 0, kMaxTokens,
+                             "newest rows kept unquantized (the tail holds residual to "
+                             "residual + G - 1 rows)"));
+}
+
+void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix) {
+  fields.push_back(int_field(prefix + "_grace", 0, 0, kMaxTokens,
+                             "newest rows protected from eviction (0: the paper's rule)"));
+  fields.push_back(float_field(prefix + "_decay", 1.0, 0.0, 1.0,
+                               "score <- score * decay + attention each step (1: the paper's rule)"));
+}
+
 void config_error(const CacheConfig& config, const std::string& message) {
   throw Error(ErrorCode::kInvalidConfig, "[" + config.method() + "] " + message);
 }

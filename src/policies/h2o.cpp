@@ -46,7 +46,8 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
 
 namespace {
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
                                      c.get_int("h2o_grace"),
                                      static_cast<float>(c.get_float("h2o_decay")),
@@ -79,6 +80,7 @@ MethodInfo h2o_method() {
       float_field("h2o_decay", 0.98, 0.0, 1.0, "score <- score * decay + attention each step"),
   };
   add_merge_fields(m.fields, "h2o", "drop");
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("h2o_budget"); };

@@ -70,7 +70,8 @@ class MorphKVPolicy final : public TokenPolicy {
   Fusion fusion_;
 };
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   const std::string& f = c.get_enum("morphkv_fusion");
   const Fusion fusion = f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
   return std::make_unique<MorphKVPolicy>(c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"),
@@ -108,6 +109,7 @@ MethodInfo morphkv_method() {
                  "how the window's attention rows are combined"),
   };
   add_merge_fields(m.fields, "morphkv", "drop");
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("morphkv_budget"); };

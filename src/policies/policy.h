@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -10,6 +11,30 @@
 #include "veloxquant/cache.h"
 
 namespace vq::detail {
+
+// State shared by the layers of one ModelCache (made by the builder), for methods whose
+// per-layer budgets depend on every layer (SqueezeAttention). A LayerCache built on its own
+// has no group.
+struct LayerGroup {
+  explicit LayerGroup(std::int64_t layers)
+      : n_layers(layers), signal(static_cast<std::size_t>(layers), 0.0),
+        reported(static_cast<std::size_t>(layers), 0),
+        external(static_cast<std::size_t>(layers), 0.0),
+        external_count(static_cast<std::size_t>(layers), 0) {}
+  std::int64_t n_layers;
+  std::vector<double> signal;     // [n_layers] per-layer importance, as reported by each layer
+  std::vector<char> reported;     // [n_layers]
+  std::vector<double> external;   // [n_layers] sum of engine-reported signals (see ModelCache)
+  std::vector<std::int64_t> external_count;  // [n_layers]
+  std::vector<std::int64_t> budgets;          // [n_layers] once decided; empty before
+};
+
+// What a method factory gets.
+struct PolicyContext {
+  const CacheConfig& config;
+  const LayerShape& shape;
+  std::shared_ptr<LayerGroup> group;  // null outside a ModelCache
+};
 
 class Policy {
  public:
@@ -37,13 +62,14 @@ struct MergeRule {
 // NaN inputs give 0.
 float merge_gate_probability(float score_loser, float score_target) noexcept;
 
-// CaM's merge target: among live rows [n_sink, n_live) other than `loser`, the one whose key
-// has the largest cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1
-// when no such row exists (only sinks survive). `live` maps live index -> physical row of
-// `rows`; *cos_out receives the winning cosine. scratch: [2 * head_dim] floats.
+// CaM's merge target: among live rows [n_sink, n_live) other than `loser` and other than rows
+// with excluded[i] != 0 (excluded may be null), the one whose key has the largest
+// cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1 when no such row
+// exists (only sinks survive). `live` maps live index -> physical row of `rows`; *cos_out
+// receives the winning cosine. scratch: [2 * head_dim] floats.
 std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
-                               std::int64_t n_sink, std::int64_t loser, std::int64_t head_dim,
-                               float* cos_out, float* scratch);
+                               std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
+                               std::int64_t head_dim, float* cos_out, float* scratch);
 
 // Per-head context handed to TokenPolicy hooks.
 struct HeadCtx {
@@ -57,7 +83,7 @@ struct HeadCtx {
 };
 
 // The token-level eviction loop shared by the score-based methods. For each new token in
-// order and each head: on_token() appends it (updating scores); if the head then holds more
+// order and each head: on_token() appends it (updating scores); while the head then holds more
 // than budget rows, pick_loser() chooses one row and the merge rule disposes of it. At the end
 // each store keeps exactly its live rows.
 class TokenPolicy : public Policy {
@@ -82,6 +108,13 @@ class TokenPolicy : public Policy {
 
   // Helpers for hooks.
   static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
+  // Removes the live rows `losers` (strictly increasing live indices), applying the merge rule
+  // to each in turn (targets are never among the losers), then compacts the live arrays.
+  void evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers);
+  // Starts a step: live = the kept rows (identity), checks the per-row arrays.
+  static void open_live(LayerState& st);
+  // Ends a step: each store keeps exactly its live rows.
+  static void commit_live(LayerState& st);
   // out[i] = softmax_i(K[live[i]] . q / sqrt(d)) over live rows [0, n).
   void proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out);
   // Key of live row i as fp32, into a scratch buffer owned by the policy (valid until the next
@@ -98,10 +131,12 @@ class TokenPolicy : public Policy {
   std::vector<float> query_;    // [d]
 
  private:
-  void dispose(HeadCtx& h, std::int64_t loser);
+  // Applies the merge rule to live row `loser` (the row stays in `live`).
+  void dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded);
   void merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser, float cos);
   static void remove_row(HeadState& hs, std::int64_t i);
-  std::vector<float> a_, b_;  // [d] row scratch
+  std::vector<float> a_, b_;        // [d] row scratch
+  std::vector<std::uint8_t> mask_;  // [n_live] losers of evict_rows
 };
 
 // Reads `<prefix>_merge`, `<prefix>_merge_gate`, `<prefix>_merge_keys` from the config.

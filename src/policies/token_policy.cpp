@@ -83,15 +83,15 @@ void TokenPolicy::on_merge(HeadCtx& h, std::int64_t target, std::int64_t loser) 
 }
 
 std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
-                               std::int64_t n_sink, std::int64_t loser, std::int64_t head_dim,
-                               float* cos_out, float* scratch) {
+                               std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
+                               std::int64_t head_dim, float* cos_out, float* scratch) {
   float* a = scratch;
   float* b = scratch + head_dim;
   kernels::load_row(rows.key(live[loser]), rows.dtype, a, head_dim);
   std::int64_t best = -1;
   float best_cos = 0.0f;
   for (std::int64_t i = n_sink; i < n_live; ++i) {
-    if (i == loser) continue;
+    if (i == loser || (excluded != nullptr && excluded[i] != 0)) continue;
     kernels::load_row(rows.key(live[i]), rows.dtype, b, head_dim);
     const float c = kernels::cosine(a, b, head_dim);
     if (std::isnan(c)) continue;
@@ -129,33 +129,50 @@ void TokenPolicy::merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser
   store.set_position(pt, std::max(rows.positions[pt], rows.positions[pe]));
 }
 
-void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser) {
-  if (merge_.mode != MergeRule::Mode::kDrop) {
-    // The gate draws once per over-budget step, whether or not a target exists.
-    const double u = merge_.gate ? h.rng.uniform(h.hs.draws++) : 0.0;
-    float cos = 0.0f;
-    a_.resize(static_cast<std::size_t>(2 * h.head_dim));
-    const std::int64_t target = find_merge_target(h.rows(), h.hs.live.data(), h.n_live(), n_sink_,
-                                                  loser, h.head_dim, &cos, a_.data());
-    if (target >= 0) {
-      bool merge = true;
-      if (merge_.gate) {
-        const float p = merge_gate_probability(gate_score(h, loser), gate_score(h, target));
-        merge = u < static_cast<double>(p);
-      }
-      if (merge) {
-        merge_rows(h, target, loser, cos);
-        ++h.hs.merges;
-      }
-    }
-  }
-  remove_row(h.hs, loser);
+void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded) {
   ++h.hs.evictions;
+  if (merge_.mode == MergeRule::Mode::kDrop) return;
+  // The gate draws once per evicted row, whether or not a target exists.
+  const double u = merge_.gate ? h.rng.uniform(h.hs.draws++) : 0.0;
+  float cos = 0.0f;
+  a_.resize(static_cast<std::size_t>(2 * h.head_dim));
+  const std::int64_t target = find_merge_target(h.rows(), h.hs.live.data(), h.n_live(), n_sink_,
+                                                loser, excluded, h.head_dim, &cos, a_.data());
+  if (target < 0) return;
+  if (merge_.gate) {
+    const float p = merge_gate_probability(gate_score(h, loser), gate_score(h, target));
+    if (!(u < static_cast<double>(p))) return;
+  }
+  merge_rows(h, target, loser, cos);
+  ++h.hs.merges;
 }
 
-void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
+void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers) {
+  if (losers.empty()) return;
+  const std::int64_t n = h.n_live();
+  if (losers.size() == 1) {
+    dispose(h, losers[0], nullptr);
+    remove_row(h.hs, losers[0]);
+    return;
+  }
+  mask_.assign(static_cast<std::size_t>(n), 0);
+  for (std::int64_t i : losers) mask_[static_cast<std::size_t>(i)] = 1;
+  for (std::int64_t i : losers) dispose(h, i, mask_.data());
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+    if (mask_[i]) continue;
+    h.hs.live[out] = h.hs.live[i];
+    h.hs.score[out] = h.hs.score[i];
+    h.hs.aux[out] = h.hs.aux[i];
+    ++out;
+  }
+  h.hs.live.resize(out);
+  h.hs.score.resize(out);
+  h.hs.aux.resize(out);
+}
+
+void TokenPolicy::open_live(LayerState& st) {
   const std::int64_t prev = st.step_prev;
-  const std::int64_t head_dim = st.shape.head_dim;
   for (HeadState& hs : st.heads) {
     VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
                   static_cast<std::int64_t>(hs.aux.size()) == prev,
@@ -163,18 +180,33 @@ void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
     hs.live.resize(static_cast<std::size_t>(prev));
     std::iota(hs.live.begin(), hs.live.end(), std::int64_t{0});
   }
+}
+
+void TokenPolicy::commit_live(LayerState& st) {
+  for (HeadState& hs : st.heads) {
+    hs.store->keep(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+    hs.live.clear();
+  }
+}
+
+void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
+  const std::int64_t prev = st.step_prev;
+  const std::int64_t head_dim = st.shape.head_dim;
+  open_live(st);
   for (std::int64_t j = 0; j < st.step_new; ++j) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
       on_token(h, prev + j);
-      if (budget_ >= 0 && h.n_live() > budget_) dispose(h, pick_loser(h));
+      while (budget_ >= 0 && h.n_live() > budget_) {
+        const std::int64_t loser = pick_loser(h);
+        dispose(h, loser, nullptr);
+        remove_row(hs, loser);
+      }
+      hs.store->settle(hs.live.data(), h.n_live());
     }
   }
-  for (HeadState& hs : st.heads) {
-    hs.store->keep(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-    hs.live.clear();
-  }
+  commit_live(st);
 }
 
 }  // namespace vq::detail

@@ -37,7 +37,8 @@ class TovaPolicy final : public TokenPolicy {
   }
 };
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
                                       merge_rule_from(c, "tova"));
 }
@@ -62,6 +63,7 @@ MethodInfo tova_method() {
       int_field("tova_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
   };
   add_merge_fields(m.fields, "tova", "drop");
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("tova_budget"); };
