@@ -177,7 +177,8 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
       EXPECT_FALSE(f.doc.empty()) << m.id << "." << f.name;
       const bool common = f.name == "seed" || f.name == "kv_dtype" || f.name == "quantize" ||
                           f.name == "kivi_group_size" || f.name == "residual_length" ||
-                          f.name == "bit_width_inlier";
+                          f.name == "bit_width_inlier" || f.name == "source" ||
+                          f.name == "gqa_reduce";
       if (!m.prefix.empty() && !common) {
         EXPECT_EQ(f.name.rfind(m.prefix + "_", 0), 0u) << m.id << "." << f.name;
       }

@@ -6,6 +6,10 @@
 #include <vector>
 
 #include "veloxquant/cache.h"
+
+namespace vq::detail {
+struct LayerGroup;
+}
 #include "veloxquant/config.h"
 
 namespace vq {
@@ -38,10 +42,18 @@ class ModelCache {
   double mean_budget() const;
   void reset();
 
+  // The engine's per-layer signal for SqueezeAttention (source=attention): the cosine between
+  // the hidden state entering `layer` and the hidden state after its attention residual add,
+  // averaged over the step's tokens. Call it for each step before that layer's end_step; the
+  // layers average what they received until their budgets are decided. Other methods ignore
+  // it. Throws Error(kInvalidArgument) for a bad layer index or a non-finite value.
+  void observe_layer_similarity(std::int64_t layer, double cosine);
+
  private:
   CacheConfig config_;
   ModelShape shape_;
   std::vector<LayerCache> layers_;
+  std::shared_ptr<detail::LayerGroup> group_;
 };
 
 struct KVCacheBuilder {

@@ -157,6 +157,10 @@ class LayerCache {
 
   // The rows stored between steps for (b, h), in order. Invalidated by the next step.
   HeadRows stored(std::int64_t b, std::int64_t h) const;
+  // The method's per-row scores for the stored rows of (b, h), parallel to stored(b, h)
+  // (diagnostic: H2O's cumulative mass, TOVA's last weights, ...; zeros for methods without
+  // scores).
+  std::vector<float> row_scores(std::int64_t b, std::int64_t h) const;
   bool step_open() const noexcept;
 
   CacheStats stats() const;

@@ -33,7 +33,7 @@ class ChunkKVPolicy final : public H2OPolicy {
   explicit ChunkKVPolicy(const CacheConfig& c)
       : H2OPolicy(c.get_int("chunkkv_budget"), c.get_int("chunkkv_n_sink"),
                   c.get_int("chunkkv_grace"), static_cast<float>(c.get_float("chunkkv_decay")),
-                  merge_rule_from(c, "chunkkv")),
+                  merge_rule_from(c, "chunkkv"), score_source_from(c)),
         chunk_(c.get_int("chunkkv_chunk_size")),
         key_norm_(c.get_enum("chunkkv_score") == "key_norm") {}
 
@@ -116,6 +116,10 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
 
 void check(const CacheConfig& c) {
   require_less(c, "chunkkv_n_sink", "chunkkv_budget");
+  if (c.get_enum("chunkkv_score") == "key_norm" && c.get_enum("source") == "attention") {
+    config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
+                    "attention)");
+  }
   const std::int64_t n_sink = c.get_int("chunkkv_n_sink"), grace = c.get_int("chunkkv_grace"),
                      chunk = c.get_int("chunkkv_chunk_size"), budget = c.get_int("chunkkv_budget");
   if (n_sink + grace + chunk > budget) {
@@ -151,6 +155,7 @@ MethodInfo chunkkv_method() {
   };
   add_mass_fields(m.fields, "chunkkv");
   add_merge_fields(m.fields, "chunkkv", "drop");
+  add_source_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

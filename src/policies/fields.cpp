@@ -65,7 +65,23 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                               "merge only with probability clamp(score_loser / score_target, "
                               "0, 1) (CaM's merge mask)"));
   fields.push_back(bool_field(prefix + "_merge_keys", false,
-                              "blend keys as well as values when merging"));
+                              "blend keys as well as values when merging (nearest target only)"));
+  fields.push_back(enum_field(prefix + "_target", "nearest", {"nearest", "window"},
+                              "merge target: the most cosine-similar survivor, or add v_e / m to "
+                              "each of the next m kept rows (CaM's paper rule; keys untouched)"));
+  fields.push_back(int_field(prefix + "_merge_m", 32, 1, kMaxTokens,
+                             "m: kept rows after the loser that share it (target=window)"));
+  fields.push_back(enum_field(prefix + "_merge_attention", "cumulative", {"cumulative", "current"},
+                              "what the gate compares: the method's own (cumulative) scores, or "
+                              "the current query's attention"));
+}
+
+void add_source_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(enum_field("source", "proxy", {"proxy", "attention"},
+                              "scores from the incoming key as query (needs only K/V) or from the "
+                              "attention probabilities the engine passes to end_step"));
+  fields.push_back(enum_field("gqa_reduce", "mean", {"mean", "max", "sum"},
+                              "how a KV head folds the attention of its query heads"));
 }
 
 void add_quantize_fields(std::vector<FieldSpec>& fields) {

@@ -27,6 +27,8 @@ void add_common_fields(std::vector<FieldSpec>& fields);
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                       const std::string& default_mode);
 
+// source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
+void add_source_fields(std::vector<FieldSpec>& fields);
 // quantize, kivi_group_size, residual_length: every method but kivi (which has its own).
 void add_quantize_fields(std::vector<FieldSpec>& fields);
 // <prefix>_grace (newest rows protected) and <prefix>_decay (score <- score * decay + attention)

@@ -35,7 +35,7 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   return std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
                                      c.get_int("pyramid_grace"),
                                      static_cast<float>(c.get_float("pyramid_decay")),
-                                     merge_rule_from(c, "pyramid"));
+                                     merge_rule_from(c, "pyramid"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) {
@@ -66,6 +66,7 @@ MethodInfo pyramidkv_method() {
   };
   add_mass_fields(m.fields, "pyramid");
   add_merge_fields(m.fields, "pyramid", "drop");
+  add_source_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -16,8 +16,12 @@
 // Fields: snap_budget=512, snap_obs_window=32, snap_n_sink=4, snap_kernel=7, snap_pool=max,
 // snap_merge=drop (+gate, keys; the gate compares the unpooled window mass), quantize...,
 // seed, kv_dtype.
-// Deviations from the paper: the window rows' keys stand in for their queries; sinks are
-// protected; later prefill chunks are scored together with the rows kept earlier.
+// Attention source (the paper's rule): the window's real query rows, i.e. the attention the
+// step's last min(w, S) queries paid (folded over query heads by gqa_reduce), replace the
+// proxy softmax; pooling and selection are the same.
+// Deviations from the paper: with the proxy source the window rows' keys stand in for their
+// queries; sinks are protected; later prefill chunks are scored together with the rows kept
+// earlier.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -33,7 +37,8 @@ namespace {
 class SnapKVPolicy final : public TokenPolicy {
  public:
   explicit SnapKVPolicy(const CacheConfig& c)
-      : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap")),
+      : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap"),
+                    score_source_from(c)),
         window_(c.get_int("snap_obs_window")), kernel_(c.get_int("snap_kernel")),
         avg_(c.get_enum("snap_pool") == "avg") {}
 
@@ -62,10 +67,20 @@ class SnapKVPolicy final : public TokenPolicy {
     const std::int64_t m = n - w;  // rows before the window
     // Window attention mass of every earlier row.
     mass_.assign(static_cast<std::size_t>(m), 0.0f);
-    weights_.resize(static_cast<std::size_t>(n));
-    for (std::int64_t r = m; r < n; ++r) {
-      proxy_weights(h, key_of(h, r), r + 1, weights_.data());
-      for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += weights_[static_cast<std::size_t>(j)];
+    if (source_.attention()) {
+      // The real queries of the window rows that are new in this step (queries exist only for
+      // the step's tokens); rows are still in physical order here.
+      const std::int64_t first_query = std::max(m, h.st.step_prev);
+      for (std::int64_t r = first_query; r < n; ++r) {
+        const float* a = attention_row(h, r - h.st.step_prev);
+        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += a[h.hs.live[static_cast<std::size_t>(j)]];
+      }
+    } else {
+      weights_.resize(static_cast<std::size_t>(n));
+      for (std::int64_t r = m; r < n; ++r) {
+        proxy_weights(h, key_of(h, r), r + 1, weights_.data());
+        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += weights_[static_cast<std::size_t>(j)];
+      }
     }
     // 1-D pooling along the sequence.
     pooled_.resize(static_cast<std::size_t>(m));
@@ -137,6 +152,7 @@ MethodInfo snapkv_method() {
       enum_field("snap_pool", "max", {"max", "avg"}, "pooling of the window attention mass"),
   };
   add_merge_fields(m.fields, "snap", "drop");
+  add_source_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -11,6 +11,10 @@
 // exactly h2o with grace 0, decay 1 (the defaults of squeeze_grace / squeeze_decay).
 // Proxy signal (no hidden states): the mean normalised entropy H(a) / ln(n) of the proxy
 // attention rows a; a layer whose attention is spread over many rows is more important.
+// Attention source: the paper's signal, 1 - the mean over the steps so far of
+// cos(hidden state entering the layer, hidden state after the attention residual add), which
+// the engine reports with ModelCache::observe_layer_similarity() before each layer's end_step
+// (without reports it falls back to the entropy of the true attention rows).
 // Layers coordinate through the ModelCache; a LayerCache built on its own keeps budget C.
 //
 // Fields: squeeze_budget=512 (average), squeeze_n_sink=4, squeeze_strength=1,
@@ -34,7 +38,7 @@ class SqueezePolicy final : public H2OPolicy {
   SqueezePolicy(const CacheConfig& c, const LayerShape& shape, std::shared_ptr<LayerGroup> group)
       : H2OPolicy(c.get_int("squeeze_budget"), c.get_int("squeeze_n_sink"),
                   c.get_int("squeeze_grace"), static_cast<float>(c.get_float("squeeze_decay")),
-                  merge_rule_from(c, "squeeze")),
+                  merge_rule_from(c, "squeeze"), score_source_from(c)),
         average_(c.get_int("squeeze_budget")), strength_(c.get_float("squeeze_strength")),
         fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {}
 
@@ -66,12 +70,15 @@ class SqueezePolicy final : public H2OPolicy {
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
-    const std::int64_t n = h.n_live();
-    H2OPolicy::on_token(h, row);  // leaves the proxy weights over the n older rows in weights_
+    H2OPolicy::on_token(h, row);  // leaves the token's attention in weights_[0, last_n_)
+    const std::int64_t n = last_n_;
     if (reported_ || n < 2) return;
+    double total = 0;
+    for (std::int64_t i = 0; i < n; ++i) total += weights_[static_cast<std::size_t>(i)];
+    if (!(total > 0)) return;
     double entropy = 0;
     for (std::int64_t i = 0; i < n; ++i) {
-      const double w = weights_[static_cast<std::size_t>(i)];
+      const double w = weights_[static_cast<std::size_t>(i)] / total;
       if (w > 0) entropy -= w * std::log(w);
     }
     entropy_sum_ += entropy / std::log(static_cast<double>(n));
@@ -82,7 +89,13 @@ class SqueezePolicy final : public H2OPolicy {
   void report() {
     reported_ = true;
     if (!group_) return;
-    const double signal = entropy_count_ > 0 ? entropy_sum_ / static_cast<double>(entropy_count_) : 0;
+    const std::size_t l = static_cast<std::size_t>(layer_);
+    double signal = entropy_count_ > 0 ? entropy_sum_ / static_cast<double>(entropy_count_) : 0;
+    if (source_.attention() && group_->external_count[l] > 0) {
+      // The paper's signal: a layer whose attention leaves the hidden state nearly unchanged
+      // (cosine near 1) matters less.
+      signal = 1.0 - group_->external[l] / static_cast<double>(group_->external_count[l]);
+    }
     group_->signal[static_cast<std::size_t>(layer_)] = signal;
     group_->reported[static_cast<std::size_t>(layer_)] = 1;
     for (char r : group_->reported) {
@@ -123,8 +136,8 @@ MethodInfo squeeze_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "cumulative attention mass";
   m.budget_type = "per-layer data-driven (mean = budget)";
-  m.deviations = "layer importance from proxy-attention entropy (paper: hidden-state cosine); "
-                 "H2O mass within a layer; key-as-query proxy";
+  m.deviations = "proxy source: layer importance from proxy-attention entropy (attention "
+                 "source: the paper's hidden-state cosine); H2O mass within a layer";
   m.fields = {
       int_field("squeeze_budget", 512, 1, kMaxTokens,
                 "average rows kept per KV head over the layers, sinks included"),
@@ -136,6 +149,7 @@ MethodInfo squeeze_method() {
   };
   add_mass_fields(m.fields, "squeeze");
   add_merge_fields(m.fields, "squeeze", "drop");
+  add_source_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
