@@ -29,7 +29,7 @@ for id in $("$bin" list | awk '{print $1}'); do
   check "list $id" 0 "^$id: " -- "$bin" list "$id"
   check "list $id fields" 0 "seed +int +42" -- "$bin" list "$id"
 done
-for id in full streaming_llm h2o tova morphkv cam; do
+for id in full streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam kivi knorm keydiff; do
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
 check "help" 0 "list" -- "$bin" --help

@@ -46,7 +46,7 @@ TEST(Cache, UpdateReturnsKeptRowsFollowedByNewRowsExactly) {
 TEST(Cache, PositionsAreTrueUniqueAndInRange) {
   for (const auto& id : method_ids()) {
     CacheConfig config(id);
-    if (has_token_budget(config)) config = with_token_budget(config, 24);
+    if (has_token_budget(config)) config = with_token_budget(config, 48);
     LayerCache c(config, LayerShape{3, 8, 0, 0, 1});
     KV kv(2, 3, 100, 8, 11);
     test::feed(c, kv, 7);

@@ -23,13 +23,15 @@ struct Rows {
   }
 };
 
-std::int64_t target_of(const Rows& rows, std::int64_t n_sink, std::int64_t loser, float* cos = nullptr) {
+std::int64_t target_of(const Rows& rows, std::int64_t n_sink, std::int64_t loser, float* cos = nullptr,
+                       const std::vector<std::uint8_t>& excluded = {}) {
   std::vector<std::int64_t> live(rows.pos.size());
   for (std::size_t i = 0; i < live.size(); ++i) live[i] = static_cast<std::int64_t>(i);
   std::vector<float> scratch(static_cast<std::size_t>(2 * rows.d));
   float c = 0;
   const std::int64_t t = find_merge_target(rows.ref(), live.data(), static_cast<std::int64_t>(live.size()),
-                                           n_sink, loser, rows.d, &c, scratch.data());
+                                           n_sink, loser, excluded.empty() ? nullptr : excluded.data(),
+                                           rows.d, &c, scratch.data());
   if (cos) *cos = c;
   return t;
 }
@@ -44,6 +46,13 @@ TEST(CamTarget, MostCosineSimilarNonSinkSurvivor) {
   EXPECT_EQ(target_of(r, 0, 4), 0);  // without sinks row 0 wins
   // Never the loser itself, even though it is most similar to itself.
   EXPECT_NE(target_of(r, 1, 2), 2);
+}
+
+TEST(CamTarget, ExcludedRowsAreNeverTargets) {
+  // When several rows leave together (chunk or top-k eviction), none is a target of another.
+  Rows r{{0.06f, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, -1.0f, 0.2f, 0.05f, 1.0f}, {0, 1, 2, 3, 4}, 2};
+  EXPECT_EQ(target_of(r, 1, 4, nullptr, {0, 1, 0, 0, 1}), 2);
+  EXPECT_EQ(target_of(r, 1, 4, nullptr, {0, 1, 1, 1, 1}), -1);
 }
 
 TEST(CamTarget, NoneWhenOnlySinksRemain) {

@@ -6,6 +6,10 @@
 #include <vector>
 
 #include "veloxquant/cache.h"
+
+namespace vq::detail {
+struct LayerGroup;
+}
 #include "veloxquant/config.h"
 
 namespace vq {
@@ -30,12 +34,26 @@ class ModelCache {
 
   // Sums over layers (tokens_seen and tokens_kept are layer 0's).
   CacheStats stats() const;
+  // Each layer's current budget (-1: keeps everything). PyramidKV's schedule is fixed at
+  // construction; SqueezeAttention's changes once, after every layer has seen `budget` tokens.
+  std::vector<std::int64_t> layer_budgets() const;
+  // Mean of layer_budgets(): the realised average (it can exceed the requested one where a
+  // schedule's floors bind). -1 when the method keeps everything.
+  double mean_budget() const;
   void reset();
+
+  // The engine's per-layer signal for SqueezeAttention (source=attention): the cosine between
+  // the hidden state entering `layer` and the hidden state after its attention residual add,
+  // averaged over the step's tokens. Call it for each step before that layer's end_step; the
+  // layers average what they received until their budgets are decided. Other methods ignore
+  // it. Throws Error(kInvalidArgument) for a bad layer index or a non-finite value.
+  void observe_layer_similarity(std::int64_t layer, double cosine);
 
  private:
   CacheConfig config_;
   ModelShape shape_;
   std::vector<LayerCache> layers_;
+  std::shared_ptr<detail::LayerGroup> group_;
 };
 
 struct KVCacheBuilder {

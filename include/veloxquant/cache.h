@@ -36,7 +36,10 @@ namespace vq {
 namespace detail {
 class Policy;
 struct LayerState;
+struct LayerGroup;
 }  // namespace detail
+
+class ModelCache;
 
 // The shape a layer cache serves. Zero head counts or head_dim are taken from the first
 // non-empty update and fixed from then on.
@@ -117,6 +120,7 @@ struct CacheStats {
   std::int64_t full_bytes = 0;       // fp16 K+V cost of every token seen, all heads
   double compression_ratio = 1.0;    // full_bytes / kept_bytes (1 when both are 0)
   std::int64_t allocated_bytes = 0;  // capacity reserved for K/V payload (>= kept_bytes)
+  std::int64_t workspace_bytes = 0;  // scratch besides the payload (quantized caches' fp32 view)
   std::int64_t evictions = 0;        // rows removed since reset, all heads (merged or dropped)
   std::int64_t merges = 0;           // of those, rows merged into a survivor
 };
@@ -153,6 +157,10 @@ class LayerCache {
 
   // The rows stored between steps for (b, h), in order. Invalidated by the next step.
   HeadRows stored(std::int64_t b, std::int64_t h) const;
+  // The method's per-row scores for the stored rows of (b, h), parallel to stored(b, h)
+  // (diagnostic: H2O's cumulative mass, TOVA's last weights, ...; zeros for methods without
+  // scores).
+  std::vector<float> row_scores(std::int64_t b, std::int64_t h) const;
   bool step_open() const noexcept;
 
   CacheStats stats() const;
@@ -168,6 +176,12 @@ class LayerCache {
   const LayerShape& shape() const noexcept;
 
  private:
+  friend class ModelCache;
+  // Used by ModelCache: the layers of one model share a group (per-layer budgets that depend
+  // on every layer, e.g. SqueezeAttention).
+  LayerCache(const CacheConfig& config, const LayerShape& shape,
+             std::shared_ptr<detail::LayerGroup> group);
+
   std::unique_ptr<detail::LayerState> state_;
   std::unique_ptr<detail::Policy> policy_;
 };

@@ -16,6 +16,7 @@ namespace vq {
 struct LayerShape;
 namespace detail {
 class Policy;
+struct PolicyContext;
 }
 
 struct MethodInfo {
@@ -36,9 +37,14 @@ struct MethodInfo {
   // sweeps such as `eval --budget`). Both null for methods without a token budget (full).
   std::int64_t (*get_budget)(const CacheConfig& config) = nullptr;
   void (*set_budget)(CacheConfig& config, std::int64_t budget) = nullptr;
+  // Whether the stored rows are exactly min(tokens seen, budget) after every step. False for
+  // methods that evict in groups (chunkkv keeps between budget - chunk_size + 1 and budget).
+  bool exact_budget = true;
+  // Whether the method evicts only on multi-token steps (prefill; snapkv): single-token steps
+  // append without eviction, and a chunk is not equivalent to its tokens fed one at a time.
+  bool prefill_only = false;
   // Makes the per-layer policy. Called by LayerCache after validate().
-  std::unique_ptr<detail::Policy> (*make_policy)(const CacheConfig& config,
-                                                 const LayerShape& shape) = nullptr;
+  std::unique_ptr<detail::Policy> (*make_policy)(const detail::PolicyContext& context) = nullptr;
 };
 
 // All registered methods, in registry order.

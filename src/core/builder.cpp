@@ -1,7 +1,10 @@
 #include "veloxquant/builder.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
+#include "policies/policy.h"
 #include "veloxquant/errors.h"
 
 namespace vq {
@@ -22,6 +25,7 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
   }
   shape_.n_query_heads = hq;
   layers_.reserve(static_cast<std::size_t>(shape.n_layers));
+  group_ = std::make_shared<detail::LayerGroup>(shape.n_layers);
   const std::int64_t seed = config.seed();
   for (std::int64_t i = 0; i < shape.n_layers; ++i) {
     CacheConfig layer_config = config;
@@ -32,7 +36,7 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
     ls.n_query_heads = hq;
     ls.layer = i;
     ls.n_layers = shape.n_layers;
-    layers_.emplace_back(layer_config, ls);
+    layers_.push_back(LayerCache(layer_config, ls, group_));
   }
 }
 
@@ -61,6 +65,7 @@ CacheStats ModelCache::stats() const {
     s.kept_bytes += ls.kept_bytes;
     s.full_bytes += ls.full_bytes;
     s.allocated_bytes += ls.allocated_bytes;
+    s.workspace_bytes += ls.workspace_bytes;
     s.evictions += ls.evictions;
     s.merges += ls.merges;
   }
@@ -69,8 +74,40 @@ CacheStats ModelCache::stats() const {
   return s;
 }
 
+std::vector<std::int64_t> ModelCache::layer_budgets() const {
+  std::vector<std::int64_t> out;
+  for (const LayerCache& l : layers_) out.push_back(l.budget());
+  return out;
+}
+
+double ModelCache::mean_budget() const {
+  double sum = 0;
+  for (const LayerCache& l : layers_) {
+    if (l.budget() < 0) return -1.0;
+    sum += static_cast<double>(l.budget());
+  }
+  return sum / static_cast<double>(layers_.size());
+}
+
 void ModelCache::reset() {
   for (LayerCache& l : layers_) l.reset();
+  std::fill(group_->external.begin(), group_->external.end(), 0.0);
+  std::fill(group_->external_count.begin(), group_->external_count.end(), 0);
+}
+
+void ModelCache::observe_layer_similarity(std::int64_t layer, double cosine) {
+  if (layer < 0 || layer >= n_layers()) {
+    throw Error(ErrorCode::kInvalidArgument, "[builder] layer must be in [0, " +
+                                                 std::to_string(n_layers() - 1) + "], got " +
+                                                 std::to_string(layer));
+  }
+  if (!std::isfinite(cosine)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[builder] observe_layer_similarity needs a finite cosine, got " +
+                    std::to_string(cosine));
+  }
+  group_->external[static_cast<std::size_t>(layer)] += cosine;
+  ++group_->external_count[static_cast<std::size_t>(layer)];
 }
 
 }  // namespace vq

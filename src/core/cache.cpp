@@ -61,6 +61,10 @@ HeadRows to_head_rows(const detail::RowsRef& r) {
 }  // namespace
 
 LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : LayerCache(config, shape, nullptr) {}
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
+                       std::shared_ptr<detail::LayerGroup> group)
     : state_(std::make_unique<LayerState>()) {
   config.validate();
   auto bad = [](const std::string& msg) {
@@ -83,7 +87,7 @@ LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
   }
   state_->config = config;
   state_->shape = shape;
-  policy_ = config.info().make_policy(config, shape);
+  policy_ = config.info().make_policy(detail::PolicyContext{config, shape, std::move(group)});
 }
 
 LayerCache::~LayerCache() = default;
@@ -139,10 +143,9 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
       shape_error("n_query_heads (" + std::to_string(st.shape.n_query_heads) +
                   ") must be a multiple of n_kv_heads (" + std::to_string(H) + ")");
     }
-    const DType storage = st.config.kv_dtype();
     st.heads.clear();
     st.heads.resize(static_cast<std::size_t>(B * H));
-    for (HeadState& hs : st.heads) hs.store = detail::make_plain_store(storage, D);
+    for (HeadState& hs : st.heads) hs.store = detail::make_store(st.config, D);
     st.rngs.clear();
     const auto seed = static_cast<std::uint64_t>(st.config.seed());
     for (std::int64_t h = 0; h < H; ++h) {
@@ -196,12 +199,26 @@ void LayerCache::end_step(const AttentionRef* attention) {
                       (a.data == nullptr ? " with no data" : ""));
     }
   }
+  if (st.step_new > 0 && attention == nullptr && policy_->needs_attention()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + st.config.method() + "] source=attention needs this step's attention "
+                "probabilities: call end_step(&probs) (update() and end_step() pass none); the "
+                "step stays open");
+  }
+  st.attention = attention;
   if (st.step_new > 0) policy_->end_step(st, attention);
+  st.attention = nullptr;
   st.step_open = false;
   st.step_new = 0;
 }
 
 KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
+  if (policy_->needs_attention() && keys.tokens() > 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + state_->config.method() + "] source=attention needs the attention "
+                "probabilities, which update() cannot take: use begin_step() and "
+                "end_step(&probs)");
+  }
   const StepView view = begin_step(keys, values);
   KVRows out;
   out.batch = view.batch();
@@ -238,6 +255,7 @@ void LayerCache::reset() {
     hs.live.clear();
     hs.score.clear();
     hs.aux.clear();
+    hs.hist.clear();
     hs.draws = 0;
     hs.evictions = hs.merges = 0;
   }
@@ -257,6 +275,16 @@ HeadRows LayerCache::stored(std::int64_t b, std::int64_t h) const {
                     std::to_string(b) + ", " + std::to_string(h) + ")");
   }
   return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store->rows());
+}
+
+std::vector<float> LayerCache::row_scores(std::int64_t b, std::int64_t h) const {
+  const HeadRows rows = stored(b, h);
+  if (rows.n_rows == 0) return {};
+  const HeadState& hs = state_->heads[static_cast<std::size_t>(b * state_->shape.n_kv_heads + h)];
+  if (static_cast<std::int64_t>(hs.score.size()) != rows.n_rows) {
+    return std::vector<float>(static_cast<std::size_t>(rows.n_rows), 0.0f);
+  }
+  return hs.score;
 }
 
 bool LayerCache::step_open() const noexcept { return state_->step_open; }
@@ -293,6 +321,7 @@ CacheStats LayerCache::stats() const {
   for (const HeadState& hs : state_->heads) {
     s.tokens_kept_per_head.push_back(hs.store->size());
     s.allocated_bytes += hs.store->allocated_bytes();
+    s.workspace_bytes += hs.store->workspace_bytes();
     s.evictions += hs.evictions;
     s.merges += hs.merges;
   }

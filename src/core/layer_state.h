@@ -22,6 +22,10 @@ struct HeadState {
   // between steps (e.g. H2O's cumulative mass, Keyformer's frozen noise).
   std::vector<float> score;
   std::vector<float> aux;
+  // Optional per-row history of `hist_stride` floats (MorphKV's attention of the last W
+  // queries), parallel to score/aux; empty when hist_stride is 0.
+  std::vector<float> hist;
+  std::int64_t hist_stride = 0;
   std::uint64_t draws = 0;  // RNG draw counter of this (b, kv head)
   std::int64_t evictions = 0;  // rows removed since reset (merged or dropped)
   std::int64_t merges = 0;     // of those, rows merged into a survivor
@@ -39,6 +43,9 @@ struct LayerState {
   bool step_open = false;
   std::int64_t step_prev = 0;  // rows per head before the open step's new rows
   std::int64_t step_new = 0;   // S of the open step
+  // The attention probabilities handed to end_step ([B, Hq, S, R], R = step_prev + step_new),
+  // null when none were; valid only during end_step.
+  const AttentionRef* attention = nullptr;
 
   std::int64_t n_heads_total() const noexcept { return static_cast<std::int64_t>(heads.size()); }
   std::int64_t kv_head_of(std::int64_t index) const noexcept { return index % shape.n_kv_heads; }

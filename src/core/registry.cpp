@@ -8,8 +8,11 @@ namespace vq {
 const std::vector<MethodInfo>& registry() {
   // The explicit table: one line per method, in the order `veloxquant list` shows them.
   static const std::vector<MethodInfo> methods = {
-      detail::full_method(),  detail::streaming_llm_method(), detail::h2o_method(),
-      detail::tova_method(),  detail::morphkv_method(),       detail::cam_method(),
+      detail::full_method(),      detail::streaming_llm_method(), detail::h2o_method(),
+      detail::tova_method(),      detail::snapkv_method(),        detail::pyramidkv_method(),
+      detail::squeeze_method(),   detail::chunkkv_method(),       detail::keyformer_method(),
+      detail::morphkv_method(),   detail::cam_method(),           detail::kivi_method(),
+      detail::knorm_method(),     detail::keydiff_method(),
   };
   return methods;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "veloxquant/config.h"
 #include "veloxquant/types.h"
 
 namespace vq::detail {
@@ -43,14 +44,32 @@ class RowStore {
   virtual void set_position(std::int64_t i, std::int32_t pos) noexcept = 0;
   // Keeps rows idx[0..n) (strictly increasing physical indices), in that order.
   virtual void keep(const std::int64_t* idx, std::int64_t n) = 0;
+  // Called by the eviction loop after each token's decisions with the rows still alive (in
+  // order). Physical indices stay valid. Quantizing stores quantize here (so a chunk of tokens
+  // sees the same values as tokens fed one at a time); plain stores do nothing.
+  virtual void settle(const std::int64_t* /*live*/, std::int64_t /*n*/) {}
   virtual void clear() noexcept = 0;
   // Payload bytes held now (K + V, plus quantization metadata where there is some).
   virtual std::int64_t bytes() const noexcept = 0;
   // Bytes reserved for the payload (>= bytes()).
   virtual std::int64_t allocated_bytes() const noexcept = 0;
+  // Scratch held besides the payload (a quantizing store's dequantized fp32 rows for the
+  // attention view); 0 for plain stores, whose rows are read in place.
+  virtual std::int64_t workspace_bytes() const noexcept { return 0; }
 };
 
 // Plain rows of `storage` dtype (fp16 or fp32).
 std::unique_ptr<RowStore> make_plain_store(DType storage, std::int64_t head_dim);
+
+// KIVI: keys quantized per channel in groups of `group_size` tokens, values per token in
+// groups of `group_size` channels, asymmetric `bits`-bit codes (2 or 4) packed into bytes, the
+// newest rows kept unquantized in `tail` dtype (see kivi_store.cpp).
+std::unique_ptr<RowStore> make_kivi_store(int bits, std::int64_t group_size,
+                                          std::int64_t residual_length, DType tail,
+                                          std::int64_t head_dim);
+
+// The store a config asks for: KIVI when the method is kivi or quantize != none, plain rows
+// of kv_dtype otherwise.
+std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t head_dim);
 
 }  // namespace vq::detail

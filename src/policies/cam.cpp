@@ -14,9 +14,15 @@
 //
 // Fields: cam_budget=512, cam_n_sink=4, cam_merge=sim_weighted, cam_merge_gate=true,
 // cam_merge_keys=false, seed, kv_dtype.
-// Deviations from the paper: cosine blend weight instead of attention prominence; a single
-// nearest survivor instead of a window of m local tokens (the gate's target score stands in
-// for the window mean); key-as-query proxy scores; no position remapping after a merge.
+// Paper-faithful variant: cam_target=window (with source=attention for true attention):
+// p = A[e] / mean(A over the next cam_merge_m kept rows), NaN -> 0, clamped to [0, 1], with A
+// the cumulative mass (cam_merge_attention=cumulative) or the current query's attention
+// (current); on a Bernoulli success from the counter RNG each of those m rows gains v_e / m.
+// Keys are never merged; scores and positions are left as they are.
+// Deviations from the paper (default, reference adaptation): cosine blend weight instead of
+// attention prominence; a single nearest survivor instead of a window of m local tokens (the
+// gate's target score stands in for the window mean); key-as-query proxy scores; no position
+// remapping after a merge.
 #include "policies/fields.h"
 #include "policies/h2o.h"
 #include "policies/methods.h"
@@ -24,9 +30,10 @@
 namespace vq::detail {
 namespace {
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"), 0, 1.0f,
-                                     merge_rule_from(c, "cam"));
+                                     merge_rule_from(c, "cam"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) { require_less(c, "cam_n_sink", "cam_budget"); }
@@ -51,6 +58,8 @@ MethodInfo cam_method() {
                 "leading rows never evicted and never merge targets"),
   };
   add_merge_fields(m.fields, "cam", "sim_weighted");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("cam_budget"); };

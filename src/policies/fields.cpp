@@ -65,7 +65,41 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                               "merge only with probability clamp(score_loser / score_target, "
                               "0, 1) (CaM's merge mask)"));
   fields.push_back(bool_field(prefix + "_merge_keys", false,
-                              "blend keys as well as values when merging"));
+                              "blend keys as well as values when merging (nearest target only)"));
+  fields.push_back(enum_field(prefix + "_target", "nearest", {"nearest", "window"},
+                              "merge target: the most cosine-similar survivor, or add v_e / m to "
+                              "each of the next m kept rows (CaM's paper rule; keys untouched)"));
+  fields.push_back(int_field(prefix + "_merge_m", 32, 1, kMaxTokens,
+                             "m: kept rows after the loser that share it (target=window)"));
+  fields.push_back(enum_field(prefix + "_merge_attention", "cumulative", {"cumulative", "current"},
+                              "what the gate compares: the method's own (cumulative) scores, or "
+                              "the current query's attention"));
+}
+
+void add_source_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(enum_field("source", "proxy", {"proxy", "attention"},
+                              "scores from the incoming key as query (needs only K/V) or from the "
+                              "attention probabilities the engine passes to end_step"));
+  fields.push_back(enum_field("gqa_reduce", "mean", {"mean", "max", "sum"},
+                              "how a KV head folds the attention of its query heads"));
+}
+
+void add_quantize_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
+                              "store kept rows KIVI-quantized (2 or 4 bits, really packed)"));
+  fields.push_back(int_field("kivi_group_size", 32, 1, 4096,
+                             "KIVI group: G tokens per key channel group, G channels per value "
+                             "group"));
+  fields.push_back(int_field("residual_length", 128, 0, kMaxTokens,
+                             "newest rows kept unquantized (the tail holds residual to "
+                             "residual + G - 1 rows)"));
+}
+
+void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix) {
+  fields.push_back(int_field(prefix + "_grace", 0, 0, kMaxTokens,
+                             "newest rows protected from eviction (0: the paper's rule)"));
+  fields.push_back(float_field(prefix + "_decay", 1.0, 0.0, 1.0,
+                               "score <- score * decay + attention each step (1: the paper's rule)"));
 }
 
 void config_error(const CacheConfig& config, const std::string& message) {

@@ -27,6 +27,14 @@ void add_common_fields(std::vector<FieldSpec>& fields);
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                       const std::string& default_mode);
 
+// source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
+void add_source_fields(std::vector<FieldSpec>& fields);
+// quantize, kivi_group_size, residual_length: every method but kivi (which has its own).
+void add_quantize_fields(std::vector<FieldSpec>& fields);
+// <prefix>_grace (newest rows protected) and <prefix>_decay (score <- score * decay + attention)
+// for methods built on H2O's cumulative mass; defaults are the paper's rule (0, 1).
+void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix);
+
 // Throws Error(kInvalidConfig) "[method] message".
 [[noreturn]] void config_error(const CacheConfig& config, const std::string& message);
 // Guard `a < b` (a, b field names): "[h2o] h2o_n_sink must be < h2o_budget (64), got 64".

@@ -10,9 +10,12 @@
 //
 // Fields: h2o_budget=512, h2o_n_sink=4, h2o_grace=16, h2o_decay=0.98, h2o_merge=drop (+gate,
 // keys), seed, kv_dtype.
-// Deviations from the paper: the incoming key stands in for the query; grace and decay are
-// the reference library's additions (grace=0, decay=1 is the paper's rule, under which the
-// newest token, at score 0, is almost always the loser).
+// Attention source (source=attention): the new token is appended first and every live row,
+// itself included, adds the attention the token's query heads paid it (folded by gqa_reduce):
+// score <- score * decay + a. A prefill chunk adds its queries one after another.
+// Deviations from the paper: with the proxy source the incoming key stands in for the query;
+// grace and decay are the reference library's additions (grace=0, decay=1 is the paper's rule,
+// under which, with the proxy, the newest token at score 0 is almost always the loser).
 #include "policies/h2o.h"
 
 #include <limits>
@@ -23,7 +26,23 @@
 namespace vq::detail {
 
 void H2OPolicy::on_token(HeadCtx& h, std::int64_t row) {
+  if (source_.attention()) {
+    // score <- score * decay + the attention the new token's queries paid to each live row
+    // (itself included; a chunk's queries are added one after another).
+    push_row(h.hs, row, 0.0f);
+    const std::int64_t n = h.n_live();
+    const float* a = attention_row(h, row - h.st.step_prev);
+    weights_.resize(static_cast<std::size_t>(n));
+    float* score = h.hs.score.data();
+    for (std::int64_t i = 0; i < n; ++i) {
+      weights_[static_cast<std::size_t>(i)] = a[h.hs.live[static_cast<std::size_t>(i)]];
+      score[i] = score[i] * decay_ + weights_[static_cast<std::size_t>(i)];
+    }
+    last_n_ = n;
+    return;
+  }
   const std::int64_t n = h.n_live();
+  last_n_ = n;
   if (n == 0) {
     push_row(h.hs, row, 1.0f);
     return;
@@ -46,11 +65,12 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
 
 namespace {
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
                                      c.get_int("h2o_grace"),
                                      static_cast<float>(c.get_float("h2o_decay")),
-                                     merge_rule_from(c, "h2o"));
+                                     merge_rule_from(c, "h2o"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) {
@@ -79,6 +99,8 @@ MethodInfo h2o_method() {
       float_field("h2o_decay", 0.98, 0.0, 1.0, "score <- score * decay + attention each step"),
   };
   add_merge_fields(m.fields, "h2o", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("h2o_budget"); };

@@ -9,8 +9,8 @@ namespace vq::detail {
 class H2OPolicy : public TokenPolicy {
  public:
   H2OPolicy(std::int64_t budget, std::int64_t n_sink, std::int64_t grace, float decay,
-            MergeRule merge)
-      : TokenPolicy(budget, n_sink, merge), grace_(grace), decay_(decay) {}
+            MergeRule merge, ScoreSource source = ScoreSource{})
+      : TokenPolicy(budget, n_sink, merge, source), grace_(grace), decay_(decay) {}
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override;
@@ -18,6 +18,9 @@ class H2OPolicy : public TokenPolicy {
 
   std::int64_t grace_;
   float decay_;
+  // After on_token: weights_[0, last_n_) holds the attention the new token paid (proxy: over the
+  // older rows; attention source: over every live row, itself included).
+  std::int64_t last_n_ = 0;
 };
 
 }  // namespace vq::detail

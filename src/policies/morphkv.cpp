@@ -11,11 +11,15 @@
 //
 // Fields: morphkv_budget=512, morphkv_n_sink=4, morphkv_window=8, morphkv_fusion=mean,
 // morphkv_merge=drop (+gate, keys), seed, kv_dtype.
-// Deviations from the paper: key-as-query proxy (the paper keeps the logits of the last W
-// queries and renormalises over the non-recent columns); reference default fusion is mean
-// (paper code: sum or max by task).
+// Attention source (the paper's rule): each row keeps the attention the last W queries paid it;
+// at eviction each query's attention over the candidate columns (not sinks, not the W newest
+// rows) is renormalised to sum to 1 (the softmax of its logits over those columns) and fused
+// (sum, max or mean).
+// Deviations from the paper: with the proxy source the keys stand in for the queries and the
+// softmax runs over all rows; the reference default fusion is mean (paper code: sum or max).
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "policies/fields.h"
 #include "policies/methods.h"
@@ -29,13 +33,37 @@ enum class Fusion { kMean, kSum, kMax };
 class MorphKVPolicy final : public TokenPolicy {
  public:
   MorphKVPolicy(std::int64_t budget, std::int64_t n_sink, std::int64_t window, Fusion fusion,
-                MergeRule merge)
-      : TokenPolicy(budget, n_sink, merge), window_(window), fusion_(fusion) {}
+                MergeRule merge, ScoreSource source)
+      : TokenPolicy(budget, n_sink, merge, source), window_(window), fusion_(fusion) {}
+
+  void end_step(LayerState& st, const AttentionRef* attention) override {
+    if (source_.attention()) {
+      for (HeadState& hs : st.heads) {
+        if (hs.hist_stride == 0 && hs.live.empty() && hs.score.empty()) hs.hist_stride = window_;
+      }
+    }
+    TokenPolicy::end_step(st, attention);
+  }
 
  protected:
-  void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
+  void on_token(HeadCtx& h, std::int64_t row) override {
+    push_row(h.hs, row, 0.0f);
+    if (!source_.attention()) return;
+    // Keep the attention of the last `window` queries: query t writes column t mod window of
+    // every live row's history (a new row starts with zeros for the queries before it).
+    const std::int64_t n = h.n_live(), W = window_;
+    const std::int64_t col = h.rows().positions[row] % W;
+    const float* a = attention_row(h, row - h.st.step_prev);
+    for (std::int64_t i = 0; i < n; ++i) {
+      h.hs.hist[static_cast<std::size_t>(i * W + col)] = a[h.hs.live[static_cast<std::size_t>(i)]];
+    }
+  }
 
   void eviction_scores(HeadCtx& h, float* out) override {
+    if (source_.attention()) {
+      paper_scores(h, out);
+      return;
+    }
     const std::int64_t n = h.n_live();
     const std::int64_t w = std::min(window_, n);
     weights_.resize(static_cast<std::size_t>(n));
@@ -66,16 +94,44 @@ class MorphKVPolicy final : public TokenPolicy {
   }
 
  private:
+  // The paper's rule: for each of the last W queries, its attention over the candidate rows
+  // (neither sinks nor the W newest) renormalised to sum to 1 (a softmax of its logits over
+  // those columns), fused over the queries.
+  void paper_scores(HeadCtx& h, float* out) {
+    const std::int64_t n = h.n_live(), W = window_;
+    const std::int64_t w = std::min(W, n);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) out[j] = 0.0f;
+    std::int64_t used = 0;
+    for (std::int64_t col = 0; col < W; ++col) {
+      float total = 0.0f;
+      for (std::int64_t j = n_sink_; j < n - w; ++j) total += h.hs.hist[static_cast<std::size_t>(j * W + col)];
+      if (!(total > 0.0f)) continue;  // a query slot not yet written, or no candidate mass
+      for (std::int64_t j = n_sink_; j < n - w; ++j) {
+        const float x = h.hs.hist[static_cast<std::size_t>(j * W + col)] / total;
+        out[j] = (fusion_ == Fusion::kMax) ? std::max(out[j], x) : out[j] + x;
+      }
+      ++used;
+    }
+    float* score = h.hs.score.data();
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (fusion_ == Fusion::kMean && used > 0) out[j] /= static_cast<float>(used);
+      score[j] = out[j];
+      if (j < n_sink_ || j >= n - w) out[j] = inf;
+    }
+  }
+
   std::int64_t window_;
   Fusion fusion_;
 };
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   const std::string& f = c.get_enum("morphkv_fusion");
   const Fusion fusion = f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
   return std::make_unique<MorphKVPolicy>(c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"),
                                          c.get_int("morphkv_window"), fusion,
-                                         merge_rule_from(c, "morphkv"));
+                                         merge_rule_from(c, "morphkv"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) {
@@ -108,6 +164,8 @@ MethodInfo morphkv_method() {
                  "how the window's attention rows are combined"),
   };
   add_merge_fields(m.fields, "morphkv", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("morphkv_budget"); };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -10,6 +11,30 @@
 #include "veloxquant/cache.h"
 
 namespace vq::detail {
+
+// State shared by the layers of one ModelCache (made by the builder), for methods whose
+// per-layer budgets depend on every layer (SqueezeAttention). A LayerCache built on its own
+// has no group.
+struct LayerGroup {
+  explicit LayerGroup(std::int64_t layers)
+      : n_layers(layers), signal(static_cast<std::size_t>(layers), 0.0),
+        reported(static_cast<std::size_t>(layers), 0),
+        external(static_cast<std::size_t>(layers), 0.0),
+        external_count(static_cast<std::size_t>(layers), 0) {}
+  std::int64_t n_layers;
+  std::vector<double> signal;     // [n_layers] per-layer importance, as reported by each layer
+  std::vector<char> reported;     // [n_layers]
+  std::vector<double> external;   // [n_layers] sum of engine-reported signals (see ModelCache)
+  std::vector<std::int64_t> external_count;  // [n_layers]
+  std::vector<std::int64_t> budgets;          // [n_layers] once decided; empty before
+};
+
+// What a method factory gets.
+struct PolicyContext {
+  const CacheConfig& config;
+  const LayerShape& shape;
+  std::shared_ptr<LayerGroup> group;  // null outside a ModelCache
+};
 
 class Policy {
  public:
@@ -22,28 +47,53 @@ class Policy {
   virtual void end_step(LayerState& st, const AttentionRef* attention) = 0;
   // Called by LayerCache::reset() after the stores were cleared.
   virtual void on_reset(LayerState& /*st*/) {}
+  // Whether end_step needs the attention probabilities (source=attention).
+  virtual bool needs_attention() const noexcept { return false; }
 };
+
+// Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).
+struct ScoreSource {
+  enum class Kind { kProxy, kAttention };
+  enum class Reduce { kMean, kMax, kSum };
+  Kind kind = Kind::kProxy;
+  Reduce reduce = Reduce::kMean;
+  bool attention() const noexcept { return kind == Kind::kAttention; }
+};
+// Reads `source` and `gqa_reduce` (proxy / mean when the method has no such fields).
+ScoreSource score_source_from(const CacheConfig& config);
 
 // What happens to an evicted row (CaM's disposition, available to every eviction method).
 struct MergeRule {
   enum class Mode { kDrop, kMean, kSimWeighted };
+  // kNearest: blend into the most cosine-similar non-sink survivor (the reference adaptation).
+  // kWindow: add v_e / m to each of the next m kept rows after the loser (the paper's rule).
+  enum class Target { kNearest, kWindow };
+  // What the gate compares: the method's own score (cumulative mass for H2O and its family),
+  // or the current query's attention (true or proxy).
+  enum class GateScore { kScore, kCurrent };
   Mode mode = Mode::kDrop;
-  bool gate = true;   // Bernoulli gate p = clamp(score_loser / score_target, 0, 1)
-  bool keys = false;  // blend keys too (values are always blended)
+  bool gate = true;   // Bernoulli gate (see merge_gate_probability / window_gate_probability)
+  bool keys = false;  // blend keys too (values are always blended; never with kWindow)
+  Target target = Target::kNearest;
+  std::int64_t m = 32;  // window size for kWindow
+  GateScore gate_score = GateScore::kScore;
 };
 
 // Gate probability for merging a loser into a target (CaM, Eq. 14 adapted):
 // clamp(score_loser / score_target, 0, 1); when score_target <= 0: 1 if score_loser > 0 else 0.
 // NaN inputs give 0.
 float merge_gate_probability(float score_loser, float score_target) noexcept;
+// The paper's window gate: p = A_e / mean(A over the window), NaN -> 0, clamped to [0, 1].
+float window_gate_probability(float a_loser, const float* a_window, std::int64_t m) noexcept;
 
-// CaM's merge target: among live rows [n_sink, n_live) other than `loser`, the one whose key
-// has the largest cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1
-// when no such row exists (only sinks survive). `live` maps live index -> physical row of
-// `rows`; *cos_out receives the winning cosine. scratch: [2 * head_dim] floats.
+// CaM's merge target: among live rows [n_sink, n_live) other than `loser` and other than rows
+// with excluded[i] != 0 (excluded may be null), the one whose key has the largest
+// cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1 when no such row
+// exists (only sinks survive). `live` maps live index -> physical row of `rows`; *cos_out
+// receives the winning cosine. scratch: [2 * head_dim] floats.
 std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
-                               std::int64_t n_sink, std::int64_t loser, std::int64_t head_dim,
-                               float* cos_out, float* scratch);
+                               std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
+                               std::int64_t head_dim, float* cos_out, float* scratch);
 
 // Per-head context handed to TokenPolicy hooks.
 struct HeadCtx {
@@ -57,15 +107,17 @@ struct HeadCtx {
 };
 
 // The token-level eviction loop shared by the score-based methods. For each new token in
-// order and each head: on_token() appends it (updating scores); if the head then holds more
+// order and each head: on_token() appends it (updating scores); while the head then holds more
 // than budget rows, pick_loser() chooses one row and the merge rule disposes of it. At the end
 // each store keeps exactly its live rows.
 class TokenPolicy : public Policy {
  public:
-  TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge)
-      : budget_(budget), n_sink_(n_sink), merge_(merge) {}
+  TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge,
+              ScoreSource source = ScoreSource{})
+      : budget_(budget), n_sink_(n_sink), merge_(merge), source_(source) {}
   std::int64_t budget() const noexcept override { return budget_; }
   void end_step(LayerState& st, const AttentionRef* attention) override;
+  bool needs_attention() const noexcept override { return source_.attention(); }
 
  protected:
   // Appends physical row `row` (a new token) to h.hs.live with its initial score.
@@ -82,6 +134,21 @@ class TokenPolicy : public Policy {
 
   // Helpers for hooks.
   static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
+  // The attention of new token j (query j of the step) of head h's KV head over the step's R
+  // physical rows, folded over its query heads by gqa_reduce. Valid until the next call.
+  const float* attention_row(const HeadCtx& h, std::int64_t j);
+  // The same, averaged over every query head of the layer (for layer-level decisions).
+  const float* attention_row_all_heads(const LayerState& st, std::int64_t b, std::int64_t j);
+  // out[i] for every live row: the newest token's attention to row i (true attention with
+  // source=attention, else its proxy weights over the live rows).
+  void current_attention(HeadCtx& h, float* out);
+  // Removes the live rows `losers` (strictly increasing live indices), applying the merge rule
+  // to each in turn (targets are never among the losers), then compacts the live arrays.
+  void evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers);
+  // Starts a step: live = the kept rows (identity), checks the per-row arrays.
+  static void open_live(LayerState& st);
+  // Ends a step: each store keeps exactly its live rows.
+  static void commit_live(LayerState& st);
   // out[i] = softmax_i(K[live[i]] . q / sqrt(d)) over live rows [0, n).
   void proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out);
   // Key of live row i as fp32, into a scratch buffer owned by the policy (valid until the next
@@ -93,18 +160,27 @@ class TokenPolicy : public Policy {
   std::int64_t budget_;
   std::int64_t n_sink_;
   MergeRule merge_;
+  ScoreSource source_;
   std::vector<float> ranking_;  // [n_live] eviction_scores output
   std::vector<float> weights_;  // [n_live] softmax scratch
   std::vector<float> query_;    // [d]
 
  private:
-  void dispose(HeadCtx& h, std::int64_t loser);
+  // Applies the merge rule to live row `loser` (the row stays in `live`).
+  void dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded);
   void merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser, float cos);
+  void merge_window(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded, double u);
+  float gate_value(HeadCtx& h, std::int64_t i);
   static void remove_row(HeadState& hs, std::int64_t i);
-  std::vector<float> a_, b_;  // [d] row scratch
+  std::vector<float> a_, b_;        // [d] row scratch
+  std::vector<std::uint8_t> mask_;  // [n_live] losers of evict_rows
+  std::vector<float> att_;          // [R] attention_row output
+  std::vector<float> current_;      // [n_live] current_attention cache for the gate
+  std::int64_t current_for_ = -1;   // live size current_ was computed for (-1: stale)
+  std::vector<std::int64_t> window_;  // kWindow targets
 };
 
-// Reads `<prefix>_merge`, `<prefix>_merge_gate`, `<prefix>_merge_keys` from the config.
+// Reads the `<prefix>_merge*` / `<prefix>_target` fields from the config.
 MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix);
 
 }  // namespace vq::detail

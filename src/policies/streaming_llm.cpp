@@ -39,7 +39,8 @@ class StreamingPolicy final : public TokenPolicy {
   bool track_mass_;
 };
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   const std::int64_t n_sink = c.get_int("stream_n_sink");
   return std::make_unique<StreamingPolicy>(n_sink + c.get_int("stream_window_size"), n_sink,
                                            merge_rule_from(c, "stream"));
@@ -72,6 +73,7 @@ MethodInfo streaming_llm_method() {
       int_field("stream_window_size", 512, 1, kMaxTokens, "most recent rows kept"),
   };
   add_merge_fields(m.fields, "stream", "drop");
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.get_budget = [](const CacheConfig& c) {
     return c.get_int("stream_n_sink") + c.get_int("stream_window_size");

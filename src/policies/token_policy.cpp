@@ -16,6 +16,15 @@ float merge_gate_probability(float score_loser, float score_target) noexcept {
   return p < 0.0f ? 0.0f : (p > 1.0f ? 1.0f : p);
 }
 
+float window_gate_probability(float a_loser, const float* a_window, std::int64_t m) noexcept {
+  if (m <= 0) return 0.0f;
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < m; ++i) sum += a_window[i];
+  const float p = a_loser / (sum / static_cast<float>(m));
+  if (std::isnan(p)) return 0.0f;
+  return p < 0.0f ? 0.0f : (p > 1.0f ? 1.0f : p);
+}
+
 MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix) {
   const std::string p(prefix);
   MergeRule rule;
@@ -25,19 +34,88 @@ MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix) {
                                : MergeRule::Mode::kSimWeighted;
   rule.gate = config.get_bool(p + "_merge_gate");
   rule.keys = config.get_bool(p + "_merge_keys");
+  rule.target = config.get_enum(p + "_target") == "window" ? MergeRule::Target::kWindow
+                                                            : MergeRule::Target::kNearest;
+  rule.m = config.get_int(p + "_merge_m");
+  rule.gate_score = config.get_enum(p + "_merge_attention") == "current"
+                        ? MergeRule::GateScore::kCurrent
+                        : MergeRule::GateScore::kScore;
   return rule;
+}
+
+ScoreSource score_source_from(const CacheConfig& config) {
+  ScoreSource s;
+  if (config.has("source") && config.get_enum("source") == "attention") {
+    s.kind = ScoreSource::Kind::kAttention;
+  }
+  if (config.has("gqa_reduce")) {
+    const std::string& r = config.get_enum("gqa_reduce");
+    s.reduce = r == "max" ? ScoreSource::Reduce::kMax
+               : r == "sum" ? ScoreSource::Reduce::kSum
+                            : ScoreSource::Reduce::kMean;
+  }
+  return s;
 }
 
 void TokenPolicy::push_row(HeadState& hs, std::int64_t row, float score, float aux) {
   hs.live.push_back(row);
   hs.score.push_back(score);
   hs.aux.push_back(aux);
+  hs.hist.resize(hs.hist.size() + static_cast<std::size_t>(hs.hist_stride), 0.0f);
 }
 
 void TokenPolicy::remove_row(HeadState& hs, std::int64_t i) {
   hs.live.erase(hs.live.begin() + i);
   hs.score.erase(hs.score.begin() + i);
   hs.aux.erase(hs.aux.begin() + i);
+  if (hs.hist_stride > 0) {
+    hs.hist.erase(hs.hist.begin() + i * hs.hist_stride, hs.hist.begin() + (i + 1) * hs.hist_stride);
+  }
+}
+
+const float* TokenPolicy::attention_row(const HeadCtx& h, std::int64_t j) {
+  const LayerState& st = h.st;
+  const AttentionRef& a = *st.attention;
+  const std::int64_t H = st.shape.n_kv_heads, Hq = a.n_query_heads, R = a.n_rows, S = a.n_queries;
+  const std::int64_t g = Hq / H, b = h.index / H, kv = h.index % H;
+  att_.assign(static_cast<std::size_t>(R), 0.0f);
+  for (std::int64_t q = kv * g; q < (kv + 1) * g; ++q) {
+    const float* row = a.data + ((b * Hq + q) * S + j) * R;
+    for (std::int64_t r = 0; r < R; ++r) {
+      float& out = att_[static_cast<std::size_t>(r)];
+      out = (source_.reduce == ScoreSource::Reduce::kMax && q > kv * g) ? std::max(out, row[r])
+            : source_.reduce == ScoreSource::Reduce::kMax                ? row[r]
+                                                                         : out + row[r];
+    }
+  }
+  if (source_.reduce == ScoreSource::Reduce::kMean) {
+    for (auto& x : att_) x /= static_cast<float>(g);
+  }
+  return att_.data();
+}
+
+const float* TokenPolicy::attention_row_all_heads(const LayerState& st, std::int64_t b,
+                                                  std::int64_t j) {
+  const AttentionRef& a = *st.attention;
+  const std::int64_t Hq = a.n_query_heads, R = a.n_rows, S = a.n_queries;
+  att_.assign(static_cast<std::size_t>(R), 0.0f);
+  for (std::int64_t q = 0; q < Hq; ++q) {
+    const float* row = a.data + ((b * Hq + q) * S + j) * R;
+    for (std::int64_t r = 0; r < R; ++r) att_[static_cast<std::size_t>(r)] += row[r];
+  }
+  for (auto& x : att_) x /= static_cast<float>(Hq);
+  return att_.data();
+}
+
+void TokenPolicy::current_attention(HeadCtx& h, float* out) {
+  const std::int64_t n = h.n_live();
+  if (source_.attention()) {
+    const std::int64_t newest = h.hs.live.back() - h.st.step_prev;
+    const float* a = attention_row(h, newest < 0 ? 0 : newest);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = a[h.hs.live[static_cast<std::size_t>(i)]];
+  } else {
+    proxy_weights(h, key_of(h, n - 1), n, out);
+  }
 }
 
 const float* TokenPolicy::key_of(const HeadCtx& h, std::int64_t i) {
@@ -83,15 +161,15 @@ void TokenPolicy::on_merge(HeadCtx& h, std::int64_t target, std::int64_t loser) 
 }
 
 std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
-                               std::int64_t n_sink, std::int64_t loser, std::int64_t head_dim,
-                               float* cos_out, float* scratch) {
+                               std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
+                               std::int64_t head_dim, float* cos_out, float* scratch) {
   float* a = scratch;
   float* b = scratch + head_dim;
   kernels::load_row(rows.key(live[loser]), rows.dtype, a, head_dim);
   std::int64_t best = -1;
   float best_cos = 0.0f;
   for (std::int64_t i = n_sink; i < n_live; ++i) {
-    if (i == loser) continue;
+    if (i == loser || (excluded != nullptr && excluded[i] != 0)) continue;
     kernels::load_row(rows.key(live[i]), rows.dtype, b, head_dim);
     const float c = kernels::cosine(a, b, head_dim);
     if (std::isnan(c)) continue;
@@ -129,52 +207,132 @@ void TokenPolicy::merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser
   store.set_position(pt, std::max(rows.positions[pt], rows.positions[pe]));
 }
 
-void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser) {
-  if (merge_.mode != MergeRule::Mode::kDrop) {
-    // The gate draws once per over-budget step, whether or not a target exists.
-    const double u = merge_.gate ? h.rng.uniform(h.hs.draws++) : 0.0;
-    float cos = 0.0f;
-    a_.resize(static_cast<std::size_t>(2 * h.head_dim));
-    const std::int64_t target = find_merge_target(h.rows(), h.hs.live.data(), h.n_live(), n_sink_,
-                                                  loser, h.head_dim, &cos, a_.data());
-    if (target >= 0) {
-      bool merge = true;
-      if (merge_.gate) {
-        const float p = merge_gate_probability(gate_score(h, loser), gate_score(h, target));
-        merge = u < static_cast<double>(p);
-      }
-      if (merge) {
-        merge_rows(h, target, loser, cos);
-        ++h.hs.merges;
-      }
-    }
-  }
-  remove_row(h.hs, loser);
+float TokenPolicy::gate_value(HeadCtx& h, std::int64_t i) {
+  if (merge_.gate_score == MergeRule::GateScore::kScore) return gate_score(h, i);
+  return current_[static_cast<std::size_t>(i)];
+}
+
+void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded) {
   ++h.hs.evictions;
+  if (merge_.mode == MergeRule::Mode::kDrop) return;
+  // The gate draws once per evicted row, whether or not a target exists.
+  const double u = merge_.gate ? h.rng.uniform(h.hs.draws++) : 0.0;
+  if (merge_.gate && merge_.gate_score == MergeRule::GateScore::kCurrent) {
+    current_.resize(static_cast<std::size_t>(h.n_live()));
+    current_attention(h, current_.data());
+  }
+  if (merge_.target == MergeRule::Target::kWindow) {
+    merge_window(h, loser, excluded, u);
+    return;
+  }
+  float cos = 0.0f;
+  a_.resize(static_cast<std::size_t>(2 * h.head_dim));
+  const std::int64_t target = find_merge_target(h.rows(), h.hs.live.data(), h.n_live(), n_sink_,
+                                                loser, excluded, h.head_dim, &cos, a_.data());
+  if (target < 0) return;
+  if (merge_.gate) {
+    const float p = merge_gate_probability(gate_value(h, loser), gate_value(h, target));
+    if (!(u < static_cast<double>(p))) return;
+  }
+  merge_rows(h, target, loser, cos);
+  ++h.hs.merges;
+}
+
+void TokenPolicy::merge_window(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded,
+                               double u) {
+  const std::int64_t n = h.n_live();
+  window_.clear();
+  for (std::int64_t i = loser + 1; i < n && static_cast<std::int64_t>(window_.size()) < merge_.m; ++i) {
+    if (excluded == nullptr || excluded[i] == 0) window_.push_back(i);
+  }
+  const std::int64_t m = static_cast<std::int64_t>(window_.size());
+  if (m == 0) return;
+  if (merge_.gate) {
+    b_.resize(static_cast<std::size_t>(m));
+    for (std::int64_t k = 0; k < m; ++k) b_[static_cast<std::size_t>(k)] = gate_value(h, window_[static_cast<std::size_t>(k)]);
+    const float p = window_gate_probability(gate_value(h, loser), b_.data(), m);
+    if (!(u < static_cast<double>(p))) return;
+  }
+  const std::int64_t d = h.head_dim;
+  a_.resize(static_cast<std::size_t>(2 * d));
+  float* ve = a_.data();
+  float* vt = a_.data() + d;
+  RowStore& store = *h.hs.store;
+  store.read_value(h.hs.live[static_cast<std::size_t>(loser)], ve);
+  const float fm = static_cast<float>(m);
+  for (std::int64_t t : window_) {
+    const std::int64_t row = h.hs.live[static_cast<std::size_t>(t)];
+    store.read_value(row, vt);
+    for (std::int64_t c = 0; c < d; ++c) vt[c] = vt[c] + ve[c] / fm;
+    store.write_value(row, vt);
+  }
+  ++h.hs.merges;
+}
+
+void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers) {
+  if (losers.empty()) return;
+  const std::int64_t n = h.n_live();
+  if (losers.size() == 1) {
+    dispose(h, losers[0], nullptr);
+    remove_row(h.hs, losers[0]);
+    return;
+  }
+  mask_.assign(static_cast<std::size_t>(n), 0);
+  for (std::int64_t i : losers) mask_[static_cast<std::size_t>(i)] = 1;
+  for (std::int64_t i : losers) dispose(h, i, mask_.data());
+  std::size_t out = 0;
+  const std::size_t stride = static_cast<std::size_t>(h.hs.hist_stride);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+    if (mask_[i]) continue;
+    h.hs.live[out] = h.hs.live[i];
+    h.hs.score[out] = h.hs.score[i];
+    h.hs.aux[out] = h.hs.aux[i];
+    for (std::size_t c = 0; c < stride; ++c) h.hs.hist[out * stride + c] = h.hs.hist[i * stride + c];
+    ++out;
+  }
+  h.hs.live.resize(out);
+  h.hs.score.resize(out);
+  h.hs.aux.resize(out);
+  h.hs.hist.resize(out * stride);
+}
+
+void TokenPolicy::open_live(LayerState& st) {
+  const std::int64_t prev = st.step_prev;
+  for (HeadState& hs : st.heads) {
+    VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
+                  static_cast<std::int64_t>(hs.aux.size()) == prev &&
+                  static_cast<std::int64_t>(hs.hist.size()) == prev * hs.hist_stride,
+              "per-row score arrays out of step with the store");
+    hs.live.resize(static_cast<std::size_t>(prev));
+    std::iota(hs.live.begin(), hs.live.end(), std::int64_t{0});
+  }
+}
+
+void TokenPolicy::commit_live(LayerState& st) {
+  for (HeadState& hs : st.heads) {
+    hs.store->keep(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+    hs.live.clear();
+  }
 }
 
 void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
   const std::int64_t prev = st.step_prev;
   const std::int64_t head_dim = st.shape.head_dim;
-  for (HeadState& hs : st.heads) {
-    VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
-                  static_cast<std::int64_t>(hs.aux.size()) == prev,
-              "per-row score arrays out of step with the store");
-    hs.live.resize(static_cast<std::size_t>(prev));
-    std::iota(hs.live.begin(), hs.live.end(), std::int64_t{0});
-  }
+  open_live(st);
   for (std::int64_t j = 0; j < st.step_new; ++j) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
       on_token(h, prev + j);
-      if (budget_ >= 0 && h.n_live() > budget_) dispose(h, pick_loser(h));
+      while (budget_ >= 0 && h.n_live() > budget_) {
+        const std::int64_t loser = pick_loser(h);
+        dispose(h, loser, nullptr);
+        remove_row(hs, loser);
+      }
+      hs.store->settle(hs.live.data(), h.n_live());
     }
   }
-  for (HeadState& hs : st.heads) {
-    hs.store->keep(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-    hs.live.clear();
-  }
+  commit_live(st);
 }
 
 }  // namespace vq::detail

@@ -7,14 +7,18 @@
 // can lose). No state between steps; with a merge rule the gate compares these weights.
 //
 // Fields: tova_budget=512, tova_n_sink=4, tova_merge=drop (+gate, keys), seed, kv_dtype.
-// Deviations from the paper: key-as-query proxy, scored per KV head (the paper averages the
-// last query's attention over all heads of a layer and keeps one index set per layer); sinks
-// protected.
+// Attention source (the paper's rule): the newest query's attention averaged over every query
+// head of the layer ranks the rows, and the whole layer keeps one index set (gqa_reduce does
+// not apply).
+// Deviations from the paper: with the proxy source the key stands in for the query and each KV
+// head ranks its own rows; sinks are protected.
 #include <limits>
 
+#include "core/kernels.h"
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
+#include "veloxquant/errors.h"
 
 namespace vq::detail {
 namespace {
@@ -22,6 +26,49 @@ namespace {
 class TovaPolicy final : public TokenPolicy {
  public:
   using TokenPolicy::TokenPolicy;
+
+  void end_step(LayerState& st, const AttentionRef* attention) override {
+    if (!source_.attention()) {
+      TokenPolicy::end_step(st, attention);
+      return;
+    }
+    // The paper's rule: the newest query's attention averaged over every query head of the
+    // layer ranks the rows, and one index set is kept for the whole layer.
+    const std::int64_t H = st.shape.n_kv_heads;
+    open_live(st);
+    for (std::int64_t j = 0; j < st.step_new; ++j) {
+      for (HeadState& hs : st.heads) push_row(hs, st.step_prev + j, 0.0f);
+      for (std::int64_t b = 0; b < st.batch; ++b) {
+        HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
+        while (static_cast<std::int64_t>(first.live.size()) > budget_) {
+          const float* a = attention_row_all_heads(st, b, j);
+          const std::int64_t n = static_cast<std::int64_t>(first.live.size());
+          ranking_.resize(static_cast<std::size_t>(n));
+          for (std::int64_t i = 0; i < n; ++i) {
+            ranking_[static_cast<std::size_t>(i)] =
+                i < n_sink_ ? std::numeric_limits<float>::infinity() : a[first.live[static_cast<std::size_t>(i)]];
+          }
+          const std::int64_t loser = kernels::argmin_evict(ranking_.data(), n);
+          losers_.assign(1, loser);
+          for (std::int64_t h = 1; h < H; ++h) {
+            VQ_ASSERT(st.heads[static_cast<std::size_t>(b * H + h)].live == first.live,
+                      "tova (attention) keeps one index set per layer");
+          }
+          for (std::int64_t h = 0; h < H; ++h) {
+            const std::int64_t i = b * H + h;
+            HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+            for (std::int64_t r = 0; r < n; ++r) hs.score[static_cast<std::size_t>(r)] = a[hs.live[static_cast<std::size_t>(r)]];
+            HeadCtx ctx{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(h)]};
+            evict_rows(ctx, losers_);
+          }
+        }
+      }
+      for (HeadState& hs : st.heads) {
+        hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+      }
+    }
+    commit_live(st);
+  }
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
@@ -35,11 +82,15 @@ class TovaPolicy final : public TokenPolicy {
       if (i < n_sink_) out[i] = inf;
     }
   }
+
+ private:
+  std::vector<std::int64_t> losers_;
 };
 
-std::unique_ptr<Policy> make(const CacheConfig& c, const LayerShape& /*shape*/) {
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  const CacheConfig& c = ctx.config;
   return std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
-                                      merge_rule_from(c, "tova"));
+                                      merge_rule_from(c, "tova"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) { require_less(c, "tova_n_sink", "tova_budget"); }
@@ -55,13 +106,15 @@ MethodInfo tova_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "current-step attention";
   m.budget_type = "uniform";
-  m.deviations = "key-as-query proxy, per KV head (paper: last query averaged over heads, one "
-                 "index set per layer); sinks protected";
+  m.deviations = "proxy source: key-as-query per KV head (attention source: the paper's last "
+                 "query averaged over all heads, one index set per layer); sinks protected";
   m.fields = {
       int_field("tova_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("tova_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
   };
   add_merge_fields(m.fields, "tova", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
   m.get_budget = [](const CacheConfig& c) { return c.get_int("tova_budget"); };

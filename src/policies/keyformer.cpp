@@ -1,0 +1,148 @@
+// keyformer: H2O's cumulative mass plus frozen Gumbel noise, with a temperature schedule.
+//
+// Paper: Adnan et al., "Keyformer: KV Cache Reduction through Key Tokens Selection for
+// Efficient Generative Inference", MLSys 2024.
+//
+// Proxy rule: H2O accumulation without decay or grace (the first token starts at 1.0; each
+// later token adds softmax(K_stored . k_t / sqrt(d)) to the stored rows' scores and is appended
+// at 0). Each token gets Gumbel noise g = -ln(-ln u) drawn once, when it arrives, from the
+// counter RNG (seed, layer, kv head, draw counter), and keeps it. Over budget: evict
+// argmin(score + tau * g) with sinks and the newest `recent` rows protected, where
+// tau = tau_init + min(t, T) (tau_end - tau_init) / T for the newest token's position t and
+// T = anneal_steps (tau = tau_init when T <= 0). tau = 0 is exactly h2o with grace 0, decay 1.
+//
+// Fields: keyformer_budget=512, keyformer_n_sink=4, keyformer_recent=0, keyformer_tau_init=1,
+// keyformer_tau_end=1 (paper: rising to 2), keyformer_anneal_steps=0,
+// keyformer_merge=drop (+gate, keys), quantize..., seed, kv_dtype.
+// Attention source (the paper's rule): each token's attention probabilities give its logits up
+// to a constant, x = ln a; every live row accumulates softmax((x + g) / tau) (tau = 0: the
+// one-hot argmax), with each key row's frozen noise g; eviction takes the argmin of the
+// accumulated score, sinks and the newest `recent` rows protected.
+// Deviations from the paper: with the proxy source, noise perturbs the accumulated proxy mass
+// at eviction time instead; the noise is one draw per key token, kept for its lifetime.
+#include <cmath>
+#include <limits>
+
+#include "core/kernels.h"
+#include "policies/fields.h"
+#include "policies/h2o.h"
+#include "policies/methods.h"
+
+namespace vq::detail {
+namespace {
+
+class KeyformerPolicy final : public H2OPolicy {
+ public:
+  explicit KeyformerPolicy(const CacheConfig& c)
+      : H2OPolicy(c.get_int("keyformer_budget"), c.get_int("keyformer_n_sink"),
+                  c.get_int("keyformer_recent"), 1.0f, merge_rule_from(c, "keyformer"),
+                  score_source_from(c)),
+        tau_init_(c.get_float("keyformer_tau_init")), tau_end_(c.get_float("keyformer_tau_end")),
+        anneal_(c.get_int("keyformer_anneal_steps")) {}
+
+ protected:
+  void on_token(HeadCtx& h, std::int64_t row) override {
+    const double u = h.rng.uniform_open(h.hs.draws++);
+    const float g = static_cast<float>(-std::log(-std::log(u)));
+    if (!source_.attention()) {
+      H2OPolicy::on_token(h, row);
+      h.hs.aux.back() = g;
+      return;
+    }
+    // Paper variant: with the logits x = ln(a) + const recovered from the probabilities,
+    // accumulate softmax((x + g) / tau) over the live rows (tau = 0: the one-hot argmax).
+    push_row(h.hs, row, 0.0f, g);
+    const std::int64_t n = h.n_live();
+    const float* a = attention_row(h, row - h.st.step_prev);
+    const float tau = tau_at(row_position(h, n - 1));
+    weights_.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = std::log(a[h.hs.live[static_cast<std::size_t>(i)]]) + h.hs.aux[static_cast<std::size_t>(i)];
+      weights_[static_cast<std::size_t>(i)] = x;
+    }
+    bool any_finite = false;
+    for (float w : weights_) any_finite = any_finite || std::isfinite(w);
+    if (!any_finite) return;  // every live row got zero attention: nothing to add
+    if (tau > 0.0f) {
+      for (auto& w : weights_) w /= tau;
+      kernels::softmax(weights_.data(), n);
+    } else {
+      const std::int64_t best = kernels::argmax_keep(weights_.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) weights_[static_cast<std::size_t>(i)] = i == best ? 1.0f : 0.0f;
+    }
+    for (std::int64_t i = 0; i < n; ++i) h.hs.score[static_cast<std::size_t>(i)] += weights_[static_cast<std::size_t>(i)];
+  }
+
+  void eviction_scores(HeadCtx& h, float* out) override {
+    const std::int64_t n = h.n_live();
+    // Proxy variant: the frozen noise perturbs the accumulated mass at eviction time; the
+    // attention variant has already put it into the accumulation.
+    const float tau = source_.attention() ? 0.0f : tau_at(row_position(h, n - 1));
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = (i < n_sink_ || i >= n - grace_) ? inf : h.hs.score[i] + tau * h.hs.aux[i];
+    }
+  }
+
+ private:
+  static double row_position(const HeadCtx& h, std::int64_t i) {
+    return h.rows().positions[h.hs.live[static_cast<std::size_t>(i)]];
+  }
+  float tau_at(double t) const {
+    const double tau = anneal_ <= 0 ? tau_init_
+                                    : tau_init_ + std::min<double>(t, static_cast<double>(anneal_)) *
+                                                      (tau_end_ - tau_init_) /
+                                                      static_cast<double>(anneal_);
+    return static_cast<float>(tau);
+  }
+
+  double tau_init_, tau_end_;
+  std::int64_t anneal_;
+};
+
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  return std::make_unique<KeyformerPolicy>(ctx.config);
+}
+
+void check(const CacheConfig& c) {
+  require_less(c, "keyformer_n_sink", "keyformer_budget");
+  require_sum_less(c, "keyformer_n_sink", "keyformer_recent", "keyformer_budget");
+}
+
+}  // namespace
+
+MethodInfo keyformer_method() {
+  MethodInfo m;
+  m.id = "keyformer";
+  m.prefix = "keyformer";
+  m.summary = "Keyformer: H2O mass plus frozen per-token Gumbel noise with a temperature "
+              "schedule";
+  m.paper = "Adnan et al., Keyformer: KV Cache Reduction through Key Tokens Selection for "
+            "Efficient Generative Inference, MLSys 2024";
+  m.disposition = "drop (merge optional)";
+  m.score_signal = "noisy cumulative attention mass";
+  m.budget_type = "uniform";
+  m.deviations = "noise added to the accumulated proxy mass at eviction (paper: to the "
+                 "logits, accumulating softmax((x + g) / tau)); key-as-query proxy";
+  m.fields = {
+      int_field("keyformer_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
+      int_field("keyformer_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
+      int_field("keyformer_recent", 0, 0, kMaxTokens, "newest rows protected from eviction"),
+      float_field("keyformer_tau_init", 1.0, 0.0, 1e6, "noise temperature at position 0"),
+      float_field("keyformer_tau_end", 1.0, 0.0, 1e6,
+                  "noise temperature after anneal_steps (paper: 2)"),
+      int_field("keyformer_anneal_steps", 0, 0, kMaxTokens,
+                "positions over which tau moves linearly from tau_init to tau_end (0: constant)"),
+  };
+  add_merge_fields(m.fields, "keyformer", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
+  add_common_fields(m.fields);
+  m.check = &check;
+  m.get_budget = [](const CacheConfig& c) { return c.get_int("keyformer_budget"); };
+  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("keyformer_budget", b); };
+  m.make_policy = &make;
+  return m;
+}
+
+}  // namespace vq::detail

@@ -1,0 +1,58 @@
+// kivi: every token kept, stored KIVI-quantized (2 or 4 bits, really packed); `full` with
+// quantize=kivi<bits>.
+//
+// Paper: Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache",
+// ICML 2024.
+//
+// Storage (src/core/kivi_store.cpp): keys per channel in groups of kivi_group_size tokens,
+// values per token in groups of kivi_group_size channels, asymmetric uniform codes packed into
+// bytes, fp32 scale and zero per group, the newest residual_length (to + G - 1) rows in
+// kv_dtype. kept_bytes counts codes + scales + zeros + tail: the bytes held.
+//
+// Fields: bit_width_inlier=2 (2 or 4), kivi_group_size=32, residual_length=128, seed,
+// kv_dtype (the tail's storage).
+// Deviations from the paper: scales and zeros are fp32 (the paper's kernels use fp16); keys
+// and values leave the tail together, a whole key group at a time; no outlier handling.
+#include "policies/fields.h"
+#include "policies/methods.h"
+#include "policies/policy.h"
+
+namespace vq::detail {
+namespace {
+
+std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }
+
+void check(const CacheConfig& c) {
+  const std::int64_t b = c.get_int("bit_width_inlier");
+  if (b != 2 && b != 4) config_error(c, "bit_width_inlier must be 2 or 4, got " + std::to_string(b));
+}
+
+}  // namespace
+
+MethodInfo kivi_method() {
+  MethodInfo m;
+  m.id = "kivi";
+  m.prefix = "kivi";
+  m.summary = "KIVI: keeps every token, quantized to 2 (or 4) bits, keys per channel and "
+              "values per token";
+  m.paper = "Liu et al., KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache, "
+            "ICML 2024";
+  m.disposition = "quantize";
+  m.score_signal = "none";
+  m.budget_type = "none (all tokens, fewer bits)";
+  m.deviations = "fp32 scales/zeros; keys and values leave the fp16 tail together; no "
+                 "outlier handling";
+  m.fields = {
+      int_field("bit_width_inlier", 2, 2, 4, "code width: 2 or 4 bits"),
+      int_field("kivi_group_size", 32, 1, 4096,
+                "G tokens per key channel group, G channels per value group"),
+      int_field("residual_length", 128, 0, kMaxTokens,
+                "newest rows kept unquantized (the tail holds residual to residual + G - 1)"),
+  };
+  add_common_fields(m.fields);
+  m.check = &check;
+  m.make_policy = &make;
+  return m;
+}
+
+}  // namespace vq::detail

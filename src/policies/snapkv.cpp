@@ -1,0 +1,165 @@
+// snapkv: compress at prefill with an observation window of the chunk's last rows.
+//
+// Paper: Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation",
+// NeurIPS 2024.
+//
+// Rule: on a step with S > 1 new rows (a prefill chunk) that leaves more than budget rows,
+// with w = min(snap_obs_window, R) window rows (the last w of the R rows): each window row r,
+// acting as a query with its key (proxy), gives softmax(K[0..r] . k_r / sqrt(d)) over rows
+// 0..r (causal); these are summed over the window rows for every earlier row j < R - w, then
+// pooled along the sequence (kernel snap_kernel, stride 1, padding kernel/2: max, or avg
+// dividing by the kernel size). The cache keeps the sinks, the w window rows and the
+// (budget - n_sink - w) other rows with the highest pooled score (ties to the lowest index),
+// in position order. Single-token steps (decode) append without eviction, so the cache grows
+// past the budget during generation, as in the paper.
+//
+// Fields: snap_budget=512, snap_obs_window=32, snap_n_sink=4, snap_kernel=7, snap_pool=max,
+// snap_merge=drop (+gate, keys; the gate compares the unpooled window mass), quantize...,
+// seed, kv_dtype.
+// Attention source (the paper's rule): the window's real query rows, i.e. the attention the
+// step's last min(w, S) queries paid (folded over query heads by gqa_reduce), replace the
+// proxy softmax; pooling and selection are the same.
+// Deviations from the paper: with the proxy source the window rows' keys stand in for their
+// queries; sinks are protected; later prefill chunks are scored together with the rows kept
+// earlier.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/kernels.h"
+#include "policies/fields.h"
+#include "policies/methods.h"
+#include "policies/policy.h"
+
+namespace vq::detail {
+namespace {
+
+class SnapKVPolicy final : public TokenPolicy {
+ public:
+  explicit SnapKVPolicy(const CacheConfig& c)
+      : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap"),
+                    score_source_from(c)),
+        window_(c.get_int("snap_obs_window")), kernel_(c.get_int("snap_kernel")),
+        avg_(c.get_enum("snap_pool") == "avg") {}
+
+  void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
+    open_live(st);
+    const std::int64_t R = st.step_prev + st.step_new;
+    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
+      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, st.step_prev + j, 0.0f);
+      if (st.step_new > 1 && R > budget_) {
+        HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
+        select(h);
+      }
+      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+    }
+    commit_live(st);
+  }
+
+ protected:
+  void on_token(HeadCtx& /*h*/, std::int64_t /*row*/) override {}  // end_step is overridden
+
+ private:
+  void select(HeadCtx& h) {
+    const std::int64_t n = h.n_live();
+    const std::int64_t w = std::min(window_, n);
+    const std::int64_t m = n - w;  // rows before the window
+    // Window attention mass of every earlier row.
+    mass_.assign(static_cast<std::size_t>(m), 0.0f);
+    if (source_.attention()) {
+      // The real queries of the window rows that are new in this step (queries exist only for
+      // the step's tokens); rows are still in physical order here.
+      const std::int64_t first_query = std::max(m, h.st.step_prev);
+      for (std::int64_t r = first_query; r < n; ++r) {
+        const float* a = attention_row(h, r - h.st.step_prev);
+        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += a[h.hs.live[static_cast<std::size_t>(j)]];
+      }
+    } else {
+      weights_.resize(static_cast<std::size_t>(n));
+      for (std::int64_t r = m; r < n; ++r) {
+        proxy_weights(h, key_of(h, r), r + 1, weights_.data());
+        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += weights_[static_cast<std::size_t>(j)];
+      }
+    }
+    // 1-D pooling along the sequence.
+    pooled_.resize(static_cast<std::size_t>(m));
+    const std::int64_t half = kernel_ / 2;
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t lo = std::max<std::int64_t>(0, j - half), hi = std::min(m - 1, j + half);
+      float acc = avg_ ? 0.0f : mass_[static_cast<std::size_t>(lo)];
+      for (std::int64_t i = lo; i <= hi; ++i) {
+        const float x = mass_[static_cast<std::size_t>(i)];
+        acc = avg_ ? acc + x : std::max(acc, x);
+      }
+      pooled_[static_cast<std::size_t>(j)] = avg_ ? acc / static_cast<float>(kernel_) : acc;
+    }
+    for (std::int64_t j = 0; j < m; ++j) h.hs.score[static_cast<std::size_t>(j)] = mass_[static_cast<std::size_t>(j)];
+    // Keep the top (budget - n_sink - w) candidates by pooled score, ties to the lowest index.
+    order_.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, m - n_sink_)));
+    std::iota(order_.begin(), order_.end(), n_sink_);
+    std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
+      const float pa = pooled_[static_cast<std::size_t>(a)], pb = pooled_[static_cast<std::size_t>(b)];
+      if (std::isnan(pb)) return !std::isnan(pa);  // NaN never wins a keep
+      return pa > pb;
+    });
+    const std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, budget_ - n_sink_ - w));
+    losers_.assign(order_.begin() + static_cast<std::ptrdiff_t>(std::min(keep, order_.size())), order_.end());
+    std::sort(losers_.begin(), losers_.end());
+    evict_rows(h, losers_);
+  }
+
+  std::int64_t window_, kernel_;
+  bool avg_;
+  std::vector<float> mass_, pooled_;
+  std::vector<std::int64_t> order_, losers_;
+};
+
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  return std::make_unique<SnapKVPolicy>(ctx.config);
+}
+
+void check(const CacheConfig& c) {
+  require_less(c, "snap_n_sink", "snap_budget");
+  require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
+  if (c.get_int("snap_kernel") % 2 == 0) {
+    config_error(c, "snap_kernel must be odd (pooling is centred), got " +
+                        std::to_string(c.get_int("snap_kernel")));
+  }
+}
+
+}  // namespace
+
+MethodInfo snapkv_method() {
+  MethodInfo m;
+  m.id = "snapkv";
+  m.prefix = "snap";
+  m.summary = "SnapKV: at prefill, keep the rows an observation window of the last rows "
+              "attends to (pooled); decode appends";
+  m.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
+            "NeurIPS 2024";
+  m.disposition = "drop (merge optional)";
+  m.score_signal = "observation-window attention, pooled";
+  m.budget_type = "uniform at prefill (decode grows)";
+  m.deviations = "window keys stand in for queries; sinks protected";
+  m.prefill_only = true;
+  m.fields = {
+      int_field("snap_budget", 512, 1, kMaxTokens,
+                "rows kept per KV head after a prefill chunk, sinks and window included"),
+      int_field("snap_obs_window", 32, 1, kMaxTokens, "last rows of the chunk used as queries"),
+      int_field("snap_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
+      int_field("snap_kernel", 7, 1, 1023, "pooling kernel along the sequence (odd)"),
+      enum_field("snap_pool", "max", {"max", "avg"}, "pooling of the window attention mass"),
+  };
+  add_merge_fields(m.fields, "snap", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
+  add_common_fields(m.fields);
+  m.check = &check;
+  m.get_budget = [](const CacheConfig& c) { return c.get_int("snap_budget"); };
+  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("snap_budget", b); };
+  m.make_policy = &make;
+  return m;
+}
+
+}  // namespace vq::detail

@@ -1,0 +1,162 @@
+// squeeze: SqueezeAttention's data-driven per-layer budgets over H2O's cumulative mass.
+//
+// Paper: Wang et al., "SqueezeAttention: 2D Management of KV-Cache in LLM Inference via
+// Layer-wise Optimal Budget", ICLR 2025.
+//
+// Each layer measures an importance signal while the first tokens arrive; once every layer of
+// the model has seen `squeeze_budget` tokens (when eviction first matters), the signals are
+// clustered into 3 groups (1-D k-means), the least important group's budget is cut to
+// C - strength * (C - C * squeeze_fraction), and what it gives up is spread evenly over the
+// other layers (total unchanged). The budgets then hold. strength = 0 keeps every layer at C:
+// exactly h2o with grace 0, decay 1 (the defaults of squeeze_grace / squeeze_decay).
+// Proxy signal (no hidden states): the mean normalised entropy H(a) / ln(n) of the proxy
+// attention rows a; a layer whose attention is spread over many rows is more important.
+// Attention source: the paper's signal, 1 - the mean over the steps so far of
+// cos(hidden state entering the layer, hidden state after the attention residual add), which
+// the engine reports with ModelCache::observe_layer_similarity() before each layer's end_step
+// (without reports it falls back to the entropy of the true attention rows).
+// Layers coordinate through the ModelCache; a LayerCache built on its own keeps budget C.
+//
+// Fields: squeeze_budget=512 (average), squeeze_n_sink=4, squeeze_strength=1,
+// squeeze_fraction=0.3, squeeze_grace=0, squeeze_decay=1, squeeze_merge=drop (+gate, keys),
+// quantize..., seed, kv_dtype.
+// Deviations from the paper: the paper's signal is the cosine similarity of the hidden state
+// before and after each attention block, measured by the engine over the prompt (a later
+// source option); within a layer tokens are ranked by H2O's mass (key-as-query proxy).
+#include <cmath>
+
+#include "policies/fields.h"
+#include "policies/h2o.h"
+#include "policies/methods.h"
+#include "policies/schedules.h"
+
+namespace vq::detail {
+namespace {
+
+class SqueezePolicy final : public H2OPolicy {
+ public:
+  SqueezePolicy(const CacheConfig& c, const LayerShape& shape, std::shared_ptr<LayerGroup> group)
+      : H2OPolicy(c.get_int("squeeze_budget"), c.get_int("squeeze_n_sink"),
+                  c.get_int("squeeze_grace"), static_cast<float>(c.get_float("squeeze_decay")),
+                  merge_rule_from(c, "squeeze"), score_source_from(c)),
+        average_(c.get_int("squeeze_budget")), strength_(c.get_float("squeeze_strength")),
+        fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {}
+
+  // The decided budget as soon as it exists (it takes effect at this layer's next step).
+  std::int64_t budget() const noexcept override {
+    if (group_ && !group_->budgets.empty()) return group_->budgets[static_cast<std::size_t>(layer_)];
+    return budget_;
+  }
+
+  void end_step(LayerState& st, const AttentionRef* attention) override {
+    if (group_ && !applied_ && !group_->budgets.empty()) {
+      budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
+      applied_ = true;
+    }
+    H2OPolicy::end_step(st, attention);
+    if (!reported_ && st.tokens_seen >= average_) report();
+  }
+
+  void on_reset(LayerState& /*st*/) override {
+    budget_ = average_;
+    applied_ = reported_ = false;
+    entropy_sum_ = 0;
+    entropy_count_ = 0;
+    if (group_) {
+      group_->reported[static_cast<std::size_t>(layer_)] = 0;
+      group_->budgets.clear();
+    }
+  }
+
+ protected:
+  void on_token(HeadCtx& h, std::int64_t row) override {
+    H2OPolicy::on_token(h, row);  // leaves the token's attention in weights_[0, last_n_)
+    const std::int64_t n = last_n_;
+    if (reported_ || n < 2) return;
+    double total = 0;
+    for (std::int64_t i = 0; i < n; ++i) total += weights_[static_cast<std::size_t>(i)];
+    if (!(total > 0)) return;
+    double entropy = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double w = weights_[static_cast<std::size_t>(i)] / total;
+      if (w > 0) entropy -= w * std::log(w);
+    }
+    entropy_sum_ += entropy / std::log(static_cast<double>(n));
+    ++entropy_count_;
+  }
+
+ private:
+  void report() {
+    reported_ = true;
+    if (!group_) return;
+    const std::size_t l = static_cast<std::size_t>(layer_);
+    double signal = entropy_count_ > 0 ? entropy_sum_ / static_cast<double>(entropy_count_) : 0;
+    if (source_.attention() && group_->external_count[l] > 0) {
+      // The paper's signal: a layer whose attention leaves the hidden state nearly unchanged
+      // (cosine near 1) matters less.
+      signal = 1.0 - group_->external[l] / static_cast<double>(group_->external_count[l]);
+    }
+    group_->signal[static_cast<std::size_t>(layer_)] = signal;
+    group_->reported[static_cast<std::size_t>(layer_)] = 1;
+    for (char r : group_->reported) {
+      if (!r) return;
+    }
+    group_->budgets = squeeze_budgets(group_->signal, average_, strength_, fraction_,
+                                      n_sink_ + grace_ + 1);
+  }
+
+  std::int64_t average_;
+  double strength_, fraction_;
+  std::int64_t layer_;
+  std::shared_ptr<LayerGroup> group_;
+  bool applied_ = false, reported_ = false;
+  double entropy_sum_ = 0;
+  std::int64_t entropy_count_ = 0;
+};
+
+std::unique_ptr<Policy> make(const PolicyContext& ctx) {
+  return std::make_unique<SqueezePolicy>(ctx.config, ctx.shape, ctx.group);
+}
+
+void check(const CacheConfig& c) {
+  require_less(c, "squeeze_n_sink", "squeeze_budget");
+  require_sum_less(c, "squeeze_n_sink", "squeeze_grace", "squeeze_budget");
+}
+
+}  // namespace
+
+MethodInfo squeeze_method() {
+  MethodInfo m;
+  m.id = "squeeze";
+  m.prefix = "squeeze";
+  m.summary = "SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's "
+              "measured importance";
+  m.paper = "Wang et al., SqueezeAttention: 2D Management of KV-Cache in LLM Inference via "
+            "Layer-wise Optimal Budget, ICLR 2025";
+  m.disposition = "drop (merge optional)";
+  m.score_signal = "cumulative attention mass";
+  m.budget_type = "per-layer data-driven (mean = budget)";
+  m.deviations = "proxy source: layer importance from proxy-attention entropy (attention "
+                 "source: the paper's hidden-state cosine); H2O mass within a layer";
+  m.fields = {
+      int_field("squeeze_budget", 512, 1, kMaxTokens,
+                "average rows kept per KV head over the layers, sinks included"),
+      int_field("squeeze_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
+      float_field("squeeze_strength", 1.0, 0.0, 1.0,
+                  "0: uniform budgets (== h2o); 1: the full reallocation"),
+      float_field("squeeze_fraction", 0.3, 0.0, 1.0,
+                  "budget share the least important layers keep at strength 1"),
+  };
+  add_mass_fields(m.fields, "squeeze");
+  add_merge_fields(m.fields, "squeeze", "drop");
+  add_source_fields(m.fields);
+  add_quantize_fields(m.fields);
+  add_common_fields(m.fields);
+  m.check = &check;
+  m.get_budget = [](const CacheConfig& c) { return c.get_int("squeeze_budget"); };
+  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("squeeze_budget", b); };
+  m.make_policy = &make;
+  return m;
+}
+
+}  // namespace vq::detail
