@@ -10,11 +10,12 @@
 # Sweeps (seq 256,512,1024 x budget 64,128, 20 data seeds, 4 KV heads x 64, 32 probes, prefill):
 #   spans    full; cam merge drop/mean/sim_weighted x gate on/off; h2o (defaults, and grace=0,
 #            decay=1: the paper's rule); tova; streaming_llm; morphkv window 1, 8, 32;
-#            keyformer tau 0, 2, 6 when registered; every other registered method, defaults.
+#            keyformer tau 0, 2, 6 (constant temperature) when registered; every other
+#            registered method with its defaults.
 #   shift    morphkv window 1, 8, 32 vs h2o (both), tova, streaming_llm, full;
 #   stable   the same methods (the null control);
 #   planted  keyformer tau 0, 2, 6 vs h2o (both) and full, when keyformer is registered.
-# Runtime: about two minutes on two cores.
+# Runtime: a few minutes on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,10 +52,16 @@ registered morphkv && morph=(morphkv:window=1 morphkv:window=8 morphkv:window=32
 spans+=("${morph[@]}")
 keyformer=()
 if registered keyformer; then
-  if "$bin" list keyformer | grep -q '^keyformer_tau '; then
+  # tau 0, 2, 6 as a constant temperature: keyformer_tau if it has one, else tau_init = tau_end
+  # (with anneal_steps 0, its default, the temperature is tau_init throughout).
+  fields=$("$bin" list keyformer | awk '{print $1}')
+  if grep -qx keyformer_tau <<<"$fields"; then
     keyformer=(keyformer:tau=0 keyformer:tau=2 keyformer:tau=6)
+  elif grep -qx keyformer_tau_init <<<"$fields" && grep -qx keyformer_tau_end <<<"$fields"; then
+    keyformer=(keyformer:tau_init=0,tau_end=0 keyformer:tau_init=2,tau_end=2
+               keyformer:tau_init=6,tau_end=6)
   else
-    echo "sweep: keyformer has no keyformer_tau field; running it with its defaults" >&2
+    echo "sweep: keyformer has no tau field; running it with its defaults" >&2
     keyformer=(keyformer)
   fi
   spans+=("${keyformer[@]}")

@@ -116,23 +116,23 @@ double sample_std(const std::vector<double>& x) {
   return std::sqrt(s / static_cast<double>(x.size() - 1));
 }
 
-// True when `kept` still holds the planted token unmerged: a row at its position whose stored
-// key and value are bit-identical to the planted token's (as the full cache of the same
-// kv_dtype stores them). A planted row that absorbed another row, or was merged away, is lost.
+// True when `kept` still holds the planted token: a row at its position, or a row whose stored
+// key is the planted key bit for bit. A merge gives the target the larger position of the two
+// rows, so a planted row that absorbed a later row (values-only merge) keeps its key but not
+// its position; a row at the planted position may have absorbed earlier rows. Either way the
+// row survived eviction, and the perturbation shows what merging did to its value. Quantized
+// storage keeps positions, so the position test covers it.
 bool holds_planted(const HeadRows& kept, const HeadRows& full, std::int64_t planted,
                    std::int64_t head_dim) {
-  if (kept.dtype != full.dtype) return false;
   const std::size_t es = dtype_size(full.dtype);
   const std::size_t bytes = static_cast<std::size_t>(head_dim) * es;
-  const auto row = [es](const void* base, std::int64_t i, std::int64_t stride) {
-    return static_cast<const char*>(base) + static_cast<std::size_t>(i * stride) * es;
-  };
+  const char* planted_key =
+      static_cast<const char*>(full.keys) + static_cast<std::size_t>(planted * full.row_stride) * es;
   for (std::int64_t i = 0; i < kept.n_rows; ++i) {
-    if (kept.positions[i] != planted) continue;
-    return std::memcmp(row(kept.keys, i, kept.row_stride),
-                       row(full.keys, planted, full.row_stride), bytes) == 0 &&
-           std::memcmp(row(kept.values, i, kept.row_stride),
-                       row(full.values, planted, full.row_stride), bytes) == 0;
+    if (kept.positions[i] == planted) return true;
+    const char* key = static_cast<const char*>(kept.keys) +
+                      static_cast<std::size_t>(i * kept.row_stride) * es;
+    if (kept.dtype == full.dtype && std::memcmp(key, planted_key, bytes) == 0) return true;
   }
   return false;
 }

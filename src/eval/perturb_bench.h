@@ -109,7 +109,8 @@ std::string perturb_plot_svg(const nlohmann::json& results);
 
 // Markdown tables of perturb result documents: per document, perturbation mean +- std per
 // method (rows) and (seq, budget) (columns); merges / evictions of the methods with a merge
-// disposition; and the late-topic fraction or planted survival when present. Throws Error(kInvalidArgument) for a document that is not a perturb result.
+// disposition; and the late-topic fraction or planted survival when present. Throws
+// Error(kInvalidArgument) for a document that is not a perturb result.
 std::string perturb_markdown(const std::vector<nlohmann::json>& results);
 
 }  // namespace vq::eval
