@@ -54,6 +54,8 @@ class PlainStore final : public RowStore {
   }
 
   void keep(const std::int64_t* idx, std::int64_t n) override {
+    // n strictly increasing indices below n_ == n: the identity, nothing moves.
+    if (n == n_) return;
     const std::size_t row_bytes = static_cast<std::size_t>(d_) * sizeof(T);
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t src = idx[j];

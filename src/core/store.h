@@ -48,6 +48,8 @@ class RowStore {
   // order). Physical indices stay valid. Quantizing stores quantize here (so a chunk of tokens
   // sees the same values as tokens fed one at a time); plain stores do nothing.
   virtual void settle(const std::int64_t* /*live*/, std::int64_t /*n*/) {}
+  // Whether settle() does anything (plain stores: no).
+  virtual bool quantizing() const noexcept { return false; }
   virtual void clear() noexcept = 0;
   // Payload bytes held now (K + V, plus quantization metadata where there is some).
   virtual std::int64_t bytes() const noexcept = 0;

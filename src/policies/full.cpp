@@ -14,6 +14,7 @@ class FullPolicy final : public Policy {
  public:
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     for (HeadState& hs : st.heads) {
+      if (!hs.store->quantizing()) continue;  // plain rows: nothing to do
       live_.resize(static_cast<std::size_t>(hs.store->size()));
       std::iota(live_.begin(), live_.end(), std::int64_t{0});
       hs.store->settle(live_.data(), hs.store->size());
