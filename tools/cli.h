@@ -12,6 +12,8 @@ namespace vq::cli {
 // Each command file adds its subcommand to the app.
 void add_list_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 // Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
 // the flag.
