@@ -36,7 +36,8 @@ class Llama2cTokenizer final : public Tokenizer {
       if (data.size() - at < 4) {
         file_error(path, "truncated llama2.c tokenizer: expected 4 more bytes for " + what +
                              " at offset " + std::to_string(at) + ", found " +
-                             std::to_string(data.size() - at));
+                             std::to_string(data.size() - at) +
+                             (at == 0 ? "" : " (does the model's vocab_size match this tokenizer?)"));
       }
       std::int32_t v;
       std::memcpy(&v, data.data() + at, 4);

@@ -1,5 +1,6 @@
 #include "engine/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "engine/model.h"
@@ -37,6 +38,23 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path_in, const Mode
                          std::to_string(model.config().vocab_size) + " (a tokenizer for another model?)");
   }
   return t;
+}
+
+std::vector<std::int32_t> encode_first(const Tokenizer& tokenizer, std::string_view text, std::int64_t n,
+                                       bool add_special) {
+  const auto want = static_cast<std::size_t>(n < 0 ? 0 : n);
+  std::size_t len = std::min(text.size(), std::max<std::size_t>(4096, 16 * want));
+  std::vector<std::int32_t> prev = tokenizer.encode(text.substr(0, len), add_special);
+  while (len < text.size()) {
+    len = std::min(text.size(), 2 * len);
+    std::vector<std::int32_t> cur = tokenizer.encode(text.substr(0, len), add_special);
+    const bool settled = prev.size() > want && cur.size() > want &&
+                         std::equal(prev.begin(), prev.begin() + static_cast<std::ptrdiff_t>(want), cur.begin());
+    prev = std::move(cur);
+    if (settled) break;
+  }
+  if (prev.size() > want) prev.resize(want);
+  return prev;
 }
 
 }  // namespace vq::engine

@@ -53,4 +53,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const Model& 
 // The path load_tokenizer("") would use; throws Error(kFileError) when none exists.
 std::string default_tokenizer_path(const Model& model);
 
+// The first `n` tokens of encode(text) (fewer when the whole text has fewer), without encoding
+// a long text whole: prefixes of 16 bytes per wanted token (at least 4 KiB) are encoded, doubling,
+// until two successive prefixes agree on their first n tokens (a merge near the cut can only
+// change tokens near the cut). Encoding whole files costs seconds for large texts.
+std::vector<std::int32_t> encode_first(const Tokenizer& tokenizer, std::string_view text, std::int64_t n,
+                                       bool add_special = true);
+
 }  // namespace vq::engine

@@ -80,14 +80,13 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
         std::to_string(mc.seq_len) + ")");
   }
   const std::string text = engine::read_text_file(o.text);
-  std::vector<std::int32_t> ids = tokenizer->encode(text, true);
+  std::vector<std::int32_t> ids = engine::encode_first(*tokenizer, text, o.tokens);
   if (static_cast<std::int64_t>(ids.size()) < o.tokens) {
     throw Error(ErrorCode::kFileError,
-                "'" + o.text + "': encodes to " + std::to_string(ids.size()) + " tokens, fewer than --tokens " +
+                "'" + o.text + "': encodes to only " + std::to_string(ids.size()) + " tokens, fewer than --tokens " +
                     std::to_string(o.tokens),
                 o.text);
   }
-  ids.resize(static_cast<std::size_t>(o.tokens));
   res.n_tokens = o.tokens;
 
   // The reference run keeps its logits; every other run is compared with it.
