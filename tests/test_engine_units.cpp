@@ -36,6 +36,96 @@ TEST(EngineOps, MatmulIsTheFixedOrderDotBitForBit) {
   }
 }
 
+TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
+  // Every SIMD path (8-row blocks, single rows, fp16 and fp32 rows) against the definition:
+  // scores = dot in ops::dot's order, masked by position; values = four partial sums by row
+  // index mod 4, combined (s0 + s2) + (s1 + s3).
+  for (const std::int64_t D : {8, 16, 12, 64}) {
+    for (const std::int64_t R : {1, 7, 8, 13, 40}) {
+      for (const DType dtype : {DType::kF32, DType::kF16}) {
+        const std::int64_t stride = D + 3, nq = 3, pos = R - 3;
+        const auto kf = test::randn(static_cast<std::size_t>(R * stride), 31 + static_cast<std::uint64_t>(D), 2.0f);
+        const auto vf = test::randn(static_cast<std::size_t>(R * stride), 32 + static_cast<std::uint64_t>(R));
+        const auto q = test::randn(static_cast<std::size_t>(nq * D), 33);
+        std::vector<std::uint16_t> kh(kf.size()), vh(vf.size());
+        for (std::size_t i = 0; i < kf.size(); ++i) {
+          kh[i] = float_to_half(kf[i]);
+          vh[i] = float_to_half(vf[i]);
+        }
+        const void* keys = dtype == DType::kF32 ? static_cast<const void*>(kf.data()) : kh.data();
+        const void* values = dtype == DType::kF32 ? static_cast<const void*>(vf.data()) : vh.data();
+        auto kval = [&](std::int64_t r, std::int64_t d) {
+          return dtype == DType::kF32 ? kf[static_cast<std::size_t>(r * stride + d)] : half_to_float(kh[static_cast<std::size_t>(r * stride + d)]);
+        };
+        auto vval = [&](std::int64_t r, std::int64_t d) {
+          return dtype == DType::kF32 ? vf[static_cast<std::size_t>(r * stride + d)] : half_to_float(vh[static_cast<std::size_t>(r * stride + d)]);
+        };
+        std::vector<std::int32_t> positions(static_cast<std::size_t>(R));
+        for (std::int64_t r = 0; r < R; ++r) positions[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 7) % R);
+        const std::int64_t ld = R + 5;
+        std::vector<float> scores(static_cast<std::size_t>(nq * ld)), scratch(static_cast<std::size_t>(D));
+        engine::ops::attention_scores(q.data(), nq, D, keys, dtype, stride, positions.data(), R, pos, scores.data(), ld, scratch.data());
+        std::vector<float> row(static_cast<std::size_t>(D));
+        for (std::int64_t j = 0; j < nq; ++j) {
+          for (std::int64_t r = 0; r < R; ++r) {
+            for (std::int64_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = kval(r, d);
+            const float want = positions[static_cast<std::size_t>(r)] > pos ? -INFINITY : engine::ops::dot(q.data() + j * D, row.data(), D);
+            const float got = scores[static_cast<std::size_t>(j * ld + r)];
+            ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "scores D=" << D << " R=" << R << " j=" << j << " r=" << r;
+          }
+        }
+        for (std::int64_t j = 0; j < nq; ++j) engine::ops::softmax(scores.data() + j * ld, R, std::sqrt(static_cast<float>(D)));
+        std::vector<float> out(static_cast<std::size_t>(nq * D));
+        engine::ops::attention_values(scores.data(), nq, ld, D, values, dtype, stride, positions.data(), R, pos, out.data(), scratch.data());
+        for (std::int64_t j = 0; j < nq; ++j) {
+          for (std::int64_t d = 0; d < D; ++d) {
+            float part[4] = {0, 0, 0, 0};
+            for (std::int64_t r = 0; r < R; ++r) {
+              if (positions[static_cast<std::size_t>(r)] > pos) continue;
+              part[r & 3] += scores[static_cast<std::size_t>(j * ld + r)] * vval(r, d);
+            }
+            const float want = (part[0] + part[2]) + (part[1] + part[3]);
+            const float got = out[static_cast<std::size_t>(j * D + d)];
+            ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "values D=" << D << " R=" << R;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Distance in units in the last place between two finite floats of the same sign.
+std::int64_t ulps(float a, float b) {
+  std::int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::llabs(static_cast<std::int64_t>(ia) - ib);
+}
+
+TEST(EngineOps, ExpIsWithinTwoUlpEverywhere) {
+  std::vector<float> xs;
+  for (float x = -110.0f; x < 90.0f; x += 0.0137f) xs.push_back(x);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.33f, -87.34f, -100.0f, -103.97f, 88.376f, 88.4f}) xs.push_back(x);
+  std::vector<float> got = xs;
+  engine::ops::exp_inplace(got.data(), static_cast<std::int64_t>(got.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double exact = std::exp(static_cast<double>(xs[i]));
+    const float want = static_cast<float>(exact);  // e^x rounded once
+    if (exact > 3.4028234663852886e38) {
+      EXPECT_TRUE(std::isinf(got[i])) << xs[i];
+    } else if (xs[i] < -104.0f) {
+      EXPECT_EQ(got[i], 0.0f) << xs[i];
+    } else {
+      ASSERT_LE(ulps(got[i], want), want < 1.2e-38f ? 1 : 2) << "x = " << xs[i] << " got " << got[i] << " want " << want;
+    }
+  }
+  std::vector<float> special = {-INFINITY, INFINITY, NAN};
+  engine::ops::exp_inplace(special.data(), 3);
+  EXPECT_EQ(special[0], 0.0f);
+  EXPECT_TRUE(std::isinf(special[1]));
+  EXPECT_TRUE(std::isnan(special[2]));
+}
+
 TEST(EngineOps, RmsnormSoftmaxSwiglu) {
   const auto x = test::randn(37, 3);
   const auto w = test::randn(37, 4);

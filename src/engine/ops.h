@@ -33,10 +33,34 @@ void rmsnorm(float* out, const float* x, const float* weight, std::int64_t n, fl
 // Rows of `dtype` (fp32 or fp16 bits) converted to fp32 (exact).
 void load_row(const void* row, DType dtype, float* out, std::int64_t n) noexcept;
 
-// x <- exp(x - max) / sum, sum in the fixed lane order; -inf entries become exactly 0.
-void softmax(float* x, std::int64_t n) noexcept;
+// x <- e^x elementwise: Cody-Waite range reduction and a degree-7 polynomial (Cephes expf),
+// within 2 ulp of e^x, subnormal results included; -inf and x < -104 give 0, x > 88.72 gives
+// inf, NaN stays NaN. Plain IEEE operations in one fixed order, so the result does not depend
+// on vectorisation or the libm in use (std::exp may differ between hosts).
+void exp_inplace(float* x, std::int64_t n) noexcept;
 
-// x[i] <- silu(x[i]) * up[i], silu(v) = v * (1 / (1 + exp(-v))) (run.c's form).
+// x <- softmax(x / divisor): y = x / divisor, exp(y - max y) / sum, exp as exp_inplace, sum in
+// the fixed lane order; -inf entries become exactly 0.
+void softmax(float* x, std::int64_t n, float divisor = 1.0f) noexcept;
+
+// Raw attention scores of n_q queries (q_j = q + j * D) over the rows of one KV head:
+// scores[j * ld + r] = dot(q_j, key_r) when positions[r] <= pos, else -inf (the 1/sqrt(D)
+// scale is applied by softmax(..., sqrt(D))).
+// Keys are rows of `dtype` at keys + r * stride elements. dot is ops::dot's order.
+void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const void* keys, DType dtype,
+                      std::int64_t stride, const std::int32_t* positions, std::int64_t n_rows,
+                      std::int64_t pos, float* scores, std::int64_t ld, float* scratch) noexcept;
+
+// out_j[d] = sum over rows r with positions[r] <= pos of probs[j * ld + r] * value_r[d], for
+// j < n_q (out_j = out + j * D). Fixed order: four partial sums s_k over the rows r = k mod 4,
+// each in increasing r, then (s0 + s2) + (s1 + s3) (independent chains hide the add latency).
+void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                      const void* values, DType dtype, std::int64_t stride,
+                      const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                      float* out, float* scratch) noexcept;
+
+// x[i] <- silu(x[i]) * up[i], silu(v) = v * (1 / (1 + exp(-v))) (run.c's form, exp as
+// exp_inplace).
 void swiglu(float* x, const float* up, std::int64_t n) noexcept;
 
 }  // namespace vq::engine::ops

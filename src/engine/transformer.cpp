@@ -118,47 +118,20 @@ void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos
                     std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
   }
 
-  const float scale = std::sqrt(static_cast<float>(D));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   float* att = s_.att.data();  // [Hq][S][R]
-  float* row = s_.row.data();
-  std::memset(s_.att_out.data(), 0, sz(S * qd) * sizeof(float));
-
+  const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
   for (std::int64_t g = 0; g < Hkv; ++g) {
     const HeadRows& hr = view.head(0, g);
-    const std::int64_t row_bytes = hr.row_stride * static_cast<std::int64_t>(dtype_size(hr.dtype));
-    const auto* keys = static_cast<const std::uint8_t*>(hr.keys);
-    const auto* values = static_cast<const std::uint8_t*>(hr.values);
-
-    // Scores of the group's G query heads, for every token of the step, over every row. A
-    // query at position p sees the rows at positions <= p (causal mask from positions).
-    for (std::int64_t r = 0; r < R; ++r) {
-      const std::int64_t pr = hr.positions[r];
-      ops::load_row(keys + r * row_bytes, hr.dtype, row, D);
-      for (std::int64_t t = 0; t < S; ++t) {
-        const bool visible = pr <= pos0 + t;
-        for (std::int64_t j = 0; j < G; ++j) {
-          const std::int64_t h = g * G + j;
-          att[(h * S + t) * R + r] = visible ? ops::dot(s_.q.data() + t * qd + h * D, row, D) / scale : neg_inf;
-        }
-      }
-    }
-    for (std::int64_t j = 0; j < G; ++j) {
-      for (std::int64_t t = 0; t < S; ++t) ops::softmax(att + ((g * G + j) * S + t) * R, R);
-    }
-    // Weighted sum of the visible rows' values, rows in order.
-    for (std::int64_t r = 0; r < R; ++r) {
-      const std::int64_t pr = hr.positions[r];
-      ops::load_row(values + r * row_bytes, hr.dtype, row, D);
-      for (std::int64_t t = 0; t < S; ++t) {
-        if (pr > pos0 + t) continue;
-        for (std::int64_t j = 0; j < G; ++j) {
-          const std::int64_t h = g * G + j;
-          const float a = att[(h * S + t) * R + r];
-          float* out = s_.att_out.data() + t * qd + h * D;
-          for (std::int64_t d = 0; d < D; ++d) out[d] += a * row[d];
-        }
-      }
+    for (std::int64_t t = 0; t < S; ++t) {
+      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+      // every row (masked by position), softmax, weighted sum of the values.
+      const float* q = s_.q.data() + t * qd + g * G * D;
+      float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
+      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t, scores,
+                            S * R, s_.row.data());
+      for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
+      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
+                            s_.att_out.data() + t * qd + g * G * D, s_.row.data());
     }
   }
   // Hand the probabilities back ([B=1, Hq, S, R]; masked entries are exactly 0).
