@@ -80,7 +80,7 @@ TEST(ModelEval, PlotHasOneSeriesPerMethodAndTheReferenceLine) {
   const std::string svg = eval::model_eval_plot(eval::run_model_eval(small_options(), nullptr));
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   for (const char* label : {">streaming_llm<", ">h2o<", ">full (reference)<", ">full:kv_dtype=f32<",
-                            ">streaming_llm:stream_merge=sim_weighted<"}) {
+                            ">streaming_llm:merge=sim_weighted<"}) {
     EXPECT_NE(svg.find(label), std::string::npos) << label;
   }
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);

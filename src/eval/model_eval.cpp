@@ -25,6 +25,30 @@ struct Planned {
   bool is_reference;
 };
 
+// A method's non-default fields without the method prefix ("h2o:grace=0,decay=1"), for
+// table rows and plot legends; the budget field is left out (it has its own column/axis).
+std::string short_spec(const CacheConfig& c, bool drop_budget) {
+  const MethodInfo& m = c.info();
+  const CacheConfig defaults(c.method());
+  std::string budget_field;
+  if (drop_budget && has_token_budget(c)) {
+    CacheConfig probe = defaults;
+    m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
+    for (std::size_t i = 0; i < probe.fields().size(); ++i) {
+      if (probe.fields()[i].second != defaults.fields()[i].second) budget_field = probe.fields()[i].first;
+    }
+  }
+  std::string out;
+  for (std::size_t i = 0; i < c.fields().size(); ++i) {
+    const auto& [name, value] = c.fields()[i];
+    if (value == defaults.fields()[i].second || name == budget_field) continue;
+    std::string key = name;
+    if (!m.prefix.empty() && key.rfind(m.prefix + "_", 0) == 0) key = key.substr(m.prefix.size() + 1);
+    out += (out.empty() ? ":" : ",") + key + "=" + value_text(value);
+  }
+  return c.method() + out;
+}
+
 }  // namespace
 
 ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress) {
@@ -39,7 +63,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   // Plan every run before loading anything, so bad specs fail fast.
   std::vector<Planned> plan;
   const CacheConfig reference = CacheConfig::parse(o.reference);
-  plan.push_back({reference, reference.spec(), true});
+  plan.push_back({reference, short_spec(reference, false), true});
   std::vector<CacheConfig> methods;
   if (o.methods.empty()) {
     for (const auto& id : method_ids()) methods.emplace_back(id);
@@ -61,7 +85,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
     }
     for (CacheConfig& c : cells) {
       const bool dup = std::any_of(plan.begin(), plan.end(), [&](const Planned& p) { return p.config == c; });
-      if (!dup) plan.push_back({std::move(c), m.spec(), false});
+      if (!dup) plan.push_back({std::move(c), short_spec(m, true), false});
     }
   }
 
@@ -100,7 +124,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
     engine::ForcedRun run = engine::run_forced(model, ids, p.config, fo);
     ModelEvalRow row{p.config, p.series, p.is_reference, engine::summarize(run, p.is_reference ? nullptr : &ref),
                      run.kept_tokens_mean, run.cache.kept_bytes, run.cache.full_bytes, run.cache.compression_ratio,
-                     1000.0 * run.seconds / static_cast<double>(run.n_forward)};
+                     1000.0 * run.seconds / static_cast<double>(run.n_forward), run.cache.evictions,
+                     run.cache.merges};
     if (p.is_reference) {
       row.summary = engine::summarize(run, &run);
       ref = std::move(run);
@@ -144,6 +169,8 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["kept_bytes"] = row.kept_bytes;
     x["full_bytes"] = row.full_bytes;
     x["compression_ratio"] = row.compression_ratio;
+    x["evictions"] = row.evictions;
+    x["merges"] = row.merges;
     x["n_predictions"] = row.summary.n_predictions;
     x["text"] = r.options.text;
     x["tokens"] = r.n_tokens;
@@ -183,28 +210,35 @@ std::string model_eval_table(const ModelEvalResult& r) {
 
 std::string model_eval_plot(const ModelEvalResult& r) {
   Panel ppl{"perplexity", "budget (rows per KV head)", "perplexity", true, true, {}};
-  Panel kl{"KL(reference || method) per token", "budget (rows per KV head)", "nats", true, false, {}};
+  Panel kl{"KL(reference || method) per token (log)", "budget (rows per KV head)", "nats", true, true, {}};
   const double lo = static_cast<double>(*std::min_element(r.options.budgets.begin(), r.options.budgets.end()));
   const double hi = static_cast<double>(*std::max_element(r.options.budgets.begin(), r.options.budgets.end()));
-  std::map<std::string, std::size_t> index;  // series -> position in the panels
+  // One series per method, in table order; methods without a budget (the reference) are
+  // dashed horizontal lines.
+  auto series_in = [](Panel& p, const std::string& label, bool dashed) -> Series& {
+    for (Series& s : p.series) {
+      if (s.label == label) return s;
+    }
+    p.series.push_back({label, {}, {}, {}, dashed});
+    return p.series.back();
+  };
   for (const ModelEvalRow& row : r.rows) {
-    if (row.is_reference || !has_token_budget(row.config)) {
-      const std::string label = row.series + (row.is_reference ? " (reference)" : "");
-      ppl.series.push_back({label, {lo, hi}, {row.summary.ppl, row.summary.ppl}, {}, true});
-      kl.series.push_back({label, {lo, hi}, {row.summary.kl_mean, row.summary.kl_mean}, {}, true});
-      continue;
+    const bool flat = row.is_reference || !has_token_budget(row.config);
+    const std::string label = row.series + (row.is_reference ? " (reference)" : "");
+    const std::vector<double> xs = flat ? std::vector<double>{lo, hi}
+                                        : std::vector<double>{static_cast<double>(token_budget(row.config))};
+    Series& sp = series_in(ppl, label, flat);
+    for (const double x : xs) {
+      sp.x.push_back(x);
+      sp.y.push_back(row.summary.ppl);
     }
-    auto it = index.find(row.series);
-    if (it == index.end()) {
-      it = index.emplace(row.series, ppl.series.size()).first;
-      ppl.series.push_back({row.series, {}, {}, {}, false});
-      kl.series.push_back({row.series, {}, {}, {}, false});
+    if (row.summary.kl_mean > 0) {  // KL = 0 (the reference, nothing evicted) has no log-axis point
+      Series& sk = series_in(kl, label, flat);
+      for (const double x : xs) {
+        sk.x.push_back(x);
+        sk.y.push_back(row.summary.kl_mean);
+      }
     }
-    const auto b = static_cast<double>(token_budget(row.config));
-    ppl.series[it->second].x.push_back(b);
-    ppl.series[it->second].y.push_back(row.summary.ppl);
-    kl.series[it->second].x.push_back(b);
-    kl.series[it->second].y.push_back(row.summary.kl_mean);
   }
   const std::string title = "KV-cache methods on " + r.options.model + ", " + r.options.text + " (first " +
                             std::to_string(r.n_tokens) + " tokens)";

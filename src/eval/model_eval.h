@@ -26,13 +26,15 @@ struct ModelEvalOptions {
 
 struct ModelEvalRow {
   CacheConfig config;
-  std::string series;          // the method without its budget (plot series, table grouping)
+  std::string series;          // the method's non-default fields, prefixes and budget left out
+                               // ("h2o:grace=0,decay=1"): table rows, plot series
   bool is_reference = false;
   engine::ForcedSummary summary;
   double kept_tokens = 0;      // mean rows per KV head per layer over the predictions
   std::int64_t kept_bytes = 0, full_bytes = 0;  // at the end of the text, all layers
   double compression_ratio = 1;
   double time_per_token_ms = 0;
+  std::int64_t evictions = 0, merges = 0;  // rows removed (all layers, heads) and, of those, merged
 };
 
 struct ModelEvalSkip {
