@@ -9,7 +9,8 @@
 namespace {
 
 void BM_Generate(benchmark::State& state, const std::string& spec) {
-  static const vq::engine::Model model = vq::engine::Model::load(VELOXQUANT_DATA_DIR "/stories260K.bin");
+  static const vq::engine::Model model =
+      vq::engine::Model::load(VELOXQUANT_DATA_DIR "/stories260K.bin");
   static const auto tokenizer = vq::engine::load_tokenizer("", model);
   vq::engine::GenerateOptions o;
   o.steps = 256;
@@ -28,7 +29,8 @@ void BM_Generate(benchmark::State& state, const std::string& spec) {
 }
 
 void register_all() {
-  for (const std::string spec : {"full", "full:kv_dtype=f32", "streaming_llm", "h2o", "tova", "cam"}) {
+  for (const std::string spec :
+       {"full", "full:kv_dtype=f32", "streaming_llm", "h2o", "tova", "cam"}) {
     benchmark::RegisterBenchmark(("generate_stories260K_256/" + spec).c_str(), BM_Generate, spec)
         ->Unit(benchmark::kMillisecond);
   }

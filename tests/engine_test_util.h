@@ -28,18 +28,22 @@ namespace vq::test {
 namespace fs = std::filesystem;
 
 // Shipped with the project: stories260K, tok512, text excerpts, stories260K references.
-inline std::string data(const std::string& rel) { return std::string(VELOXQUANT_DATA_DIR) + "/" + rel; }
+inline std::string data(const std::string& rel) {
+  return std::string(VELOXQUANT_DATA_DIR) + "/" + rel;
+}
 // ../shared/data: TinyStories-656K, full texts, all references. May be absent.
-inline std::string shared(const std::string& rel) { return std::string(VELOXQUANT_SHARED_DIR) + "/data/" + rel; }
+inline std::string shared(const std::string& rel) {
+  return std::string(VELOXQUANT_SHARED_DIR) + "/data/" + rel;
+}
 inline bool have_shared() { return fs::is_directory(shared("models/tinystories-656K")); }
 
-#define VQ_REQUIRE_SHARED()                                                                      \
-  do {                                                                                           \
-    if (!::vq::test::have_shared()) {                                                            \
-      GTEST_SKIP() << "shared data not found at " << ::vq::test::shared("")                      \
-                   << " (TinyStories-656K cannot ship with the project; configure with "         \
-                      "-DVELOXQUANT_SHARED_DIR=... to run this test)";                           \
-    }                                                                                            \
+#define VQ_REQUIRE_SHARED()                                                              \
+  do {                                                                                   \
+    if (!::vq::test::have_shared()) {                                                    \
+      GTEST_SKIP() << "shared data not found at " << ::vq::test::shared("")              \
+                   << " (TinyStories-656K cannot ship with the project; configure with " \
+                      "-DVELOXQUANT_SHARED_DIR=... to run this test)";                   \
+    }                                                                                    \
   } while (0)
 
 inline std::string read_all(const std::string& path) {
@@ -145,18 +149,22 @@ struct TinyModel {
   // llama2.c v0: header, tensors, legacy RoPE tables (zeros), classifier if not tied.
   std::string llama2c(bool tied) const {
     std::string s;
-    for (std::int32_t v : {dim, hidden, layers, heads, kv_heads, tied ? vocab : -vocab, seq_len}) append_pod(s, v);
-    for (const auto* t : {&emb, &rms_att, &wq, &wk, &wv, &wo, &rms_ffn, &w1, &w2, &w3, &rms_final}) append_floats(s, *t);
+    for (std::int32_t v : {dim, hidden, layers, heads, kv_heads, tied ? vocab : -vocab, seq_len})
+      append_pod(s, v);
+    for (const auto* t : {&emb, &rms_att, &wq, &wk, &wv, &wo, &rms_ffn, &w1, &w2, &w3, &rms_final})
+      append_floats(s, *t);
     append_floats(s, std::vector<float>(static_cast<std::size_t>(seq_len * head_dim()), 0.0f));
     if (!tied) append_floats(s, wcls);
     return s;
   }
 
   // Hugging Face q/k rows for head h: rotate-half order (i, i + D/2) from llama2.c's (2i, 2i+1).
-  std::vector<float> hf_qk(const std::vector<float>& w, std::int32_t n_heads, std::int32_t layer) const {
+  std::vector<float> hf_qk(const std::vector<float>& w, std::int32_t n_heads,
+                           std::int32_t layer) const {
     const std::int32_t hd = head_dim(), rows = n_heads * hd;
     std::vector<float> out(static_cast<std::size_t>(rows * dim));
-    const float* src = w.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(rows * dim);
+    const float* src =
+        w.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(rows * dim);
     for (std::int32_t h = 0; h < n_heads; ++h) {
       for (std::int32_t half = 0; half < 2; ++half) {
         for (std::int32_t i = 0; i < hd / 2; ++i) {
@@ -169,11 +177,21 @@ struct TinyModel {
   }
 
   nlohmann::json hf_config() const {
-    return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", dim},
-            {"intermediate_size", hidden}, {"num_hidden_layers", layers}, {"num_attention_heads", heads},
-            {"num_key_value_heads", kv_heads}, {"vocab_size", vocab}, {"max_position_embeddings", seq_len},
-            {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}, {"bos_token_id", 1},
-            {"eos_token_id", 2}, {"tie_word_embeddings", true}};
+    return {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"hidden_size", dim},
+            {"intermediate_size", hidden},
+            {"num_hidden_layers", layers},
+            {"num_attention_heads", heads},
+            {"num_key_value_heads", kv_heads},
+            {"vocab_size", vocab},
+            {"max_position_embeddings", seq_len},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 10000.0},
+            {"hidden_act", "silu"},
+            {"bos_token_id", 1},
+            {"eos_token_id", 2},
+            {"tie_word_embeddings", true}};
   }
 
   enum class Head { kExplicit, kMissing, kMetadataAlias, kSeparate };
@@ -185,7 +203,8 @@ struct TinyModel {
     auto slice = [](const std::vector<float>& w, std::int64_t layer, std::int64_t n) {
       return std::vector<float>(w.begin() + layer * n, w.begin() + (layer + 1) * n);
     };
-    if (head != Head::kMetadataAlias) t.push_back({"model.embed_tokens.weight", {{vocab, dim}, emb}});
+    if (head != Head::kMetadataAlias)
+      t.push_back({"model.embed_tokens.weight", {{vocab, dim}, emb}});
     for (std::int32_t l = 0; l < layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       t.push_back({p + "input_layernorm.weight", {{dim}, slice(rms_att, l, dim)}});
@@ -199,10 +218,12 @@ struct TinyModel {
       t.push_back({p + "mlp.down_proj.weight", {{dim, hidden}, slice(w2, l, dim * hidden)}});
     }
     t.push_back({"model.norm.weight", {{dim}, rms_final}});
-    if (head == Head::kExplicit || head == Head::kMetadataAlias) t.push_back({"lm_head.weight", {{vocab, dim}, emb}});
+    if (head == Head::kExplicit || head == Head::kMetadataAlias)
+      t.push_back({"lm_head.weight", {{vocab, dim}, emb}});
     if (head == Head::kSeparate) t.push_back({"lm_head.weight", {{vocab, dim}, wcls}});
     nlohmann::json header = nlohmann::json::object();
-    if (head == Head::kMetadataAlias) header["__metadata__"] = {{"format", "pt"}, {"model.embed_tokens.weight", "lm_head.weight"}};
+    if (head == Head::kMetadataAlias)
+      header["__metadata__"] = {{"format", "pt"}, {"model.embed_tokens.weight", "lm_head.weight"}};
     std::string data;
     for (const auto& [name, st] : t) {
       const std::size_t begin = data.size();
@@ -217,7 +238,8 @@ struct TinyModel {
           append_pod(data, static_cast<std::uint16_t>(b >> 16));
         }
       }
-      header[name] = {{"dtype", dtype}, {"shape", st.first}, {"data_offsets", {begin, data.size()}}};
+      header[name] = {
+          {"dtype", dtype}, {"shape", st.first}, {"data_offsets", {begin, data.size()}}};
     }
     std::string h = header.dump() + std::string(pad, ' ');
     std::string out;

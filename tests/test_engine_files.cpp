@@ -17,7 +17,8 @@ using test::TinyModel;
 
 // Logits for 12 tokens fed one at a time through a full fp32 cache.
 std::vector<float> run_logits(const Model& m) {
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"), engine::model_shape(m.config()));
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
+                                               engine::model_shape(m.config()));
   engine::Transformer tf(m);
   std::vector<float> out;
   for (std::int32_t t = 0; t < 12; ++t) {
@@ -31,12 +32,13 @@ std::vector<float> run_logits(const Model& m) {
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double d = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
   return d;
 }
 
-void write_hf(const test::TempDir& dir, const TinyModel& tm, const std::string& dtype, TinyModel::Head head,
-              std::size_t pad = 0, nlohmann::json config = nullptr) {
+void write_hf(const test::TempDir& dir, const TinyModel& tm, const std::string& dtype,
+              TinyModel::Head head, std::size_t pad = 0, nlohmann::json config = nullptr) {
   test::write_bytes(dir.path / "config.json", (config.is_null() ? tm.hf_config() : config).dump(2));
   test::write_bytes(dir.path / "model.safetensors", tm.hf_safetensors(dtype, head, pad));
 }
@@ -82,8 +84,8 @@ TEST(EngineFormats, TiedAndSeparateClassifiers) {
   write_hf(d2, tm, "F32", TinyModel::Head::kMissing);
   write_hf(d3, tm, "F32", TinyModel::Head::kMetadataAlias);
   write_hf(d4, tm, "F32", TinyModel::Head::kSeparate);
-  const Model m1 = Model::load(d1.path.string()), m2 = Model::load(d2.path.string()), m3 = Model::load(d3.path.string()),
-              m4 = Model::load(d4.path.string());
+  const Model m1 = Model::load(d1.path.string()), m2 = Model::load(d2.path.string()),
+              m3 = Model::load(d3.path.string()), m4 = Model::load(d4.path.string());
   EXPECT_FALSE(m1.config().tied_classifier) << "stored twice: two tensors";
   EXPECT_TRUE(m2.config().tied_classifier) << "lm_head missing: tied to the embedding";
   EXPECT_TRUE(m3.config().tied_classifier) << "__metadata__ names the stored tensor";
@@ -133,10 +135,15 @@ TEST(EngineErrors, Llama2cCheckpoints) {
       {"heads.bin", with_header(good, 3, 5), {"dim (16) must be a multiple of n_heads (5)"}},
       {"kv.bin", with_header(good, 4, 3), {"n_heads (4) must be a multiple of", "n_kv_heads (3)"}},
       {"huge.bin", with_header(good, 0, 1 << 30), {"implausibly large"}},
-      {"trunc.bin", good.substr(0, good.size() - 100), {"truncated", "needs " + std::to_string(good.size()) + " bytes, found " + std::to_string(good.size() - 100)}},
+      {"trunc.bin",
+       good.substr(0, good.size() - 100),
+       {"truncated", "needs " + std::to_string(good.size()) + " bytes, found " +
+                         std::to_string(good.size() - 100)}},
       {"extra.bin", good + std::string(8, '\0'), {"size mismatch", "8 extra"}},
       {"vocab.bin", with_header(good, 5, 41), {"needs"}},
-      {"magic.bin", with_header(good, 0, 0x616b3432), {"versioned export", "only the legacy v0 format"}},
+      {"magic.bin",
+       with_header(good, 0, 0x616b3432),
+       {"versioned export", "only the legacy v0 format"}},
   };
   for (const Case& c : cases) {
     test::write_bytes(dir.path / c.name, c.bytes);
@@ -149,9 +156,11 @@ TEST(EngineErrors, Llama2cCheckpoints) {
       EXPECT_EQ(e.path(), dir / c.name);
     }
   }
-  test::expect_error([&] { Model::load(dir / "missing.bin"); }, ErrorCode::kFileError, {"missing.bin", "cannot open"});
+  test::expect_error([&] { Model::load(dir / "missing.bin"); }, ErrorCode::kFileError,
+                     {"missing.bin", "cannot open"});
   std::filesystem::create_directories(dir.path / "adir");
-  test::expect_error([&] { Model::load_llama2c(dir / "adir"); }, ErrorCode::kFileError, {"is a directory"});
+  test::expect_error([&] { Model::load_llama2c(dir / "adir"); }, ErrorCode::kFileError,
+                     {"is a directory"});
 }
 
 // --- corrupt llama2.c tokenizers ----------------------------------------------------------------
@@ -174,10 +183,16 @@ TEST(EngineErrors, Llama2cTokenizers) {
   const std::vector<Case> cases = {
       {"", 512, {"truncated llama2.c tokenizer", "max_token_length"}},
       {with_i32(good, 0, 0), 512, {"max_token_length must be in [1, 1048576], found 0"}},
-      {good.substr(0, 3000), 512, {"truncated llama2.c tokenizer", "does the model's vocab_size match"}},
-      {good.substr(0, 3001), 512, {"truncated llama2.c tokenizer", "does the model's vocab_size match"}},
+      {good.substr(0, 3000),
+       512,
+       {"truncated llama2.c tokenizer", "does the model's vocab_size match"}},
+      {good.substr(0, 3001),
+       512,
+       {"truncated llama2.c tokenizer", "does the model's vocab_size match"}},
       {with_i32(good, 8, -1), 512, {"the length of piece 0 of 512", "found -1"}},
-      {with_i32(good, 8, 99), 512, {"the length of piece 0 of 512 must be in [0, max_token_length = 7], found 99"}},
+      {with_i32(good, 8, 99),
+       512,
+       {"the length of piece 0 of 512 must be in [0, max_token_length = 7], found 99"}},
       {nan_score, 512, {"the score of piece 0 of 512 is not finite"}},
       {good, 500, {"bytes after the 500 pieces"}},
       {good, 600, {"truncated", "piece 512 of 600"}},
@@ -188,19 +203,22 @@ TEST(EngineErrors, Llama2cTokenizers) {
     test::write_bytes(path, c.bytes);
     auto frags = c.fragments;
     frags.push_back(path);
-    test::expect_error([&] { engine::load_llama2c_tokenizer(path, c.vocab); }, ErrorCode::kFileError, frags);
+    test::expect_error([&] { engine::load_llama2c_tokenizer(path, c.vocab); },
+                       ErrorCode::kFileError, frags);
   }
   // A tokenizer larger than the model's vocabulary, or none next to the model.
   const TinyModel tm;
   test::write_bytes(dir.path / "m" / "tiny.bin", tm.llama2c(true));
   const Model m = Model::load(dir / "m/tiny.bin");
-  test::expect_error([&] { engine::load_tokenizer("", m); }, ErrorCode::kFileError,
-                     {"no tokenizer found next to the model", "tok40.bin", "tokenizer.bin", "pass --tokenizer"});
-  test::expect_error([&] { engine::load_tokenizer(test::data("tok512.bin"), m); }, ErrorCode::kFileError,
-                     {"tok512.bin", "bytes after the 40 pieces"});
+  test::expect_error(
+      [&] { engine::load_tokenizer("", m); }, ErrorCode::kFileError,
+      {"no tokenizer found next to the model", "tok40.bin", "tokenizer.bin", "pass --tokenizer"});
+  test::expect_error([&] { engine::load_tokenizer(test::data("tok512.bin"), m); },
+                     ErrorCode::kFileError, {"tok512.bin", "bytes after the 40 pieces"});
 }
 
-// --- corrupt safetensors and config.json ----------------------------------------------------------
+// --- corrupt safetensors and config.json
+// ----------------------------------------------------------
 
 TEST(EngineErrors, SafetensorsHeaders) {
   const TinyModel tm;
@@ -222,22 +240,34 @@ TEST(EngineErrors, SafetensorsHeaders) {
   };
   const std::vector<Case> cases = {
       {"abc", {"truncated safetensors file", "found 3"}},
-      {test::safetensors_bytes("{}", "") .replace(0, 8, std::string("\xff\xff\xff\x7f\0\0\0\0", 8)), {"header length", "exceeds"}},
+      {test::safetensors_bytes("{}", "").replace(0, 8, std::string("\xff\xff\xff\x7f\0\0\0\0", 8)),
+       {"header length", "exceeds"}},
       {test::safetensors_bytes("{\"a\": [1,", ""), {"not valid JSON"}},
       {test::safetensors_bytes("[1, 2]", ""), {"must be a JSON object, found array"}},
-      {edit([&](auto& h) { h[q].erase("dtype"); }), {"tensor '" + q + "'", "missing string field 'dtype'"}},
+      {edit([&](auto& h) { h[q].erase("dtype"); }),
+       {"tensor '" + q + "'", "missing string field 'dtype'"}},
       {edit([&](auto& h) { h[q]["dtype"] = "F33"; }), {"unknown dtype 'F33'"}},
-      {edit([&](auto& h) { h[q]["shape"] = {16, -1}; }), {"shape entries must be non-negative"}},
-      {edit([&](auto& h) { h[q]["shape"] = {16, 8}; }), {"span 1024 bytes", "F32 [16, 8] needs 512"}},
-      {edit([&](auto& h) { h[q]["data_offsets"] = {0}; }), {"data_offsets"}},
-      {edit([&](auto& h) { h[q]["data_offsets"][1] = 1u << 30; }), {"end past the data section", "truncated?"}},
-      {test::safetensors_bytes(header, data.substr(0, data.size() - 4)), {"end past the data section"}},
-      {test::safetensors_bytes(header, data + "xxxx"), {"cover", "expected them to cover it exactly"}},
-      {edit([&](auto& h) { h.erase("model.norm.weight"); }), {"a gap before it"}},
-      {edit([&](auto& h) { h["__metadata__"] = {{"format", 3}}; }), {"__metadata__ entry 'format' must be a string"}},
       {edit([&](auto& h) {
-         h[q]["dtype"] = "I32";
+         h[q]["shape"] = {16, -1};
        }),
+       {"shape entries must be non-negative"}},
+      {edit([&](auto& h) {
+         h[q]["shape"] = {16, 8};
+       }),
+       {"span 1024 bytes", "F32 [16, 8] needs 512"}},
+      {edit([&](auto& h) { h[q]["data_offsets"] = {0}; }), {"data_offsets"}},
+      {edit([&](auto& h) { h[q]["data_offsets"][1] = 1u << 30; }),
+       {"end past the data section", "truncated?"}},
+      {test::safetensors_bytes(header, data.substr(0, data.size() - 4)),
+       {"end past the data section"}},
+      {test::safetensors_bytes(header, data + "xxxx"),
+       {"cover", "expected them to cover it exactly"}},
+      {edit([&](auto& h) { h.erase("model.norm.weight"); }), {"a gap before it"}},
+      {edit([&](auto& h) {
+         h["__metadata__"] = {{"format", 3}};
+       }),
+       {"__metadata__ entry 'format' must be a string"}},
+      {edit([&](auto& h) { h[q]["dtype"] = "I32"; }),
        {"tensor '" + q + "' has dtype I32; supported: F32, F16, BF16"}},
   };
   int i = 0;
@@ -257,18 +287,21 @@ TEST(EngineErrors, SafetensorsHeaders) {
                       h.erase(q);
                       h["model.layers.0.self_attn.qq.weight"] = e;
                     }));
-  test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError, {"missing tensor '" + q + "'"});
+  test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError,
+                     {"missing tensor '" + q + "'"});
   nlohmann::json cfg = tm.hf_config();
   cfg["num_key_value_heads"] = 4;
   test::write_bytes(d.path / "config.json", cfg.dump());
   test::write_bytes(d.path / "model.safetensors", good);
   test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError,
-                     {"tensor 'model.layers.0.self_attn.k_proj.weight' has shape [8, 16], expected [16, 16] from config.json"});
+                     {"tensor 'model.layers.0.self_attn.k_proj.weight' has shape [8, 16], expected "
+                      "[16, 16] from config.json"});
   // lm_head missing while config.json says the embeddings are not tied.
   cfg = tm.hf_config();
   cfg["tie_word_embeddings"] = false;
   test::write_bytes(d.path / "config.json", cfg.dump());
-  test::write_bytes(d.path / "model.safetensors", tm.hf_safetensors("F32", TinyModel::Head::kMissing));
+  test::write_bytes(d.path / "model.safetensors",
+                    tm.hf_safetensors("F32", TinyModel::Head::kMissing));
   test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError,
                      {"missing tensor 'lm_head.weight'", "tie_word_embeddings to false"});
 }
@@ -288,27 +321,38 @@ TEST(EngineErrors, ConfigJson) {
       {"{\"hidden_size\": ", {"not valid JSON"}},
       {"[]", {"must be a JSON object, found array"}},
       {cfg([](auto& j) { j.erase("hidden_size"); }), {"missing required key 'hidden_size'"}},
-      {cfg([](auto& j) { j["hidden_size"] = "16"; }), {"'hidden_size' must be an integer, found \"16\""}},
-      {cfg([](auto& j) { j["intermediate_size"] = 0; }), {"config.json 'intermediate_size' must be > 0, found 0"}},
-      {cfg([](auto& j) { j["num_key_value_heads"] = 3; }), {"'num_attention_heads' (4) must be a multiple of", "(3)"}},
-      {cfg([](auto& j) { j["model_type"] = "gpt2"; }), {"'model_type' is \"gpt2\"; only \"llama\" is supported"}},
-      {cfg([](auto& j) { j["rope_scaling"] = {{"type", "linear"}}; }), {"'rope_scaling'", "not implemented"}},
+      {cfg([](auto& j) { j["hidden_size"] = "16"; }),
+       {"'hidden_size' must be an integer, found \"16\""}},
+      {cfg([](auto& j) { j["intermediate_size"] = 0; }),
+       {"config.json 'intermediate_size' must be > 0, found 0"}},
+      {cfg([](auto& j) { j["num_key_value_heads"] = 3; }),
+       {"'num_attention_heads' (4) must be a multiple of", "(3)"}},
+      {cfg([](auto& j) { j["model_type"] = "gpt2"; }),
+       {"'model_type' is \"gpt2\"; only \"llama\" is supported"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"type", "linear"}};
+       }),
+       {"'rope_scaling'", "not implemented"}},
       {cfg([](auto& j) { j["hidden_act"] = "gelu"; }), {"'hidden_act' is \"gelu\""}},
       {cfg([](auto& j) { j["rms_norm_eps"] = -1; }), {"'rms_norm_eps' must be in (0, 1)"}},
-      {cfg([](auto& j) { j["eos_token_id"] = 99; }), {"'eos_token_id' = 99 is outside the vocabulary"}},
-      {cfg([](auto& j) { j["tie_word_embeddings"] = "yes"; }), {"'tie_word_embeddings' must be true or false"}},
+      {cfg([](auto& j) { j["eos_token_id"] = 99; }),
+       {"'eos_token_id' = 99 is outside the vocabulary"}},
+      {cfg([](auto& j) { j["tie_word_embeddings"] = "yes"; }),
+       {"'tie_word_embeddings' must be true or false"}},
   };
   int i = 0;
   for (const Case& c : cases) {
     const test::TempDir d("cfg" + std::to_string(i++));
     test::write_bytes(d.path / "config.json", c.text);
-    test::write_bytes(d.path / "model.safetensors", tm.hf_safetensors("F32", TinyModel::Head::kExplicit));
+    test::write_bytes(d.path / "model.safetensors",
+                      tm.hf_safetensors("F32", TinyModel::Head::kExplicit));
     auto frags = c.fragments;
     frags.push_back(d / "config.json");
     test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError, frags);
   }
   const test::TempDir d("cfg_missing");
-  test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError, {"config.json", "cannot open"});
+  test::expect_error([&] { Model::load(d.path.string()); }, ErrorCode::kFileError,
+                     {"config.json", "cannot open"});
 }
 
 TEST(EngineErrors, TokenizerJson) {
@@ -317,7 +361,8 @@ TEST(EngineErrors, TokenizerJson) {
     std::vector<std::string> fragments;
   };
   const nlohmann::json base = {
-      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}}};
+      {"model",
+       {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}}};
   auto tj = [&](const std::function<void(nlohmann::json&)>& f) {
     nlohmann::json j = base;
     f(j);
@@ -326,21 +371,39 @@ TEST(EngineErrors, TokenizerJson) {
   const std::vector<Case> cases = {
       {"{\"model\": {", {"not valid JSON"}},
       {"{}", {"missing 'model'"}},
-      {tj([](auto& j) { j["model"]["type"] = "Unigram"; }), {"model type 'Unigram' is not supported (only BPE)"}},
-      {tj([](auto& j) { j["model"]["merges"] = {"a c"}; }), {"merge #0", "'c' is not in model.vocab"}},
-      {tj([](auto& j) { j["model"]["merges"] = {"a b c"}; }), {"must be two pieces separated by one space"}},
+      {tj([](auto& j) { j["model"]["type"] = "Unigram"; }),
+       {"model type 'Unigram' is not supported (only BPE)"}},
+      {tj([](auto& j) { j["model"]["merges"] = {"a c"}; }),
+       {"merge #0", "'c' is not in model.vocab"}},
+      {tj([](auto& j) { j["model"]["merges"] = {"a b c"}; }),
+       {"must be two pieces separated by one space"}},
       {tj([](auto& j) { j["model"]["vocab"]["c"] = 0; }), {"gives id 0 to both"}},
       {tj([](auto& j) { j["model"]["vocab"]["c"] = -4; }), {"model.vocab['c'] must be an id"}},
       {tj([](auto& j) { j["model"]["dropout"] = 0.1; }), {"model.dropout 0.1 is not supported"}},
-      {tj([](auto& j) { j["model"]["unk_token"] = "<unk>"; }), {"model.unk_token '<unk>' is not in model.vocab"}},
-      {tj([](auto& j) { j["normalizer"] = {{"type", "NFKC"}}; }), {"normalizer 'NFKC' is not supported"}},
-      {tj([](auto& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }), {"pre_tokenizer 'Metaspace' is not supported"}},
-      {tj([](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }), {"decoder 'WordPiece' is not supported"}},
+      {tj([](auto& j) { j["model"]["unk_token"] = "<unk>"; }),
+       {"model.unk_token '<unk>' is not in model.vocab"}},
       {tj([](auto& j) {
-         j["post_processor"] = {{"type", "TemplateProcessing"}, {"single", {{{"SpecialToken", {{"id", "<s>"}}}}}}, {"special_tokens", nlohmann::json::object()}};
+         j["normalizer"] = {{"type", "NFKC"}};
+       }),
+       {"normalizer 'NFKC' is not supported"}},
+      {tj([](auto& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+       }),
+       {"pre_tokenizer 'Metaspace' is not supported"}},
+      {tj([](auto& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       }),
+       {"decoder 'WordPiece' is not supported"}},
+      {tj([](auto& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", {{"id", "<s>"}}}}}},
+                                {"special_tokens", nlohmann::json::object()}};
        }),
        {"names special token '<s>' but special_tokens has no ids"}},
-      {tj([](auto& j) { j["added_tokens"] = {{{"id", 1}, {"content", "zz"}}}; }), {"added token 'zz' has id 1, which model.vocab gives to 'b'"}},
+      {tj([](auto& j) {
+         j["added_tokens"] = {{{"id", 1}, {"content", "zz"}}};
+       }),
+       {"added token 'zz' has id 1, which model.vocab gives to 'b'"}},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -348,13 +411,15 @@ TEST(EngineErrors, TokenizerJson) {
     test::write_bytes(d.path / "tokenizer.json", c.text);
     auto frags = c.fragments;
     frags.push_back(d / "tokenizer.json");
-    test::expect_error([&] { engine::load_hf_tokenizer(d / "tokenizer.json"); }, ErrorCode::kFileError, frags);
+    test::expect_error([&] { engine::load_hf_tokenizer(d / "tokenizer.json"); },
+                       ErrorCode::kFileError, frags);
   }
   // A tokenizer whose ids do not fit the model.
   const TinyModel tm;
   const test::TempDir d("tj_vocab");
   test::write_bytes(d.path / "config.json", tm.hf_config().dump());
-  test::write_bytes(d.path / "model.safetensors", tm.hf_safetensors("F32", TinyModel::Head::kExplicit));
+  test::write_bytes(d.path / "model.safetensors",
+                    tm.hf_safetensors("F32", TinyModel::Head::kExplicit));
   nlohmann::json big = base;
   big["model"]["vocab"]["zzz"] = 45;
   test::write_bytes(d.path / "tokenizer.json", big.dump());

@@ -26,8 +26,10 @@ const engine::Tokenizer& stories_tok() {
   return *t;
 }
 
-std::vector<std::int32_t> first_tokens(const engine::Tokenizer& tok, const std::string& text_path, std::size_t n) {
-  const std::vector<std::int32_t> ids = engine::encode_first(tok, test::read_all(text_path), static_cast<std::int64_t>(n));
+std::vector<std::int32_t> first_tokens(const engine::Tokenizer& tok, const std::string& text_path,
+                                       std::size_t n) {
+  const std::vector<std::int32_t> ids =
+      engine::encode_first(tok, test::read_all(text_path), static_cast<std::int64_t>(n));
   EXPECT_EQ(ids.size(), n);
   return ids;
 }
@@ -52,14 +54,17 @@ TEST(Stories260K, LoadsTheCheckpoint) {
 
 TEST(Stories260K, GreedyReproducesRunC) {
   // run.c -t 0.0 -n 200 (no prompt), with the default fp16 cache and with fp32 storage.
-  const auto want_ids = test::read_ids(test::data("reference/stories260K_runc_t0_noprompt_n200.ids.txt"));
-  const std::string want_text = test::read_all(test::data("reference/stories260K_runc_t0_noprompt_n200.stdout.txt"));
+  const auto want_ids =
+      test::read_ids(test::data("reference/stories260K_runc_t0_noprompt_n200.ids.txt"));
+  const std::string want_text =
+      test::read_all(test::data("reference/stories260K_runc_t0_noprompt_n200.stdout.txt"));
   for (const char* method : {"full", "full:kv_dtype=f32"}) {
     engine::GenerateOptions o;
     o.steps = 200;
     o.method = CacheConfig::parse(method);
     std::string streamed;
-    const auto r = engine::generate(stories(), stories_tok(), o, [&](const std::string& p) { streamed += p; });
+    const auto r =
+        engine::generate(stories(), stories_tok(), o, [&](const std::string& p) { streamed += p; });
     EXPECT_EQ(r.ids, want_ids) << method;
     EXPECT_EQ(r.text + "\n", want_text) << method;  // run.c ends with a newline
     EXPECT_EQ(streamed, r.text);
@@ -74,8 +79,11 @@ TEST(Stories260K, GreedyWithPromptReproducesRunC) {
   o.prompt = "Once upon a time";
   o.steps = 256;
   const auto r = engine::generate(stories(), stories_tok(), o);
-  EXPECT_EQ(r.ids, test::read_ids(test::data("reference/stories260K_runc_t0_OnceUponATime_n256.ids.txt")));
-  EXPECT_EQ(r.text + "\n", test::read_all(test::data("reference/stories260K_runc_t0_OnceUponATime_n256.stdout.txt")));
+  EXPECT_EQ(r.ids,
+            test::read_ids(test::data("reference/stories260K_runc_t0_OnceUponATime_n256.ids.txt")));
+  EXPECT_EQ(
+      r.text + "\n",
+      test::read_all(test::data("reference/stories260K_runc_t0_OnceUponATime_n256.stdout.txt")));
   EXPECT_EQ(r.n_prompt, 5);  // BOS, dummy prefix merged into " Once", ...
 }
 
@@ -89,9 +97,12 @@ TEST(Stories260K, SeededSamplingReproducesRunC) {
   o.seed = 133742;
   o.method = CacheConfig::parse("full:kv_dtype=f32");
   const auto r = engine::generate(stories(), stories_tok(), o);
-  EXPECT_EQ(r.text + "\n", test::read_all(test::data("reference/stories260K_runc_t1_p0.9_s133742_noprompt.stdout.txt")));
+  EXPECT_EQ(
+      r.text + "\n",
+      test::read_all(test::data("reference/stories260K_runc_t1_p0.9_s133742_noprompt.stdout.txt")));
   o.method = CacheConfig("full");
-  EXPECT_EQ(engine::generate(stories(), stories_tok(), o).ids, engine::generate(stories(), stories_tok(), o).ids);
+  EXPECT_EQ(engine::generate(stories(), stories_tok(), o).ids,
+            engine::generate(stories(), stories_tok(), o).ids);
 }
 
 struct NllCase {
@@ -100,11 +111,15 @@ struct NllCase {
 };
 
 TEST(Stories260K, FullCacheNllMatchesRunC) {
-  for (const NllCase& c : {NllCase{"tinystories_validation_excerpt.txt", "stories260K_fullcache_tinystories_validation_head_first512"},
-                           NllCase{"wikitext2_test_excerpt.txt", "stories260K_fullcache_wikitext2_test_first512"}}) {
+  for (const NllCase& c :
+       {NllCase{"tinystories_validation_excerpt.txt",
+                "stories260K_fullcache_tinystories_validation_head_first512"},
+        NllCase{"wikitext2_test_excerpt.txt", "stories260K_fullcache_wikitext2_test_first512"}}) {
     const auto ids = first_tokens(stories_tok(), test::data(c.text), 512);
-    ASSERT_EQ(ids, test::read_ids(test::data(std::string("reference/") + c.reference + ".ids.txt"))) << c.text;
-    const auto want = test::read_nll(test::data(std::string("reference/") + c.reference + ".nll.txt"));
+    ASSERT_EQ(ids, test::read_ids(test::data(std::string("reference/") + c.reference + ".ids.txt")))
+        << c.text;
+    const auto want =
+        test::read_nll(test::data(std::string("reference/") + c.reference + ".nll.txt"));
     ASSERT_EQ(want.size(), 511u);
     const auto f32 = engine::run_forced(stories(), ids, CacheConfig::parse("full:kv_dtype=f32"));
     double worst = 0, want_mean = 0, f32_mean = 0;
@@ -119,8 +134,10 @@ TEST(Stories260K, FullCacheNllMatchesRunC) {
     // fp16 storage: within 3e-4 on TinyStories (the bound). WikiText's targets include
     // 20-nat surprises that amplify the rounding; measured 4.9e-4 there, bounded at 1e-3.
     const bool in_domain = std::string(c.text).find("tinystories") != std::string::npos;
-    const auto f16 = engine::summarize(engine::run_forced(stories(), ids, CacheConfig("full")), nullptr);
-    EXPECT_NEAR(f16.nll_mean, want_mean, in_domain ? 3e-4 : 1e-3) << c.text << ": mean NLL with the default fp16 storage";
+    const auto f16 =
+        engine::summarize(engine::run_forced(stories(), ids, CacheConfig("full")), nullptr);
+    EXPECT_NEAR(f16.nll_mean, want_mean, in_domain ? 3e-4 : 1e-3)
+        << c.text << ": mean NLL with the default fp16 storage";
     if (std::string(c.text).find("tinystories") != std::string::npos) {
       EXPECT_NEAR(want_mean, 1.311214, 1e-6);
     }
@@ -128,15 +145,19 @@ TEST(Stories260K, FullCacheNllMatchesRunC) {
 }
 
 TEST(Stories260K, LogitsMatchRunC) {
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 64);
-  const auto want = test::read_f32(test::data("reference/stories260K_fullcache_tinystories_validation_head_logits_pos0-63.f32"));
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 64);
+  const auto want = test::read_f32(
+      test::data("reference/stories260K_fullcache_tinystories_validation_head_logits_pos0-63.f32"));
   ASSERT_EQ(want.size(), 64u * 512u);
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"), engine::model_shape(stories().config()));
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
+                                               engine::model_shape(stories().config()));
   engine::Transformer tf(stories());
   double worst = 0;
   for (std::size_t t = 0; t < 64; ++t) {
     const float* logits = tf.forward(&ids[t], 1, cache);
-    for (std::size_t v = 0; v < 512; ++v) worst = std::max(worst, std::fabs(static_cast<double>(logits[v]) - want[t * 512 + v]));
+    for (std::size_t v = 0; v < 512; ++v)
+      worst = std::max(worst, std::fabs(static_cast<double>(logits[v]) - want[t * 512 + v]));
   }
   EXPECT_LT(worst, 1e-4);
 }
@@ -144,7 +165,8 @@ TEST(Stories260K, LogitsMatchRunC) {
 TEST(Stories260K, ChunkedPrefillEqualsTokenByTokenBitForBit) {
   // With a cache that keeps every row, a chunk of S tokens sees exactly the rows S single steps
   // would, in the same order: the logits are identical, not just close.
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 48);
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 48);
   for (const char* method : {"full", "full:kv_dtype=f32"}) {
     const auto shape = engine::model_shape(stories().config());
     ModelCache a = KVCacheBuilder::for_model(CacheConfig::parse(method), shape);
@@ -160,7 +182,8 @@ TEST(Stories260K, ChunkedPrefillEqualsTokenByTokenBitForBit) {
     for (std::size_t t = 32; t < 48; ++t) {
       const float* l1 = chunked.forward(&ids[t], 1, a);
       std::vector<float> keep(l1, l1 + 512);
-      ASSERT_EQ(std::memcmp(keep.data(), single.forward(&ids[t], 1, b), 512 * 4), 0) << method << " position " << t;
+      ASSERT_EQ(std::memcmp(keep.data(), single.forward(&ids[t], 1, b), 512 * 4), 0)
+          << method << " position " << t;
     }
     // kLast gives the chunk's last row.
     ModelCache c = KVCacheBuilder::for_model(CacheConfig::parse(method), shape);
@@ -173,7 +196,8 @@ TEST(Stories260K, EveryMethodWhoseBudgetCoversAllTokensEqualsTheFullCache) {
   // Every registered method with a token budget, at budgets >= the token count, token by token
   // and after a prefill: no row is ever evicted or merged, so the NLL is the full cache's
   // exactly (and KL is exactly 0).
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 80);
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 80);
   int checked = 0;
   for (const std::int64_t prefill : {0, 24}) {
     engine::ForcedOptions ref_opts;
@@ -200,7 +224,8 @@ TEST(Stories260K, EveryMethodWhoseBudgetCoversAllTokensEqualsTheFullCache) {
 }
 
 TEST(Stories260K, PrefillIsBitIdenticalForTheFullCache) {
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 64);
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 64);
   engine::ForcedOptions o;
   const auto a = engine::run_forced(stories(), ids, CacheConfig("full"), o);
   o.prefill = 40;
@@ -209,7 +234,8 @@ TEST(Stories260K, PrefillIsBitIdenticalForTheFullCache) {
 }
 
 TEST(Stories260K, CompressedCachesDivergeAndStayDeterministic) {
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 160);
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 160);
   engine::ForcedOptions ref_opts;
   ref_opts.keep_logits = true;
   const auto full = engine::run_forced(stories(), ids, CacheConfig("full"), ref_opts);
@@ -233,8 +259,10 @@ TEST(Stories260K, CompressedCachesDivergeAndStayDeterministic) {
 }
 
 TEST(Stories260K, LayerCosineIsExposedPerStep) {
-  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 16);
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(stories().config()));
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 16);
+  ModelCache cache =
+      KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(stories().config()));
   engine::Transformer tf(stories(), 16);
   tf.forward(ids.data(), 8, cache);
   const std::vector<float> chunk = tf.state().layer_cosine;
@@ -253,23 +281,33 @@ TEST(Stories260K, RejectsBadForwardCalls) {
   ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), shape);
   engine::Transformer tf(stories(), 4);
   const std::int32_t bad_token = 512, ok[5] = {1, 2, 3, 4, 5};
-  test::expect_error([&] { tf.forward(&bad_token, 1, cache); }, ErrorCode::kInvalidArgument, {"token id 512", "[0, 512)"});
-  test::expect_error([&] { tf.forward(ok, 5, cache); }, ErrorCode::kInvalidArgument, {"1 to 4 tokens, got 5"});
+  test::expect_error([&] { tf.forward(&bad_token, 1, cache); }, ErrorCode::kInvalidArgument,
+                     {"token id 512", "[0, 512)"});
+  test::expect_error([&] { tf.forward(ok, 5, cache); }, ErrorCode::kInvalidArgument,
+                     {"1 to 4 tokens, got 5"});
   ModelCache wrong = KVCacheBuilder::for_model(CacheConfig("full"), ModelShape{4, 4, 8, 8});
-  test::expect_error([&] { tf.forward(ok, 1, wrong); }, ErrorCode::kInvalidArgument, {"cache is shaped for 4 layers"});
+  test::expect_error([&] { tf.forward(ok, 1, wrong); }, ErrorCode::kInvalidArgument,
+                     {"cache is shaped for 4 layers"});
   // Past the context.
   engine::Transformer big(stories(), 512);
   std::vector<std::int32_t> many(512, 5);
   big.forward(many.data(), 512, cache, Logits::kLast);
-  test::expect_error([&] { big.forward(ok, 1, cache); }, ErrorCode::kInvalidArgument, {"position 512", "seq_len 512"});
-  test::expect_error([&] { engine::run_forced(stories(), std::vector<std::int32_t>(513, 5), CacheConfig("full")); },
-                     ErrorCode::kInvalidArgument, {"513 tokens exceed"});
-  test::expect_error([&] { engine::run_forced(stories(), {1}, CacheConfig("full")); }, ErrorCode::kInvalidArgument,
-                     {"at least 2 tokens"});
+  test::expect_error([&] { big.forward(ok, 1, cache); }, ErrorCode::kInvalidArgument,
+                     {"position 512", "seq_len 512"});
+  test::expect_error(
+      [&] {
+        engine::run_forced(stories(), std::vector<std::int32_t>(513, 5), CacheConfig("full"));
+      },
+      ErrorCode::kInvalidArgument, {"513 tokens exceed"});
+  test::expect_error([&] { engine::run_forced(stories(), {1}, CacheConfig("full")); },
+                     ErrorCode::kInvalidArgument, {"at least 2 tokens"});
   engine::ForcedOptions o;
   o.prefill = 4;
-  test::expect_error([&] { engine::run_forced(stories(), {1, 2, 3, 4}, CacheConfig("full"), o); },
-                     ErrorCode::kInvalidArgument, {"prefill must be in [0, 3]"});
+  test::expect_error(
+      [&] {
+        engine::run_forced(stories(), {1, 2, 3, 4}, CacheConfig("full"), o);
+      },
+      ErrorCode::kInvalidArgument, {"prefill must be in [0, 3]"});
 }
 
 // --- TinyStories-656K (Hugging Face safetensors + tokenizer.json), from ../shared ----------
@@ -294,7 +332,8 @@ TEST(TinyStories656K, LoadsTheCheckpoint) {
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.vocab_size, 2048);
   EXPECT_EQ(c.rope, engine::RopeStyle::kRotateHalf);
-  EXPECT_TRUE(c.tied_classifier) << "lm_head.weight is stored once; __metadata__ ties the embedding to it";
+  EXPECT_TRUE(c.tied_classifier)
+      << "lm_head.weight is stored once; __metadata__ ties the embedding to it";
   EXPECT_EQ(c.n_params(), 656000);
   EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);
   EXPECT_EQ(hf().model.owned_bytes(), 0);
@@ -308,11 +347,17 @@ TEST(TinyStories656K, FullCacheNllAndLogitsMatchTheReference) {
     const char* reference;
     double mean;
   };
-  for (const Case& c : {Case{"text/tinystories_validation_head.txt", "tinystories656K_fullcache_tinystories_validation_head_first512", 3.427239},
-                        Case{"text/wikitext2_test.txt", "tinystories656K_fullcache_wikitext2_test_first512", 6.195182}}) {
+  for (const Case& c :
+       {Case{"text/tinystories_validation_head.txt",
+             "tinystories656K_fullcache_tinystories_validation_head_first512", 3.427239},
+        Case{"text/wikitext2_test.txt", "tinystories656K_fullcache_wikitext2_test_first512",
+             6.195182}}) {
     const auto ids = first_tokens(*hf().tok, test::shared(c.text), 512);
-    ASSERT_EQ(ids, test::read_ids(test::shared(std::string("reference/") + c.reference + ".ids.txt"))) << c.text;
-    const auto want = test::read_nll(test::shared(std::string("reference/") + c.reference + ".nll.txt"));
+    ASSERT_EQ(ids,
+              test::read_ids(test::shared(std::string("reference/") + c.reference + ".ids.txt")))
+        << c.text;
+    const auto want =
+        test::read_nll(test::shared(std::string("reference/") + c.reference + ".nll.txt"));
     ASSERT_EQ(want.size(), 511u);
     const auto f32 = engine::run_forced(hf().model, ids, CacheConfig::parse("full:kv_dtype=f32"));
     double worst = 0, mean = 0;
@@ -322,17 +367,22 @@ TEST(TinyStories656K, FullCacheNllAndLogitsMatchTheReference) {
     }
     EXPECT_LT(worst, 1e-4) << c.text;
     EXPECT_NEAR(mean, c.mean, 1e-5) << c.text;
-    const auto f16 = engine::summarize(engine::run_forced(hf().model, ids, CacheConfig("full")), nullptr);
+    const auto f16 =
+        engine::summarize(engine::run_forced(hf().model, ids, CacheConfig("full")), nullptr);
     EXPECT_NEAR(f16.nll_mean, c.mean, 3e-4) << c.text;
   }
-  const auto ids = first_tokens(*hf().tok, test::shared("text/tinystories_validation_head.txt"), 16);
-  const auto want = test::read_f32(test::shared("reference/tinystories656K_fullcache_tinystories_validation_head_logits_pos0-15.f32"));
+  const auto ids =
+      first_tokens(*hf().tok, test::shared("text/tinystories_validation_head.txt"), 16);
+  const auto want = test::read_f32(test::shared(
+      "reference/tinystories656K_fullcache_tinystories_validation_head_logits_pos0-15.f32"));
   ASSERT_EQ(want.size(), 16u * 2048u);
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"), engine::model_shape(hf().model.config()));
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
+                                               engine::model_shape(hf().model.config()));
   engine::Transformer tf(hf().model, 16);
   const float* logits = tf.forward(ids.data(), 16, cache);
   double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(logits[i]) - want[i]));
+  for (std::size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(logits[i]) - want[i]));
   EXPECT_LT(worst, 1e-4);
 }
 
@@ -343,13 +393,15 @@ TEST(TinyStories656K, GreedyGenerationMatchesTheReference) {
   o.steps = 512;
   o.method = CacheConfig::parse("full:kv_dtype=f32");
   const auto r = engine::generate(hf().model, *hf().tok, o);
-  auto want = test::read_ids(test::shared("reference/tinystories656K_numpy_greedy_OnceUponATime.ids.txt"));
+  auto want =
+      test::read_ids(test::shared("reference/tinystories656K_numpy_greedy_OnceUponATime.ids.txt"));
   ASSERT_EQ(want.back(), 2) << "the reference ends with EOS";
   EXPECT_TRUE(r.stopped);
   want.pop_back();  // generation stops at EOS without emitting it
   EXPECT_EQ(r.ids, want);
   EXPECT_EQ(r.text, hf().tok->decode(r.ids)) << "streamed pieces and the full decode agree";
-  std::string ref = test::read_all(test::shared("reference/tinystories656K_numpy_greedy_OnceUponATime.txt"));
+  std::string ref =
+      test::read_all(test::shared("reference/tinystories656K_numpy_greedy_OnceUponATime.txt"));
   while (!ref.empty() && ref.back() == '\n') ref.pop_back();
   EXPECT_EQ(r.text, ref);
 }

@@ -19,8 +19,10 @@ TEST(EngineOps, MatmulIsTheFixedOrderDotBitForBit) {
   for (const std::int64_t n_in : {1, 7, 8, 9, 16, 64, 172, 173}) {
     for (const std::int64_t n_out : {1, 3, 4, 5, 9}) {
       for (const std::int64_t S : {1, 3}) {
-        const auto w = test::randn(static_cast<std::size_t>(n_in * n_out), 11 + static_cast<std::uint64_t>(n_in));
-        const auto x = test::randn(static_cast<std::size_t>(n_in * S), 12 + static_cast<std::uint64_t>(n_out));
+        const auto w = test::randn(static_cast<std::size_t>(n_in * n_out),
+                                   11 + static_cast<std::uint64_t>(n_in));
+        const auto x =
+            test::randn(static_cast<std::size_t>(n_in * S), 12 + static_cast<std::uint64_t>(n_out));
         std::vector<float> out(static_cast<std::size_t>(S * n_out));
         engine::ops::matmul(out.data(), x.data(), w.data(), S, n_in, n_out);
         for (std::int64_t s = 0; s < S; ++s) {
@@ -43,50 +45,68 @@ TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
   for (const std::int64_t D : {8, 16, 12, 64}) {
     for (const std::int64_t R : {1, 7, 8, 13, 40}) {
       for (const DType dtype : {DType::kF32, DType::kF16}) {
-        const std::int64_t stride = D + 3, nq = 3, pos = R - 3;
-        const auto kf = test::randn(static_cast<std::size_t>(R * stride), 31 + static_cast<std::uint64_t>(D), 2.0f);
-        const auto vf = test::randn(static_cast<std::size_t>(R * stride), 32 + static_cast<std::uint64_t>(R));
-        const auto q = test::randn(static_cast<std::size_t>(nq * D), 33);
-        std::vector<std::uint16_t> kh(kf.size()), vh(vf.size());
-        for (std::size_t i = 0; i < kf.size(); ++i) {
-          kh[i] = float_to_half(kf[i]);
-          vh[i] = float_to_half(vf[i]);
-        }
-        const void* keys = dtype == DType::kF32 ? static_cast<const void*>(kf.data()) : kh.data();
-        const void* values = dtype == DType::kF32 ? static_cast<const void*>(vf.data()) : vh.data();
-        auto kval = [&](std::int64_t r, std::int64_t d) {
-          return dtype == DType::kF32 ? kf[static_cast<std::size_t>(r * stride + d)] : half_to_float(kh[static_cast<std::size_t>(r * stride + d)]);
-        };
-        auto vval = [&](std::int64_t r, std::int64_t d) {
-          return dtype == DType::kF32 ? vf[static_cast<std::size_t>(r * stride + d)] : half_to_float(vh[static_cast<std::size_t>(r * stride + d)]);
-        };
-        std::vector<std::int32_t> positions(static_cast<std::size_t>(R));
-        for (std::int64_t r = 0; r < R; ++r) positions[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 7) % R);
-        const std::int64_t ld = R + 5;
-        std::vector<float> scores(static_cast<std::size_t>(nq * ld)), scratch(static_cast<std::size_t>(D));
-        engine::ops::attention_scores(q.data(), nq, D, keys, dtype, stride, positions.data(), R, pos, scores.data(), ld, scratch.data());
-        std::vector<float> row(static_cast<std::size_t>(D));
-        for (std::int64_t j = 0; j < nq; ++j) {
-          for (std::int64_t r = 0; r < R; ++r) {
-            for (std::int64_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = kval(r, d);
-            const float want = positions[static_cast<std::size_t>(r)] > pos ? -INFINITY : engine::ops::dot(q.data() + j * D, row.data(), D);
-            const float got = scores[static_cast<std::size_t>(j * ld + r)];
-            ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "scores D=" << D << " R=" << R << " j=" << j << " r=" << r;
+        for (const std::int64_t nq : {1, 2, 3, 4, 6}) {
+          const std::int64_t stride = D + 3, pos = R - 3;
+          const auto kf = test::randn(static_cast<std::size_t>(R * stride),
+                                      31 + static_cast<std::uint64_t>(D), 2.0f);
+          const auto vf =
+              test::randn(static_cast<std::size_t>(R * stride), 32 + static_cast<std::uint64_t>(R));
+          const auto q = test::randn(static_cast<std::size_t>(nq * D), 33);
+          std::vector<std::uint16_t> kh(kf.size()), vh(vf.size());
+          for (std::size_t i = 0; i < kf.size(); ++i) {
+            kh[i] = float_to_half(kf[i]);
+            vh[i] = float_to_half(vf[i]);
           }
-        }
-        for (std::int64_t j = 0; j < nq; ++j) engine::ops::softmax(scores.data() + j * ld, R, std::sqrt(static_cast<float>(D)));
-        std::vector<float> out(static_cast<std::size_t>(nq * D));
-        engine::ops::attention_values(scores.data(), nq, ld, D, values, dtype, stride, positions.data(), R, pos, out.data(), scratch.data());
-        for (std::int64_t j = 0; j < nq; ++j) {
-          for (std::int64_t d = 0; d < D; ++d) {
-            float part[4] = {0, 0, 0, 0};
+          const void* keys = dtype == DType::kF32 ? static_cast<const void*>(kf.data()) : kh.data();
+          const void* values =
+              dtype == DType::kF32 ? static_cast<const void*>(vf.data()) : vh.data();
+          auto kval = [&](std::int64_t r, std::int64_t d) {
+            return dtype == DType::kF32
+                       ? kf[static_cast<std::size_t>(r * stride + d)]
+                       : half_to_float(kh[static_cast<std::size_t>(r * stride + d)]);
+          };
+          auto vval = [&](std::int64_t r, std::int64_t d) {
+            return dtype == DType::kF32
+                       ? vf[static_cast<std::size_t>(r * stride + d)]
+                       : half_to_float(vh[static_cast<std::size_t>(r * stride + d)]);
+          };
+          std::vector<std::int32_t> positions(static_cast<std::size_t>(R));
+          for (std::int64_t r = 0; r < R; ++r)
+            positions[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 7) % R);
+          const std::int64_t ld = R + 5;
+          std::vector<float> scores(static_cast<std::size_t>(nq * ld)),
+              scratch(static_cast<std::size_t>(D));
+          engine::ops::attention_scores(q.data(), nq, D, keys, dtype, stride, positions.data(), R,
+                                        pos, scores.data(), ld, scratch.data());
+          std::vector<float> row(static_cast<std::size_t>(D));
+          for (std::int64_t j = 0; j < nq; ++j) {
             for (std::int64_t r = 0; r < R; ++r) {
-              if (positions[static_cast<std::size_t>(r)] > pos) continue;
-              part[r & 3] += scores[static_cast<std::size_t>(j * ld + r)] * vval(r, d);
+              for (std::int64_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = kval(r, d);
+              const float want = positions[static_cast<std::size_t>(r)] > pos
+                                     ? -INFINITY
+                                     : engine::ops::dot(q.data() + j * D, row.data(), D);
+              const float got = scores[static_cast<std::size_t>(j * ld + r)];
+              ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
+                  << "scores D=" << D << " R=" << R << " j=" << j << " r=" << r;
             }
-            const float want = (part[0] + part[2]) + (part[1] + part[3]);
-            const float got = out[static_cast<std::size_t>(j * D + d)];
-            ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "values D=" << D << " R=" << R;
+          }
+          for (std::int64_t j = 0; j < nq; ++j)
+            engine::ops::softmax(scores.data() + j * ld, R, std::sqrt(static_cast<float>(D)));
+          std::vector<float> out(static_cast<std::size_t>(nq * D));
+          engine::ops::attention_values(scores.data(), nq, ld, D, values, dtype, stride,
+                                        positions.data(), R, pos, out.data(), scratch.data());
+          for (std::int64_t j = 0; j < nq; ++j) {
+            for (std::int64_t d = 0; d < D; ++d) {
+              float part[4] = {0, 0, 0, 0};
+              for (std::int64_t r = 0; r < R; ++r) {
+                if (positions[static_cast<std::size_t>(r)] > pos) continue;
+                part[r & 3] += scores[static_cast<std::size_t>(j * ld + r)] * vval(r, d);
+              }
+              const float want = (part[0] + part[2]) + (part[1] + part[3]);
+              const float got = out[static_cast<std::size_t>(j * D + d)];
+              ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
+                  << "values D=" << D << " R=" << R << " nq=" << nq;
+            }
           }
         }
       }
@@ -105,7 +125,9 @@ std::int64_t ulps(float a, float b) {
 TEST(EngineOps, ExpIsWithinTwoUlpEverywhere) {
   std::vector<float> xs;
   for (float x = -110.0f; x < 90.0f; x += 0.0137f) xs.push_back(x);
-  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.33f, -87.34f, -100.0f, -103.97f, 88.376f, 88.4f}) xs.push_back(x);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.7228f, -87.33f, -87.34f, -100.0f,
+                  -103.97f, 88.376f, 88.4f})
+    xs.push_back(x);
   std::vector<float> got = xs;
   engine::ops::exp_inplace(got.data(), static_cast<std::int64_t>(got.size()));
   for (std::size_t i = 0; i < xs.size(); ++i) {
@@ -116,7 +138,8 @@ TEST(EngineOps, ExpIsWithinTwoUlpEverywhere) {
     } else if (xs[i] < -104.0f) {
       EXPECT_EQ(got[i], 0.0f) << xs[i];
     } else {
-      ASSERT_LE(ulps(got[i], want), want < 1.2e-38f ? 1 : 2) << "x = " << xs[i] << " got " << got[i] << " want " << want;
+      ASSERT_LE(ulps(got[i], want), want < 1.2e-38f ? 1 : 2)
+          << "x = " << xs[i] << " got " << got[i] << " want " << want;
     }
   }
   std::vector<float> special = {-INFINITY, INFINITY, NAN};
@@ -132,7 +155,9 @@ TEST(EngineOps, RmsnormSoftmaxSwiglu) {
   std::vector<float> out(37);
   engine::ops::rmsnorm(out.data(), x.data(), w.data(), 37, 1e-5f);
   const float inv = 1.0f / std::sqrt(kernels::dot(x.data(), x.data(), 37) / 37.0f + 1e-5f);
-  for (int i = 0; i < 37; ++i) EXPECT_EQ(out[static_cast<std::size_t>(i)], w[static_cast<std::size_t>(i)] * (inv * x[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < 37; ++i)
+    EXPECT_EQ(out[static_cast<std::size_t>(i)],
+              w[static_cast<std::size_t>(i)] * (inv * x[static_cast<std::size_t>(i)]));
   std::vector<float> p = {1.0f, -INFINITY, 2.0f, -INFINITY};
   engine::ops::softmax(p.data(), 4);
   EXPECT_EQ(p[1], 0.0f);
@@ -156,7 +181,8 @@ TEST(Sampler, TemperatureZeroIsArgmaxWithTheFirstMaximum) {
 
 TEST(Sampler, XorshiftMatchesRunC) {
   // run.c: state ^= state >> 12; state ^= state << 25; state ^= state >> 27;
-  // return (state * 0x2545F4914F6CDD1D) >> 32.  Checked here against 64-bit arithmetic done by hand.
+  // return (state * 0x2545F4914F6CDD1D) >> 32.  Checked here against 64-bit arithmetic done by
+  // hand.
   engine::Sampler s(2, 1.0f, 0.0f, 133742);
   std::uint64_t st = 133742;
   for (int i = 0; i < 100; ++i) {
@@ -201,10 +227,14 @@ TEST(Sampler, TopPKeepsTheSmallestSetAboveTheThresholdAndRescalesTheCoin) {
 }
 
 TEST(Sampler, RejectsBadSettings) {
-  test::expect_error([] { engine::Sampler(4, -1.0f, 0.9f, 1); }, ErrorCode::kInvalidArgument, {"temperature"});
-  test::expect_error([] { engine::Sampler(4, NAN, 0.9f, 1); }, ErrorCode::kInvalidArgument, {"temperature"});
-  test::expect_error([] { engine::Sampler(4, 1.0f, 1.5f, 1); }, ErrorCode::kInvalidArgument, {"top-p must be in [0, 1]"});
-  test::expect_error([] { engine::Sampler(4, 1.0f, 0.9f, 0); }, ErrorCode::kInvalidArgument, {"seed must be nonzero"});
+  test::expect_error([] { engine::Sampler(4, -1.0f, 0.9f, 1); }, ErrorCode::kInvalidArgument,
+                     {"temperature"});
+  test::expect_error([] { engine::Sampler(4, NAN, 0.9f, 1); }, ErrorCode::kInvalidArgument,
+                     {"temperature"});
+  test::expect_error([] { engine::Sampler(4, 1.0f, 1.5f, 1); }, ErrorCode::kInvalidArgument,
+                     {"top-p must be in [0, 1]"});
+  test::expect_error([] { engine::Sampler(4, 1.0f, 0.9f, 0); }, ErrorCode::kInvalidArgument,
+                     {"seed must be nonzero"});
 }
 
 // --- llama2.c tokenizer -------------------------------------------------------------------------
@@ -259,7 +289,8 @@ std::vector<std::int32_t> naive_runc_encode(const RawTok& t, const std::string& 
     std::int32_t best_id = -1;
     std::int64_t best_i = -1;
     for (std::size_t i = 0; i + 1 < tok.size(); ++i) {
-      const std::int32_t id = lookup(t.pieces[static_cast<std::size_t>(tok[i])] + t.pieces[static_cast<std::size_t>(tok[i + 1])]);
+      const std::int32_t id = lookup(t.pieces[static_cast<std::size_t>(tok[i])] +
+                                     t.pieces[static_cast<std::size_t>(tok[i + 1])]);
       if (id != -1 && t.scores[static_cast<std::size_t>(id)] > best) {
         best = t.scores[static_cast<std::size_t>(id)];
         best_id = id;
@@ -282,7 +313,10 @@ TEST(Llama2cTokenizer, EncodesLikeRunC) {
   // The heap-based merge makes run.c's choices: compare with run.c's quadratic loop on random
   // text mixing ASCII, multi-byte UTF-8, characters outside the vocabulary and stray bytes.
   const RawTok raw = read_tok512();
-  const std::vector<std::string> alphabet = {"a", "e", " ", "t", "he", "Lily", ".", "\n", "é", "€", "日", "\xC3", "\x80", "\xF0\x9F\x98\x80", "=", "~", "ing"};
+  const std::vector<std::string> alphabet = {
+      "a",  "e", " ",  "t",  "he",   "Lily", ".",
+      "\n", "é", "€",  "日", "\xC3", "\x80", "\xF0\x9F\x98\x80",
+      "=",  "~", "ing"};
   std::mt19937 rng(5);
   for (int trial = 0; trial < 300; ++trial) {
     std::string s;
@@ -290,7 +324,8 @@ TEST(Llama2cTokenizer, EncodesLikeRunC) {
     for (int i = 0; i < n; ++i) s += alphabet[rng() % alphabet.size()];
     ASSERT_EQ(tok->encode(s), naive_runc_encode(raw, s)) << "text '" << s << "'";
   }
-  const std::string text = test::read_all(test::data("tinystories_validation_excerpt.txt")).substr(0, 1500);
+  const std::string text =
+      test::read_all(test::data("tinystories_validation_excerpt.txt")).substr(0, 1500);
   EXPECT_EQ(tok->encode(text), naive_runc_encode(raw, text));
 }
 
@@ -301,9 +336,11 @@ TEST(Llama2cTokenizer, EncodeFirstEqualsTheWholeTextsPrefix) {
     const auto whole = tok->encode(text);
     for (const std::int64_t n : {1, 10, 512, 2000}) {
       const auto first = engine::encode_first(*tok, text, n);
-      ASSERT_EQ(first, std::vector<std::int32_t>(whole.begin(), whole.begin() + n)) << file << " n=" << n;
+      ASSERT_EQ(first, std::vector<std::int32_t>(whole.begin(), whole.begin() + n))
+          << file << " n=" << n;
     }
-    EXPECT_EQ(engine::encode_first(*tok, text, 1 << 20), whole) << "asking for more returns everything";
+    EXPECT_EQ(engine::encode_first(*tok, text, 1 << 20), whole)
+        << "asking for more returns everything";
   }
 }
 
@@ -324,9 +361,10 @@ TEST(Llama2cTokenizer, DecodesLikeRunC) {
 // --- tokenizer.json ---------------------------------------------------------------------------
 
 nlohmann::json small_tokenizer_json() {
-  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\u2581", 3}, {"a", 4}, {"b", 5},
-                          {"c", 6}, {"\u2581a", 7}, {"ab", 8}, {"abc", 9}, {"bc", 10}, {"<0xC3>", 11},
-                          {"<0xA9>", 12}, {"<", 13}, {"|", 14}, {"e", 15}, {">", 16}};
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1},     {"</s>", 2},    {"\u2581", 3}, {"a", 4},
+                          {"b", 5},     {"c", 6},       {"\u2581a", 7}, {"ab", 8},     {"abc", 9},
+                          {"bc", 10},   {"<0xC3>", 11}, {"<0xA9>", 12}, {"<", 13},     {"|", 14},
+                          {"e", 15},    {">", 16}};
   return {
       {"version", "1.0"},
       {"added_tokens",
@@ -337,26 +375,36 @@ nlohmann::json small_tokenizer_json() {
         {{"id", 18}, {"content", "[X]"}, {"special", false}, {"normalized", false}}}},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
-                         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
       {"decoder",
        {{"type", "Sequence"},
-        {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}},
-                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
-        {"vocab", vocab}, {"merges", {"a b", "\u2581 a", "b c", "ab c"}}}},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", {"a b", "\u2581 a", "b c", "ab c"}}}},
   };
 }
 
-std::unique_ptr<engine::Tokenizer> write_and_load(const test::TempDir& dir, const nlohmann::json& j) {
+std::unique_ptr<engine::Tokenizer> write_and_load(const test::TempDir& dir,
+                                                  const nlohmann::json& j) {
   test::write_bytes(dir / "tokenizer.json", j.dump());
   return engine::load_hf_tokenizer(dir / "tokenizer.json");
 }
@@ -397,7 +445,8 @@ TEST(HfTokenizer, DecodesWithItsDecoderChain) {
   const auto tok = write_and_load(dir, small_tokenizer_json());
   // Specials skipped; ▁ -> space; byte pieces joined into UTF-8; one leading space stripped.
   EXPECT_EQ(tok->decode({1, 7, 11, 12, 3, 5, 2}), "a\xC3\xA9 b");
-  EXPECT_EQ(tok->decode({7, 11}), "a\xEF\xBF\xBD") << "an incomplete UTF-8 byte run decodes to U+FFFD";
+  EXPECT_EQ(tok->decode({7, 11}), "a\xEF\xBF\xBD")
+      << "an incomplete UTF-8 byte run decodes to U+FFFD";
   EXPECT_EQ(tok->piece(1, 7), "a") << "the text's first piece loses its leading space";
   EXPECT_EQ(tok->piece(7, 7), " a");
   EXPECT_EQ(tok->piece(7, 11), "\xC3") << "streamed byte pieces are raw bytes";
@@ -416,9 +465,11 @@ TEST(HfTokenizer, HonoursIgnoreMergesAndArrayMerges) {
   EXPECT_EQ(write_and_load(dir, j)->encode("abc", false), (std::vector<std::int32_t>{3, 9}));
   j["model"]["vocab"]["\u2581abc"] = 19;
   j["model"]["ignore_merges"] = true;
-  EXPECT_EQ(write_and_load(dir, j)->encode("abc", false), (std::vector<std::int32_t>{19})) << "whole word in vocab";
+  EXPECT_EQ(write_and_load(dir, j)->encode("abc", false), (std::vector<std::int32_t>{19}))
+      << "whole word in vocab";
   j["post_processor"] = nullptr;
-  EXPECT_EQ(write_and_load(dir, j)->encode("abc", true), (std::vector<std::int32_t>{19})) << "no template, no BOS";
+  EXPECT_EQ(write_and_load(dir, j)->encode("abc", true), (std::vector<std::int32_t>{19}))
+      << "no template, no BOS";
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ nlohmann::json without_timing(nlohmann::json j) {
 
 TEST(ModelEval, PlansRunsReferenceFirstAndSkipsRejectedBudgets) {
   const auto r = eval::run_model_eval(small_options(), nullptr);
-  ASSERT_EQ(r.rows.size(), 1u + 2u + 1u + 1u + 2u);  // full, streaming x2, h2o@32, full f32, merge x2
+  ASSERT_EQ(r.rows.size(),
+            1u + 2u + 1u + 1u + 2u);  // full, streaming x2, h2o@32, full f32, merge x2
   EXPECT_TRUE(r.rows[0].is_reference);
   EXPECT_EQ(r.rows[0].config.method(), "full");
   EXPECT_EQ(r.rows[0].summary.kl_mean, 0.0);
@@ -34,7 +35,9 @@ TEST(ModelEval, PlansRunsReferenceFirstAndSkipsRejectedBudgets) {
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_EQ(r.skipped[0].method, "h2o");
   EXPECT_EQ(r.skipped[0].budget, 16);
-  EXPECT_NE(r.skipped[0].reason.find("h2o_n_sink + h2o_grace must be < h2o_budget"), std::string::npos) << r.skipped[0].reason;
+  EXPECT_NE(r.skipped[0].reason.find("h2o_n_sink + h2o_grace must be < h2o_budget"),
+            std::string::npos)
+      << r.skipped[0].reason;
   for (const auto& row : r.rows) {
     if (row.is_reference) continue;
     if (row.config.method() == "full") {
@@ -52,8 +55,10 @@ TEST(ModelEval, PlansRunsReferenceFirstAndSkipsRejectedBudgets) {
 }
 
 TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
-  const auto a = eval::model_eval_json(eval::run_model_eval(small_options(), nullptr), "veloxquant eval ...");
-  const auto b = eval::model_eval_json(eval::run_model_eval(small_options(), nullptr), "veloxquant eval ...");
+  const auto a =
+      eval::model_eval_json(eval::run_model_eval(small_options(), nullptr), "veloxquant eval ...");
+  const auto b =
+      eval::model_eval_json(eval::run_model_eval(small_options(), nullptr), "veloxquant eval ...");
   EXPECT_EQ(without_timing(a), without_timing(b));
   EXPECT_EQ(a["schema"], "veloxquant.results/1");
   EXPECT_EQ(a["kind"], "eval");
@@ -62,9 +67,10 @@ TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
   EXPECT_EQ(a["settings"]["model_config"]["n_kv_heads"], 4);
   EXPECT_EQ(a["settings"]["budgets"], nlohmann::json({16, 32}));
   const auto& row = a["rows"][1];
-  for (const char* key : {"method", "method_id", "params", "budget", "nll_mean", "ppl", "kl_mean", "top1_agreement",
-                          "kept_tokens", "kept_bytes", "full_bytes", "compression_ratio", "time_per_token_ms",
-                          "n_predictions", "text", "tokens", "prefill", "reference"}) {
+  for (const char* key :
+       {"method", "method_id", "params", "budget", "nll_mean", "ppl", "kl_mean", "top1_agreement",
+        "kept_tokens", "kept_bytes", "full_bytes", "compression_ratio", "time_per_token_ms",
+        "n_predictions", "text", "tokens", "prefill", "reference"}) {
     EXPECT_TRUE(row.contains(key)) << key;
   }
   EXPECT_EQ(row["budget"], 16);
@@ -102,21 +108,25 @@ TEST(ModelEval, PrefillFeedsTheFirstTokensAsOneStep) {
 TEST(ModelEval, RejectsBadOptionsBeforeRunning) {
   auto o = small_options();
   o.methods = {"nope"};
-  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kUnknownMethod, {"unknown method 'nope'"});
+  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kUnknownMethod,
+                     {"unknown method 'nope'"});
   o = small_options();
   o.tokens = 600;
   test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kInvalidArgument,
                      {"--tokens 600 exceeds the model's context (seq_len 512)"});
   o = small_options();
   o.prefill = 96;
-  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kInvalidArgument, {"--prefill must be in [0, 95]"});
+  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kInvalidArgument,
+                     {"--prefill must be in [0, 95]"});
   const test::TempDir dir("short_text");
   test::write_bytes(dir.path / "t.txt", "Once upon a time.");
   o = small_options();
   o.text = dir / "t.txt";
-  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kFileError, {"t.txt", "fewer than --tokens 96"});
+  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kFileError,
+                     {"t.txt", "fewer than --tokens 96"});
   o.text = dir / "missing.txt";
-  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kFileError, {"missing.txt", "cannot open"});
+  test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kFileError,
+                     {"missing.txt", "cannot open"});
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ void run_eval(EvalCliOptions& o) {
   const eval::ModelEvalResult r = eval::run_model_eval(o.eval, &std::cerr);
   std::cout << "\n" << eval::model_eval_table(r) << std::flush;
   if (!o.json.empty()) {
-    eval::write_file_atomic(o.json, eval::model_eval_json(r, eval::command_line(o.args)).dump(2) + "\n");
+    eval::write_file_atomic(o.json,
+                            eval::model_eval_json(r, eval::command_line(o.args)).dump(2) + "\n");
     std::cerr << "eval: wrote " << o.json << "\n";
   }
   if (!o.plot.empty()) {

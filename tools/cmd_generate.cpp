@@ -28,14 +28,16 @@ void run_generate(const GenerateCliOptions& o) {
   g.temperature = o.temperature;
   g.top_p = o.top_p;
   g.seed = o.seed;
-  if (o.steps < 0) throw Error(ErrorCode::kInvalidArgument, "--steps must be >= 0 (0 = the model's context), got " + std::to_string(o.steps));
+  if (o.steps < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "--steps must be >= 0 (0 = the model's context), got " + std::to_string(o.steps));
   const engine::Model model = engine::Model::load(o.model);
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
-  const engine::GenerateResult r = engine::generate(model, *tokenizer, g, [](const std::string& piece) {
-    std::cout << piece << std::flush;
-  });
+  const engine::GenerateResult r = engine::generate(
+      model, *tokenizer, g, [](const std::string& piece) { std::cout << piece << std::flush; });
   std::cout << "\n" << std::flush;
-  const double tps = r.decode_seconds > 0 ? static_cast<double>(r.n_decode) / r.decode_seconds : 0.0;
+  const double tps =
+      r.decode_seconds > 0 ? static_cast<double>(r.n_decode) / r.decode_seconds : 0.0;
   std::cerr << fmt::format(
       "generate: {} tokens ({} prompt incl. BOS, {} decode steps{}); decode {:.0f} tok/s; "
       "cache {}: {} rows/head kept, {} of {} bytes\n",
@@ -59,13 +61,15 @@ void add_generate_command(CLI::App& app) {
                   "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model "
                   "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)");
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
-  cmd->add_option("--steps", o->steps, "Positions to run, prompt included (0 = the model's context)")
+  cmd->add_option("--steps", o->steps,
+                  "Positions to run, prompt included (0 = the model's context)")
       ->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0 = greedy (argmax)")->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling threshold in [0, 1] (0 or 1: off)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "xorshift RNG seed (nonzero)")->capture_default_str();
-  cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")->capture_default_str();
+  cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
+      ->capture_default_str();
   cmd->callback([o]() { run_generate(*o); });
 }
 

@@ -45,13 +45,17 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = model.config();
   const auto T = static_cast<std::int64_t>(tokens.size());
-  auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg); };
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg);
+  };
   if (T < 2) bad("need at least 2 tokens (one prediction), got " + std::to_string(T));
   if (T > c.seq_len) {
-    bad(std::to_string(T) + " tokens exceed the model's context (seq_len " + std::to_string(c.seq_len) + ")");
+    bad(std::to_string(T) + " tokens exceed the model's context (seq_len " +
+        std::to_string(c.seq_len) + ")");
   }
   if (o.prefill < 0 || o.prefill > T - 1) {
-    bad("prefill must be in [0, " + std::to_string(T - 1) + "] (tokens - 1), got " + std::to_string(o.prefill));
+    bad("prefill must be in [0, " + std::to_string(T - 1) + "] (tokens - 1), got " +
+        std::to_string(o.prefill));
   }
   const std::int64_t P = T - 1, V = c.vocab_size;
   if (o.reference != nullptr && static_cast<std::int64_t>(o.reference->logits.size()) != P * V) {
@@ -80,13 +84,15 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
       const auto i = static_cast<std::size_t>(pos);
       run.nll[i] = log_sum_exp(row, V) - static_cast<double>(row[tokens[i + 1]]);
       run.top1[i] = argmax(row, V);
-      if (o.reference != nullptr) run.kl[i] = kl_divergence(o.reference->logits.data() + pos * V, row, V);
+      if (o.reference != nullptr)
+        run.kl[i] = kl_divergence(o.reference->logits.data() + pos * V, row, V);
       if (o.keep_logits) std::copy(row, row + V, run.logits.begin() + pos * V);
     }
     // Rows held per KV head per layer after this step, weighted by its predictions.
     double rows = 0.0;
     for (std::int64_t l = 0; l < c.n_layers; ++l) {
-      for (std::int64_t h = 0; h < c.n_kv_heads; ++h) rows += static_cast<double>(cache.layer(l).stored(0, h).n_rows);
+      for (std::int64_t h = 0; h < c.n_kv_heads; ++h)
+        rows += static_cast<double>(cache.layer(l).stored(0, h).n_rows);
     }
     kept_weighted += rows / static_cast<double>(c.n_layers * c.n_kv_heads) * static_cast<double>(S);
     t += S;
@@ -107,7 +113,8 @@ ForcedSummary summarize(const ForcedRun& run, const ForcedRun* reference) {
   for (std::size_t i = 0; i < run.nll.size(); ++i) {
     nll += run.nll[i];
     if (!run.kl.empty()) kl += run.kl[i];
-    if (reference != nullptr && i < reference->top1.size() && reference->top1[i] == run.top1[i]) ++agree;
+    if (reference != nullptr && i < reference->top1.size() && reference->top1[i] == run.top1[i])
+      ++agree;
   }
   const auto n = static_cast<double>(s.n_predictions);
   s.nll_mean = nll / n;

@@ -15,15 +15,15 @@
 namespace vq::engine {
 
 struct ForcedRun {
-  std::vector<double> nll;          // [P] -ln softmax(logits_t)[token t+1], P = n_tokens - 1
-  std::vector<double> kl;           // [P] KL(reference || this run) in nats; empty without one
-  std::vector<std::int32_t> top1;   // [P] argmax of the logits (first maximum)
-  std::vector<float> logits;        // [P][vocab] when kept (a reference run keeps them)
-  double kept_tokens_mean = 0;      // rows held per KV head per layer after each step, averaged
-                                    // over the predictions the steps made
-  CacheStats cache;                 // at the end (kept/full bytes of every layer)
-  double seconds = 0;               // forward time, model + cache (the metrics are not timed)
-  std::int64_t n_forward = 0;       // tokens fed (= P)
+  std::vector<double> nll;         // [P] -ln softmax(logits_t)[token t+1], P = n_tokens - 1
+  std::vector<double> kl;          // [P] KL(reference || this run) in nats; empty without one
+  std::vector<std::int32_t> top1;  // [P] argmax of the logits (first maximum)
+  std::vector<float> logits;       // [P][vocab] when kept (a reference run keeps them)
+  double kept_tokens_mean = 0;     // rows held per KV head per layer after each step, averaged
+                                   // over the predictions the steps made
+  CacheStats cache;                // at the end (kept/full bytes of every layer)
+  double seconds = 0;              // forward time, model + cache (the metrics are not timed)
+  std::int64_t n_forward = 0;      // tokens fed (= P)
 };
 
 struct ForcedOptions {

@@ -15,7 +15,8 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = model.config();
   if (o.steps < 0) {
-    throw Error(ErrorCode::kInvalidArgument, "[generate] steps must be >= 0, got " + std::to_string(o.steps));
+    throw Error(ErrorCode::kInvalidArgument,
+                "[generate] steps must be >= 0, got " + std::to_string(o.steps));
   }
   const std::int64_t steps = o.steps == 0 || o.steps > c.seq_len ? c.seq_len : o.steps;  // as run.c
   std::vector<std::int32_t> prompt = tokenizer.encode(o.prompt, true);

@@ -18,11 +18,14 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string config_field(const char* field) {
-  static const std::map<std::string, std::string> names = {
-      {"dim", "hidden_size"},          {"hidden_dim", "intermediate_size"},
-      {"n_layers", "num_hidden_layers"}, {"n_heads", "num_attention_heads"},
-      {"n_kv_heads", "num_key_value_heads"}, {"head_dim", "head_dim"},
-      {"vocab_size", "vocab_size"},    {"seq_len", "max_position_embeddings"}};
+  static const std::map<std::string, std::string> names = {{"dim", "hidden_size"},
+                                                           {"hidden_dim", "intermediate_size"},
+                                                           {"n_layers", "num_hidden_layers"},
+                                                           {"n_heads", "num_attention_heads"},
+                                                           {"n_kv_heads", "num_key_value_heads"},
+                                                           {"head_dim", "head_dim"},
+                                                           {"vocab_size", "vocab_size"},
+                                                           {"seq_len", "max_position_embeddings"}};
   const auto it = names.find(field);
   return "config.json '" + (it == names.end() ? std::string(field) : it->second) + "'";
 }
@@ -108,8 +111,8 @@ class TensorLoader {
       }
       out = dst;
     } else {
-      file_error(st_.path(), "tensor '" + t->name + "' has dtype " + t->dtype +
-                                 "; supported: F32, F16, BF16");
+      file_error(st_.path(),
+                 "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
     }
     dtypes_[t->dtype] = true;
     done_[t->name] = out;
@@ -142,8 +145,9 @@ Model Model::load_hf(const std::string& path) {
     weights_path = path;
   }
   if (!fs::exists(weights_path) && fs::exists(weights_path + ".index.json")) {
-    file_error(weights_path + ".index.json",
-               "sharded safetensors checkpoints are not supported (expected one model.safetensors)");
+    file_error(
+        weights_path + ".index.json",
+        "sharded safetensors checkpoints are not supported (expected one model.safetensors)");
   }
 
   // config.json
@@ -154,7 +158,8 @@ Model Model::load_hf(const std::string& path) {
   } catch (const json::exception& e) {
     file_error(config_path, std::string("not valid JSON: ") + e.what());
   }
-  if (!cj.is_object()) file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
+  if (!cj.is_object())
+    file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
   const ConfigReader r{config_path, cj};
   r.require_value("model_type", "llama", "a Llama-architecture model");
   r.require_value("hidden_act", "silu", "SwiGLU");
@@ -172,7 +177,9 @@ Model Model::load_hf(const std::string& path) {
   c.n_kv_heads = r.integer_or("num_key_value_heads", c.n_heads);
   c.vocab_size = r.integer("vocab_size");
   c.seq_len = r.integer("max_position_embeddings");
-  if (c.n_heads <= 0) file_error(config_path, "'num_attention_heads' must be > 0, found " + std::to_string(c.n_heads));
+  if (c.n_heads <= 0)
+    file_error(config_path,
+               "'num_attention_heads' must be > 0, found " + std::to_string(c.n_heads));
   if (cj.contains("head_dim") && !cj["head_dim"].is_null()) {
     c.head_dim = r.integer("head_dim");
   } else {
@@ -186,8 +193,10 @@ Model Model::load_hf(const std::string& path) {
   validate_shape(config_path, c, config_field);
   const double eps = r.number_or("rms_norm_eps", 1e-6);
   const double theta = r.number_or("rope_theta", 10000.0);
-  if (!(eps > 0 && eps < 1)) file_error(config_path, "'rms_norm_eps' must be in (0, 1), found " + cj["rms_norm_eps"].dump());
-  if (!(theta > 1)) file_error(config_path, "'rope_theta' must be > 1, found " + cj["rope_theta"].dump());
+  if (!(eps > 0 && eps < 1))
+    file_error(config_path, "'rms_norm_eps' must be in (0, 1), found " + cj["rms_norm_eps"].dump());
+  if (!(theta > 1))
+    file_error(config_path, "'rope_theta' must be > 1, found " + cj["rope_theta"].dump());
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
   c.rope = RopeStyle::kRotateHalf;
@@ -197,7 +206,8 @@ Model Model::load_hf(const std::string& path) {
     const std::int64_t id = r.token_id(key);
     if (id < -1 || id >= c.vocab_size) {
       file_error(config_path, std::string("'") + key + "' = " + std::to_string(id) +
-                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                  ")");
     }
   }
   bool tie_flag_false = false;
@@ -245,8 +255,9 @@ Model Model::load_hf(const std::string& path) {
   const SafeTensor* head = find("lm_head.weight");
   if (head == nullptr) {
     if (tie_flag_false) {
-      file_error(weights_path, "missing tensor 'lm_head.weight' and config.json sets "
-                               "tie_word_embeddings to false");
+      file_error(weights_path,
+                 "missing tensor 'lm_head.weight' and config.json sets "
+                 "tie_word_embeddings to false");
     }
     head = embed;
   }

@@ -31,7 +31,11 @@ using nlohmann::json;
 // Byte length of the UTF-8 character starting at s[i]; 1 for an invalid byte.
 std::size_t utf8_len(std::string_view s, std::size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  std::size_t n = c < 0x80           ? 1
+                  : (c >> 5) == 0x6  ? 2
+                  : (c >> 4) == 0xE  ? 3
+                  : (c >> 3) == 0x1E ? 4
+                                     : 0;
   if (n == 0 || i + n > s.size()) return 1;
   for (std::size_t k = 1; k < n; ++k) {
     if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 1;
@@ -50,7 +54,8 @@ bool valid_utf8(const std::string& s) {
 
 bool ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 bool word_char(unsigned char c) {
-  return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+         (c >= 'A' && c <= 'Z');
 }
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
@@ -176,12 +181,15 @@ class HfTokenizer final : public Tokenizer {
   [[noreturn]] void bad(const std::string& what) const { file_error(path_, what); }
 
   static std::string type_of(const json& j) {
-    return j.is_object() && j.contains("type") && j["type"].is_string() ? "'" + j["type"].get<std::string>() + "'"
-                                                                       : j.dump();
+    return j.is_object() && j.contains("type") && j["type"].is_string()
+               ? "'" + j["type"].get<std::string>() + "'"
+               : j.dump();
   }
 
-  const json& field(const json& j, const char* key, json::value_t type, const std::string& what) const {
-    if (!j.is_object() || !j.contains(key)) bad(std::string("missing '") + key + "' (" + what + ")");
+  const json& field(const json& j, const char* key, json::value_t type,
+                    const std::string& what) const {
+    if (!j.is_object() || !j.contains(key))
+      bad(std::string("missing '") + key + "' (" + what + ")");
     const json& v = j[key];
     if (v.type() != type && !(type == json::value_t::number_integer && v.is_number_unsigned())) {
       bad(std::string("'") + key + "' must be " + json(type).type_name() + "-typed (" + what +
@@ -192,12 +200,14 @@ class HfTokenizer final : public Tokenizer {
 
   bool flag(const json& j, const char* key, bool fallback, const std::string& where) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_boolean()) bad(where + ": '" + key + "' must be true or false, found " + j[key].dump());
+    if (!j[key].is_boolean())
+      bad(where + ": '" + key + "' must be true or false, found " + j[key].dump());
     return j[key].get<bool>();
   }
 
   static std::uint64_t pair_key(std::int32_t a, std::int32_t b) {
-    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) |
+           static_cast<std::uint32_t>(b);
   }
 
   void grow(std::int32_t id) {
@@ -209,11 +219,14 @@ class HfTokenizer final : public Tokenizer {
   }
 
   void load_model(const json& m) {
-    if (m.contains("type") && m["type"] != "BPE") bad("model type " + type_of(m) + " is not supported (only BPE)");
+    if (m.contains("type") && m["type"] != "BPE")
+      bad("model type " + type_of(m) + " is not supported (only BPE)");
     const json& vocab = field(m, "vocab", json::value_t::object, "model.vocab");
     for (const auto& [tok, idj] : vocab.items()) {
-      if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 || idj.get<std::int64_t>() >= kMaxWidth) {
-        bad("model.vocab['" + tok + "'] must be an id in [0, " + std::to_string(kMaxWidth) + "), found " + idj.dump());
+      if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 ||
+          idj.get<std::int64_t>() >= kMaxWidth) {
+        bad("model.vocab['" + tok + "'] must be an id in [0, " + std::to_string(kMaxWidth) +
+            "), found " + idj.dump());
       }
       const auto id = static_cast<std::int32_t>(idj.get<std::int64_t>());
       grow(id);
@@ -227,7 +240,8 @@ class HfTokenizer final : public Tokenizer {
     }
     if (m.contains("dropout") && !m["dropout"].is_null() &&
         !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0)) {
-      bad("model.dropout " + m["dropout"].dump() + " is not supported (tokenization must be deterministic)");
+      bad("model.dropout " + m["dropout"].dump() +
+          " is not supported (tokenization must be deterministic)");
     }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (m.contains(key) && !m[key].is_null() && m[key] != "") {
@@ -240,7 +254,8 @@ class HfTokenizer final : public Tokenizer {
     if (m.contains("unk_token") && !m["unk_token"].is_null()) {
       if (!m["unk_token"].is_string()) bad("model.unk_token must be a string or null");
       const auto it = vocab_.find(m["unk_token"].get<std::string>());
-      if (it == vocab_.end()) bad("model.unk_token '" + m["unk_token"].get<std::string>() + "' is not in model.vocab");
+      if (it == vocab_.end())
+        bad("model.unk_token '" + m["unk_token"].get<std::string>() + "' is not in model.vocab");
       unk_id_ = it->second;
     }
     const json& merges = field(m, "merges", json::value_t::array, "model.merges");
@@ -251,7 +266,8 @@ class HfTokenizer final : public Tokenizer {
         const std::string s = mj.get<std::string>();
         const std::size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-          bad("merge #" + std::to_string(rank) + " " + mj.dump() + " must be two pieces separated by one space");
+          bad("merge #" + std::to_string(rank) + " " + mj.dump() +
+              " must be two pieces separated by one space");
         }
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
@@ -259,15 +275,18 @@ class HfTokenizer final : public Tokenizer {
         a = mj[0].get<std::string>();
         b = mj[1].get<std::string>();
       } else {
-        bad("merge #" + std::to_string(rank) + " must be \"a b\" or [\"a\", \"b\"], found " + mj.dump().substr(0, 80));
+        bad("merge #" + std::to_string(rank) + " must be \"a b\" or [\"a\", \"b\"], found " +
+            mj.dump().substr(0, 80));
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
       for (const auto& [it, name] : {std::pair{ia, a}, std::pair{ib, b}, std::pair{iab, a + b}}) {
         if (it == vocab_.end()) {
-          bad("merge #" + std::to_string(rank) + " (" + mj.dump() + "): '" + name + "' is not in model.vocab");
+          bad("merge #" + std::to_string(rank) + " (" + mj.dump() + "): '" + name +
+              "' is not in model.vocab");
         }
       }
-      merges_.emplace(pair_key(ia->second, ib->second), Merge{rank, iab->second});  // first rank wins
+      merges_.emplace(pair_key(ia->second, ib->second),
+                      Merge{rank, iab->second});  // first rank wins
       ++rank;
     }
   }
@@ -281,7 +300,8 @@ class HfTokenizer final : public Tokenizer {
         bad("added token id " + idj.dump() + " is out of range");
       }
       a.id = static_cast<std::int32_t>(idj.get<std::int64_t>());
-      a.content = field(t, "content", json::value_t::string, "added_tokens[].content").get<std::string>();
+      a.content =
+          field(t, "content", json::value_t::string, "added_tokens[].content").get<std::string>();
       if (a.content.empty()) bad("added token " + std::to_string(a.id) + " has empty content");
       const std::string where = "added token '" + a.content + "'";
       a.single_word = flag(t, "single_word", false, where);
@@ -292,7 +312,8 @@ class HfTokenizer final : public Tokenizer {
       grow(a.id);
       std::string& slot = id_to_token_[static_cast<std::size_t>(a.id)];
       if (!slot.empty() && slot != a.content) {
-        bad(where + " has id " + std::to_string(a.id) + ", which model.vocab gives to '" + slot + "'");
+        bad(where + " has id " + std::to_string(a.id) + ", which model.vocab gives to '" + slot +
+            "'");
       }
       slot = a.content;
       special_[static_cast<std::size_t>(a.id)] = a.special ? 1 : 0;
@@ -304,12 +325,17 @@ class HfTokenizer final : public Tokenizer {
     if (n.is_null()) return;
     const std::string type = n.value("type", "");
     if (type == "Sequence") {
-      for (const json& s : field(n, "normalizers", json::value_t::array, "normalizer.normalizers")) load_normalizer(s);
+      for (const json& s : field(n, "normalizers", json::value_t::array, "normalizer.normalizers"))
+        load_normalizer(s);
     } else if (type == "Prepend") {
-      normalizer_.push_back({true, field(n, "prepend", json::value_t::string, "Prepend normalizer").get<std::string>(), {}});
+      normalizer_.push_back(
+          {true,
+           field(n, "prepend", json::value_t::string, "Prepend normalizer").get<std::string>(),
+           {}});
     } else if (type == "Replace") {
-      normalizer_.push_back({false, string_pattern(n, "Replace normalizer"),
-                             field(n, "content", json::value_t::string, "Replace normalizer").get<std::string>()});
+      normalizer_.push_back(
+          {false, string_pattern(n, "Replace normalizer"),
+           field(n, "content", json::value_t::string, "Replace normalizer").get<std::string>()});
     } else {
       bad("normalizer " + type_of(n) + " is not supported (supported: Sequence, Prepend, Replace)");
     }
@@ -329,7 +355,8 @@ class HfTokenizer final : public Tokenizer {
     if (p.is_null()) return;
     const std::string type = p.value("type", "");
     if (type == "Sequence") {
-      for (const json& s : field(p, "processors", json::value_t::array, "post_processor.processors")) {
+      for (const json& s :
+           field(p, "processors", json::value_t::array, "post_processor.processors")) {
         load_post_processor(s);
       }
     } else if (type == "ByteLevel") {
@@ -345,22 +372,28 @@ class HfTokenizer final : public Tokenizer {
         }
         if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id") ||
             !item["SpecialToken"]["id"].is_string()) {
-          bad("TemplateProcessing.single item " + item.dump() + " is neither a Sequence nor a SpecialToken");
+          bad("TemplateProcessing.single item " + item.dump() +
+              " is neither a Sequence nor a SpecialToken");
         }
         const std::string name = item["SpecialToken"]["id"].get<std::string>();
-        if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
-          bad("TemplateProcessing names special token '" + name + "' but special_tokens has no ids for it");
+        if (!specials.contains(name) || !specials[name].contains("ids") ||
+            !specials[name]["ids"].is_array()) {
+          bad("TemplateProcessing names special token '" + name +
+              "' but special_tokens has no ids for it");
         }
         for (const json& idj : specials[name]["ids"]) {
-          if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 || idj.get<std::int64_t>() >= vocab_size_) {
+          if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 ||
+              idj.get<std::int64_t>() >= vocab_size_) {
             bad("TemplateProcessing special token '" + name + "' has id " + idj.dump() +
                 " outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
           }
-          (seen_text ? suffix_ : prefix_).push_back(static_cast<std::int32_t>(idj.get<std::int64_t>()));
+          (seen_text ? suffix_ : prefix_)
+              .push_back(static_cast<std::int32_t>(idj.get<std::int64_t>()));
         }
       }
     } else {
-      bad("post_processor " + type_of(p) + " is not supported (supported: TemplateProcessing, ByteLevel, Sequence)");
+      bad("post_processor " + type_of(p) +
+          " is not supported (supported: TemplateProcessing, ByteLevel, Sequence)");
     }
   }
 
@@ -369,22 +402,29 @@ class HfTokenizer final : public Tokenizer {
     has_decoder_ = true;
     const std::string type = d.value("type", "");
     if (type == "Sequence") {
-      for (const json& s : field(d, "decoders", json::value_t::array, "decoder.decoders")) load_decoder(s);
+      for (const json& s : field(d, "decoders", json::value_t::array, "decoder.decoders"))
+        load_decoder(s);
     } else if (type == "Replace") {
-      decoder_.push_back({Dec::kReplace, string_pattern(d, "Replace decoder"),
-                          field(d, "content", json::value_t::string, "Replace decoder").get<std::string>()});
+      decoder_.push_back(
+          {Dec::kReplace, string_pattern(d, "Replace decoder"),
+           field(d, "content", json::value_t::string, "Replace decoder").get<std::string>()});
     } else if (type == "ByteFallback") {
       decoder_.push_back({Dec::kByteFallback, {}, {}});
     } else if (type == "Fuse") {
       decoder_.push_back({Dec::kFuse, {}, {}});
     } else if (type == "Strip") {
-      DecStep s{Dec::kStrip, field(d, "content", json::value_t::string, "Strip decoder").get<std::string>(), {}};
-      if (utf8_len(s.a, 0) != s.a.size()) bad("Strip decoder content must be one character, found " + d["content"].dump());
-      s.start = field(d, "start", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
+      DecStep s{Dec::kStrip,
+                field(d, "content", json::value_t::string, "Strip decoder").get<std::string>(),
+                {}};
+      if (utf8_len(s.a, 0) != s.a.size())
+        bad("Strip decoder content must be one character, found " + d["content"].dump());
+      s.start =
+          field(d, "start", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
       s.stop = field(d, "stop", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
       decoder_.push_back(s);
     } else {
-      bad("decoder " + type_of(d) + " is not supported (supported: Sequence, Replace, ByteFallback, Fuse, Strip)");
+      bad("decoder " + type_of(d) +
+          " is not supported (supported: Sequence, Replace, ByteFallback, Fuse, Strip)");
     }
   }
 
@@ -418,7 +458,8 @@ class HfTokenizer final : public Tokenizer {
       pos = stop;  // matches never overlap, even when one is discarded
       if (best->single_word) {
         const bool start_ok = start == 0 || !word_char(static_cast<unsigned char>(text[start - 1]));
-        const bool stop_ok = stop == text.size() || !word_char(static_cast<unsigned char>(text[stop]));
+        const bool stop_ok =
+            stop == text.size() || !word_char(static_cast<unsigned char>(text[stop]));
         if (!start_ok || !stop_ok) continue;
       }
       if (best->lstrip) {
@@ -430,7 +471,8 @@ class HfTokenizer final : public Tokenizer {
         while (stop < text.size() && ascii_space(text[stop])) ++stop;
         pos = stop;
       }
-      if (start_offset < start) out.push_back({text.substr(start_offset, start - start_offset), -1});
+      if (start_offset < start)
+        out.push_back({text.substr(start_offset, start - start_offset), -1});
       out.push_back({text.substr(start, stop - start), best->id});
       start_offset = stop;
     }
@@ -489,14 +531,17 @@ class HfTokenizer final : public Tokenizer {
       std::int64_t pos;
       std::int32_t new_id;
     };
-    auto later = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
+    auto later = [](const Cand& a, const Cand& b) {
+      return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+    };
     std::priority_queue<Cand, std::vector<Cand>, decltype(later)> heap(later);
     auto lookup = [this](std::int32_t a, std::int32_t b) -> const Merge* {
       const auto it = merges_.find(pair_key(a, b));
       return it == merges_.end() ? nullptr : &it->second;
     };
     for (std::size_t k = 0; k + 1 < syms.size(); ++k) {
-      if (const Merge* m = lookup(syms[k].c, syms[k + 1].c)) heap.push({m->rank, static_cast<std::int64_t>(k), m->new_id});
+      if (const Merge* m = lookup(syms[k].c, syms[k + 1].c))
+        heap.push({m->rank, static_cast<std::int64_t>(k), m->new_id});
     }
     while (!heap.empty()) {
       const Cand top = heap.top();
@@ -532,7 +577,10 @@ class HfTokenizer final : public Tokenizer {
     int v = 0;
     for (int k = 3; k < 5; ++k) {
       const char c = t[static_cast<std::size_t>(k)];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
       if (d < 0) return -1;
       v = v * 16 + d;
     }
@@ -545,7 +593,8 @@ class HfTokenizer final : public Tokenizer {
   std::string run_decoder(std::vector<std::string> toks, bool streaming, bool at_start) const {
     if (!has_decoder_) {
       std::string out;
-      for (std::size_t i = 0; i < toks.size(); ++i) out += (i || (streaming && !at_start) ? " " : "") + toks[i];
+      for (std::size_t i = 0; i < toks.size(); ++i)
+        out += (i || (streaming && !at_start) ? " " : "") + toks[i];
       return out;
     }
     bool fused = false;
@@ -562,7 +611,8 @@ class HfTokenizer final : public Tokenizer {
             if (streaming || valid_utf8(bytes)) {
               out.push_back(bytes);
             } else {
-              for (std::size_t k = 0; k < bytes.size(); ++k) out.push_back("\xEF\xBF\xBD");  // U+FFFD
+              for (std::size_t k = 0; k < bytes.size(); ++k)
+                out.push_back("\xEF\xBF\xBD");  // U+FFFD
             }
             bytes.clear();
           };

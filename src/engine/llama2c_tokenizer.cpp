@@ -34,10 +34,11 @@ class Llama2cTokenizer final : public Tokenizer {
     std::size_t at = 0;
     auto read_i32 = [&](const std::string& what) {
       if (data.size() - at < 4) {
-        file_error(path, "truncated llama2.c tokenizer: expected 4 more bytes for " + what +
-                             " at offset " + std::to_string(at) + ", found " +
-                             std::to_string(data.size() - at) +
-                             (at == 0 ? "" : " (does the model's vocab_size match this tokenizer?)"));
+        file_error(path,
+                   "truncated llama2.c tokenizer: expected 4 more bytes for " + what +
+                       " at offset " + std::to_string(at) + ", found " +
+                       std::to_string(data.size() - at) +
+                       (at == 0 ? "" : " (does the model's vocab_size match this tokenizer?)"));
       }
       std::int32_t v;
       std::memcpy(&v, data.data() + at, 4);
@@ -63,9 +64,9 @@ class Llama2cTokenizer final : public Tokenizer {
                              std::to_string(max_token_length_) + "], found " + std::to_string(len));
       }
       if (data.size() - at < static_cast<std::size_t>(len)) {
-        file_error(path, "truncated llama2.c tokenizer: " + which + " needs " + std::to_string(len) +
-                             " bytes at offset " + std::to_string(at) + ", found " +
-                             std::to_string(data.size() - at) +
+        file_error(path, "truncated llama2.c tokenizer: " + which + " needs " +
+                             std::to_string(len) + " bytes at offset " + std::to_string(at) +
+                             ", found " + std::to_string(data.size() - at) +
                              " (does the model's vocab_size match this tokenizer?)");
       }
       pieces_.emplace_back(data, at, static_cast<std::size_t>(len));
@@ -73,9 +74,10 @@ class Llama2cTokenizer final : public Tokenizer {
       at += static_cast<std::size_t>(len);
     }
     if (at != data.size()) {
-      file_error(path, "has " + std::to_string(data.size() - at) + " bytes after the " +
-                           std::to_string(vocab_size) +
-                           " pieces the model's vocab_size calls for (a tokenizer for another model?)");
+      file_error(path,
+                 "has " + std::to_string(data.size() - at) + " bytes after the " +
+                     std::to_string(vocab_size) +
+                     " pieces the model's vocab_size calls for (a tokenizer for another model?)");
     }
     // run.c looks pieces up by binary search over a sorted copy; with duplicate pieces it may
     // find any of them. Here the lowest id wins (tokenizers exported by llama2.c have none).
@@ -172,7 +174,8 @@ class Llama2cTokenizer final : public Tokenizer {
                               static_cast<std::uint32_t>(b);
     const auto it = memo.find(key);
     if (it != memo.end()) return it->second;
-    const auto found = lookup_.find(pieces_[static_cast<std::size_t>(a)] + pieces_[static_cast<std::size_t>(b)]);
+    const auto found =
+        lookup_.find(pieces_[static_cast<std::size_t>(a)] + pieces_[static_cast<std::size_t>(b)]);
     const std::int32_t id = found == lookup_.end() ? -1 : found->second;
     memo.emplace(key, id);
     return id;
@@ -202,7 +205,8 @@ class Llama2cTokenizer final : public Tokenizer {
       if (l < 0) return;
       const std::int64_t r = next[static_cast<std::size_t>(l)];
       if (r < 0) return;
-      const std::int32_t a = tokens[static_cast<std::size_t>(l)], b = tokens[static_cast<std::size_t>(r)];
+      const std::int32_t a = tokens[static_cast<std::size_t>(l)],
+                         b = tokens[static_cast<std::size_t>(r)];
       const std::int32_t id = pair_id(a, b, memo);
       if (id < 0) return;
       const float s = scores_[static_cast<std::size_t>(id)];
@@ -241,7 +245,8 @@ class Llama2cTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, std::int64_t vocab_size) {
+std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path,
+                                                  std::int64_t vocab_size) {
   return std::make_unique<Llama2cTokenizer>(path, vocab_size);
 }
 

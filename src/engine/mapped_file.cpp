@@ -31,7 +31,8 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    file_error(path_, S_ISDIR(st.st_mode) ? "is a directory, expected a file" : "is not a regular file");
+    file_error(path_,
+               S_ISDIR(st.st_mode) ? "is a directory, expected a file" : "is not a regular file");
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {

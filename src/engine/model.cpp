@@ -15,7 +15,8 @@ const char* to_string(RopeStyle style) noexcept {
 }
 
 std::int64_t ModelConfig::n_params() const noexcept {
-  const std::int64_t per_layer = 2 * dim + q_dim() * dim * 2 + kv_dim() * dim * 2 + 3 * hidden_dim * dim;
+  const std::int64_t per_layer =
+      2 * dim + q_dim() * dim * 2 + kv_dim() * dim * 2 + 3 * hidden_dim * dim;
   return vocab_size * dim * (tied_classifier ? 1 : 2) + n_layers * per_layer + dim;
 }
 
@@ -48,8 +49,9 @@ void validate_shape(const std::string& path, const ModelConfig& c,
   positive("vocab_size", c.vocab_size, kMaxWidth);
   positive("seq_len", c.seq_len, kMaxWidth);
   if (c.n_heads % c.n_kv_heads != 0) {
-    file_error(path, name("n_heads") + " (" + std::to_string(c.n_heads) + ") must be a multiple of " +
-                         name("n_kv_heads") + " (" + std::to_string(c.n_kv_heads) + ")");
+    file_error(path, name("n_heads") + " (" + std::to_string(c.n_heads) +
+                         ") must be a multiple of " + name("n_kv_heads") + " (" +
+                         std::to_string(c.n_kv_heads) + ")");
   }
   if (c.head_dim % 2 != 0) {
     file_error(path, "head_dim must be even for RoPE, found " + std::to_string(c.head_dim));
@@ -62,7 +64,8 @@ void validate_shape(const std::string& path, const ModelConfig& c,
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string header_field(const char* field) { return std::string("header field ") + field; }
@@ -126,21 +129,22 @@ Model Model::load_llama2c(const std::string& path) {
   const std::int64_t qd = c.q_dim(), kvd = c.kv_dim();
   const std::int64_t n_floats = c.vocab_size * dim + L * dim + L * dim * qd + 2 * L * dim * kvd +
                                 L * qd * dim + L * dim + 3 * L * dim * hid + dim +
-                                c.seq_len * c.head_dim + (c.tied_classifier ? 0 : c.vocab_size * dim);
+                                c.seq_len * c.head_dim +
+                                (c.tied_classifier ? 0 : c.vocab_size * dim);
   const std::int64_t expected = static_cast<std::int64_t>(kHeader) + 4 * n_floats;
-  const std::string dims = "dim=" + std::to_string(dim) + ", hidden_dim=" + std::to_string(hid) +
-                           ", n_layers=" + std::to_string(L) + ", n_heads=" +
-                           std::to_string(c.n_heads) + ", n_kv_heads=" + std::to_string(c.n_kv_heads) +
-                           ", vocab_size=" + std::to_string(h[5]) + ", seq_len=" +
-                           std::to_string(c.seq_len);
+  const std::string dims =
+      "dim=" + std::to_string(dim) + ", hidden_dim=" + std::to_string(hid) +
+      ", n_layers=" + std::to_string(L) + ", n_heads=" + std::to_string(c.n_heads) +
+      ", n_kv_heads=" + std::to_string(c.n_kv_heads) + ", vocab_size=" + std::to_string(h[5]) +
+      ", seq_len=" + std::to_string(c.seq_len);
   if (static_cast<std::int64_t>(size) < expected) {
     file_error(path, "truncated: the header (" + dims + ") needs " + std::to_string(expected) +
                          " bytes, found " + std::to_string(size));
   }
   if (static_cast<std::int64_t>(size) > expected) {
     file_error(path, "size mismatch: the header (" + dims + ") needs exactly " +
-                         std::to_string(expected) + " bytes, found " + std::to_string(size) +
-                         " (" + std::to_string(static_cast<std::int64_t>(size) - expected) +
+                         std::to_string(expected) + " bytes, found " + std::to_string(size) + " (" +
+                         std::to_string(static_cast<std::int64_t>(size) - expected) +
                          " extra; a different format or wrong header?)");
   }
 

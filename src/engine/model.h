@@ -24,21 +24,21 @@ enum class RopeStyle {
 const char* to_string(RopeStyle style) noexcept;
 
 struct ModelConfig {
-  std::string format;              // "llama2c" or "hf"
-  std::int64_t dim = 0;            // residual stream width (hidden_size)
-  std::int64_t hidden_dim = 0;     // SwiGLU width (intermediate_size)
+  std::string format;           // "llama2c" or "hf"
+  std::int64_t dim = 0;         // residual stream width (hidden_size)
+  std::int64_t hidden_dim = 0;  // SwiGLU width (intermediate_size)
   std::int64_t n_layers = 0;
-  std::int64_t n_heads = 0;        // query heads (Hq)
-  std::int64_t n_kv_heads = 0;     // key/value heads (Hkv); Hq % Hkv == 0
-  std::int64_t head_dim = 0;       // D
+  std::int64_t n_heads = 0;     // query heads (Hq)
+  std::int64_t n_kv_heads = 0;  // key/value heads (Hkv); Hq % Hkv == 0
+  std::int64_t head_dim = 0;    // D
   std::int64_t vocab_size = 0;
-  std::int64_t seq_len = 0;        // trained context; positions must stay below it
-  float norm_eps = 1e-5f;          // RMSNorm epsilon
+  std::int64_t seq_len = 0;  // trained context; positions must stay below it
+  float norm_eps = 1e-5f;    // RMSNorm epsilon
   double rope_theta = 10000.0;
   RopeStyle rope = RopeStyle::kInterleaved;
-  bool tied_classifier = true;     // the classifier is the token embedding
-  std::string weights_dtype;       // as stored: "f32", "f16", "bf16" (or "mixed")
-  std::int32_t bos_id = 1;         // -1 when the checkpoint names none
+  bool tied_classifier = true;  // the classifier is the token embedding
+  std::string weights_dtype;    // as stored: "f32", "f16", "bf16" (or "mixed")
+  std::int32_t bos_id = 1;      // -1 when the checkpoint names none
   std::int32_t eos_id = 2;
 
   std::int64_t q_dim() const noexcept { return n_heads * head_dim; }

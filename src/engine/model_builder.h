@@ -16,8 +16,8 @@ namespace vq::engine {
 }
 
 // Limits that keep every size computation far from int64 overflow and reject garbage headers.
-inline constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;   // dim, hidden, vocab, seq_len
-inline constexpr std::int64_t kMaxCount = std::int64_t{1} << 12;   // layers, heads
+inline constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;  // dim, hidden, vocab, seq_len
+inline constexpr std::int64_t kMaxCount = std::int64_t{1} << 12;  // layers, heads
 
 struct ModelBuilder {
   Model model;

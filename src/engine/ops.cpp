@@ -1,5 +1,6 @@
 #include "engine/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,14 +22,16 @@ namespace {
 #ifdef VQ_ENGINE_AVX
 // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)): dot()'s lane tree, as three SIMD adds.
 inline float reduce_tree(__m256 v) noexcept {
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l_i + l_{i+4}
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));  // (t0 + t2), (t1 + t3)
+  const __m128 t =
+      _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l_i + l_{i+4}
+  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                     // (t0 + t2), (t1 + t3)
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
 }
 
 // The lanes i < rem of an 8-lane mask (tails: the other lanes load as 0 and add nothing).
 inline __m256i tail_mask(std::int64_t rem) noexcept {
-  alignas(32) static const std::int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  alignas(32) static const std::int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                 0,  0,  0,  0,  0,  0,  0,  0};
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + 8 - rem));
 }
 
@@ -62,12 +65,14 @@ inline void dot_rows(const float* w, const float* x, std::int64_t n, float* out)
   std::int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 xv = _mm256_loadu_ps(x + j);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_loadu_ps(w + r * n + j), xv));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_loadu_ps(w + r * n + j), xv));
   }
   if (j < n) {  // lanes past the end load 0: 0 * 0 adds +0, which leaves a lane unchanged
     const __m256i m = tail_mask(n - j);
     const __m256 xv = _mm256_maskload_ps(x + j, m);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_maskload_ps(w + r * n + j, m), xv));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_maskload_ps(w + r * n + j, m), xv));
   }
 #ifdef __AVX2__
   if constexpr (R == 8) {
@@ -183,7 +188,8 @@ namespace {
 inline __m256 load8(const void* row, DType dtype, std::int64_t i) noexcept {
 #if defined(__F16C__)
   if (dtype == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i)));
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i)));
   }
 #endif
   return _mm256_loadu_ps(static_cast<const float*>(row) + i);
@@ -200,10 +206,10 @@ inline bool simd_rows(DType dtype, std::int64_t D) noexcept {
 
 }  // namespace
 
-
-void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const void* keys, DType dtype,
-                      std::int64_t stride, const std::int32_t* positions, std::int64_t n_rows,
-                      std::int64_t pos, float* scores, std::int64_t ld, float* scratch) noexcept {
+void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const void* keys,
+                      DType dtype, std::int64_t stride, const std::int32_t* positions,
+                      std::int64_t n_rows, std::int64_t pos, float* scores, std::int64_t ld,
+                      float* scratch) noexcept {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(dtype));
   const auto* base = static_cast<const std::uint8_t*>(keys);
@@ -215,8 +221,8 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
     // Eight rows at a time; masked rows are computed, then replaced by -inf.
     const __m256i limit = _mm256_set1_epi32(static_cast<std::int32_t>(pos));
     for (; r + 8 <= n_rows; r += 8) {
-      const __m256 hidden = _mm256_castsi256_ps(
-          _mm256_cmpgt_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions + r)), limit));
+      const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions + r)), limit));
       for (std::int64_t j = 0; j < n_q; ++j) {
         const float* qj = q + j * D;
         __m256 acc[8];
@@ -224,10 +230,12 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
         for (std::int64_t c = 0; c < C; ++c) {
           const __m256 qv = _mm256_loadu_ps(qj + 8 * c);
           for (int k = 0; k < 8; ++k) {
-            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(qv, load8(base + (r + k) * stride * esize, dtype, 8 * c)));
+            acc[k] = _mm256_add_ps(
+                acc[k], _mm256_mul_ps(qv, load8(base + (r + k) * stride * esize, dtype, 8 * c)));
           }
         }
-        _mm256_storeu_ps(scores + j * ld + r, _mm256_blendv_ps(reduce_tree8(acc), _mm256_set1_ps(neg_inf), hidden));
+        _mm256_storeu_ps(scores + j * ld + r,
+                         _mm256_blendv_ps(reduce_tree8(acc), _mm256_set1_ps(neg_inf), hidden));
       }
     }
 #endif
@@ -240,7 +248,9 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
       for (std::int64_t j = 0; j < n_q; ++j) {
         const float* qj = q + j * D;
         __m256 acc = _mm256_setzero_ps();
-        for (std::int64_t c = 0; c < C; ++c) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c)));
+        for (std::int64_t c = 0; c < C; ++c)
+          acc = _mm256_add_ps(acc,
+                              _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c)));
         scores[j * ld + r] = reduce_tree(acc);
       }
     }
@@ -257,6 +267,37 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
   }
 }
 
+namespace {
+
+#ifdef VQ_ENGINE_AVX
+template <int NQ>
+void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std::uint8_t* base,
+                  DType dtype, std::int64_t row_bytes, const std::int32_t* positions,
+                  std::int64_t n_rows, std::int64_t pos, float* out) noexcept {
+  for (std::int64_t c = 0; c < D / 8; ++c) {
+    __m256 part[NQ][4];
+    for (int j = 0; j < NQ; ++j) {
+      for (int k = 0; k < 4; ++k) part[j][k] = _mm256_setzero_ps();
+    }
+    for (std::int64_t r = 0; r < n_rows; ++r) {
+      if (positions[r] > pos) continue;
+      const __m256 v = load8(base + r * row_bytes, dtype, 8 * c);
+      for (int j = 0; j < NQ; ++j) {
+        part[j][r & 3] =
+            _mm256_add_ps(part[j][r & 3], _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r]), v));
+      }
+    }
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 sum = _mm256_add_ps(_mm256_add_ps(part[j][0], part[j][2]),
+                                       _mm256_add_ps(part[j][1], part[j][3]));
+      _mm256_storeu_ps(out + j * D + 8 * c, sum);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
 void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
                       const void* values, DType dtype, std::int64_t stride,
                       const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
@@ -265,17 +306,27 @@ void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std
   const auto* base = static_cast<const std::uint8_t*>(values);
 #ifdef VQ_ENGINE_AVX
   if (simd_rows(dtype, D)) {
-    for (std::int64_t j = 0; j < n_q; ++j) {
-      const float* p = probs + j * ld;
-      for (std::int64_t c = 0; c < D / 8; ++c) {
-        __m256 part[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (std::int64_t r = 0; r < n_rows; ++r) {
-          if (positions[r] > pos) continue;
-          const __m256 v = load8(base + r * stride * esize, dtype, 8 * c);
-          part[r & 3] = _mm256_add_ps(part[r & 3], _mm256_mul_ps(_mm256_set1_ps(p[r]), v));
-        }
-        const __m256 sum = _mm256_add_ps(_mm256_add_ps(part[0], part[2]), _mm256_add_ps(part[1], part[3]));
-        _mm256_storeu_ps(out + j * D + 8 * c, sum);
+    // Queries in groups of up to four share each value row load; per query and 8-lane chunk,
+    // four partial sums by row index mod 4.
+    for (std::int64_t j0 = 0; j0 < n_q; j0 += 4) {
+      const std::int64_t nj = std::min<std::int64_t>(4, n_q - j0);
+      switch (nj) {
+        case 4:
+          values_group<4>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
+                          pos, out + j0 * D);
+          break;
+        case 3:
+          values_group<3>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
+                          pos, out + j0 * D);
+          break;
+        case 2:
+          values_group<2>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
+                          pos, out + j0 * D);
+          break;
+        default:
+          values_group<1>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
+                          pos, out + j0 * D);
+          break;
       }
     }
     return;

@@ -47,9 +47,10 @@ void softmax(float* x, std::int64_t n, float divisor = 1.0f) noexcept;
 // scores[j * ld + r] = dot(q_j, key_r) when positions[r] <= pos, else -inf (the 1/sqrt(D)
 // scale is applied by softmax(..., sqrt(D))).
 // Keys are rows of `dtype` at keys + r * stride elements. dot is ops::dot's order.
-void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const void* keys, DType dtype,
-                      std::int64_t stride, const std::int32_t* positions, std::int64_t n_rows,
-                      std::int64_t pos, float* scores, std::int64_t ld, float* scratch) noexcept;
+void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const void* keys,
+                      DType dtype, std::int64_t stride, const std::int32_t* positions,
+                      std::int64_t n_rows, std::int64_t pos, float* scores, std::int64_t ld,
+                      float* scratch) noexcept;
 
 // out_j[d] = sum over rows r with positions[r] <= pos of probs[j * ld + r] * value_r[d], for
 // j < n_q (out_j = out + j * D). Fixed order: four partial sums s_k over the rows r = k mod 4,

@@ -52,14 +52,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     : file_(std::make_unique<MappedFile>(path)) {
   const std::int64_t size = static_cast<std::int64_t>(file_->size());
   if (size < 8) {
-    file_error(path, "truncated safetensors file: expected at least 8 bytes (header length), found " +
-                         std::to_string(size));
+    file_error(path,
+               "truncated safetensors file: expected at least 8 bytes (header length), found " +
+                   std::to_string(size));
   }
   std::uint64_t n = 0;
   std::memcpy(&n, file_->data(), 8);  // little-endian hosts only (x86-64, arm64)
   if (n > static_cast<std::uint64_t>(size - 8)) {
     file_error(path, "safetensors header length " + std::to_string(n) + " exceeds the " +
-                         std::to_string(size - 8) + " bytes after the length field (truncated or not a safetensors file)");
+                         std::to_string(size - 8) +
+                         " bytes after the length field (truncated or not a safetensors file)");
   }
   header_len_ = static_cast<std::int64_t>(n);
   const char* text = reinterpret_cast<const char*>(file_->data() + 8);
@@ -70,7 +72,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     file_error(path, std::string("safetensors header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) {
-    file_error(path, "safetensors header must be a JSON object, found " + std::string(header.type_name()));
+    file_error(
+        path, "safetensors header must be a JSON object, found " + std::string(header.type_name()));
   }
   data_ = file_->data() + 8 + header_len_;
   const std::int64_t data_size = size - 8 - header_len_;
@@ -90,7 +93,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     if (!entry.is_object()) bad("entry must be a JSON object, found " + entry.dump());
     SafeTensor t;
     t.name = name;
-    if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("missing string field 'dtype'");
+    if (!entry.contains("dtype") || !entry["dtype"].is_string())
+      bad("missing string field 'dtype'");
     t.dtype = entry["dtype"].get<std::string>();
     const std::int64_t esize = safetensors_dtype_size(t.dtype);
     if (esize == 0) bad("unknown dtype '" + t.dtype + "'");
@@ -100,7 +104,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
       const std::int64_t v = as_count(d);
       if (v < 0) bad("shape entries must be non-negative integers, found " + entry["shape"].dump());
       t.shape.push_back(v);
-      if (v != 0 && numel > (INT64_MAX / esize) / v) bad("shape " + entry["shape"].dump() + " is too large");
+      if (v != 0 && numel > (INT64_MAX / esize) / v)
+        bad("shape " + entry["shape"].dump() + " is too large");
       numel *= v;
     }
     if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
@@ -118,9 +123,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
           std::to_string(data_size) + " bytes; file truncated?)");
     }
     if (t.end - t.begin != numel * esize) {
-      bad("data_offsets " + entry["data_offsets"].dump() + " span " + std::to_string(t.end - t.begin) +
-          " bytes, but " + t.dtype + " " + shape_text(t.shape) + " needs " +
-          std::to_string(numel * esize));
+      bad("data_offsets " + entry["data_offsets"].dump() + " span " +
+          std::to_string(t.end - t.begin) + " bytes, but " + t.dtype + " " + shape_text(t.shape) +
+          " needs " + std::to_string(numel * esize));
     }
     index_[name] = tensors_.size();
     tensors_.push_back(std::move(t));
@@ -135,15 +140,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
   std::int64_t at = 0;
   for (const SafeTensor* t : order) {
     if (t->begin != at) {
-      file_error(path, "tensor '" + t->name + "' starts at data offset " + std::to_string(t->begin) +
-                           ", expected " + std::to_string(at) +
-                           (t->begin < at ? " (overlaps the previous tensor)" : " (a gap before it)"));
+      file_error(path,
+                 "tensor '" + t->name + "' starts at data offset " + std::to_string(t->begin) +
+                     ", expected " + std::to_string(at) +
+                     (t->begin < at ? " (overlaps the previous tensor)" : " (a gap before it)"));
     }
     at = t->end;
   }
   if (at != data_size) {
     file_error(path, "the tensors cover " + std::to_string(at) + " bytes of a " +
-                         std::to_string(data_size) + "-byte data section (expected them to cover it exactly)");
+                         std::to_string(data_size) +
+                         "-byte data section (expected them to cover it exactly)");
   }
 }
 

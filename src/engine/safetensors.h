@@ -14,9 +14,9 @@ namespace vq::engine {
 
 struct SafeTensor {
   std::string name;
-  std::string dtype;                 // "F32", "F16", "BF16", ... as written in the header
+  std::string dtype;  // "F32", "F16", "BF16", ... as written in the header
   std::vector<std::int64_t> shape;
-  std::int64_t begin = 0, end = 0;   // byte range within the data section
+  std::int64_t begin = 0, end = 0;  // byte range within the data section
   std::int64_t numel() const noexcept;
 };
 

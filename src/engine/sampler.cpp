@@ -10,12 +10,15 @@ namespace vq::engine {
 
 Sampler::Sampler(std::int64_t vocab_size, float temperature, float top_p, std::uint64_t seed)
     : n_(vocab_size), temperature_(temperature), top_p_(top_p), state_(seed) {
-  auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "[sampler] " + msg); };
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[sampler] " + msg);
+  };
   if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
   if (!(temperature >= 0.0f) || std::isinf(temperature)) {
     bad("temperature must be a finite number >= 0, got " + std::to_string(temperature));
   }
-  if (!(top_p >= 0.0f && top_p <= 1.0f)) bad("top-p must be in [0, 1], got " + std::to_string(top_p));
+  if (!(top_p >= 0.0f && top_p <= 1.0f))
+    bad("top-p must be in [0, 1], got " + std::to_string(top_p));
   if (seed == 0) bad("seed must be nonzero (the xorshift generator would only produce zeros)");
   candidates_.resize(static_cast<std::size_t>(vocab_size));
 }
@@ -27,9 +30,7 @@ std::uint32_t Sampler::random_u32() noexcept {
   return static_cast<std::uint32_t>((state_ * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
-float Sampler::random_f32() noexcept {
-  return static_cast<float>(random_u32() >> 8) / 16777216.0f;
-}
+float Sampler::random_f32() noexcept { return static_cast<float>(random_u32() >> 8) / 16777216.0f; }
 
 std::int32_t Sampler::sample(float* logits) {
   const std::int64_t n = n_;
@@ -68,7 +69,8 @@ std::int32_t Sampler::sample_topp(const float* probs, float coin) {
   const float cutoff = n > 1 ? (1.0f - top_p_) / static_cast<float>(n - 1) : 0.0f;
   std::int64_t n0 = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    if (probs[i] >= cutoff) candidates_[static_cast<std::size_t>(n0++)] = {probs[i], static_cast<std::int32_t>(i)};
+    if (probs[i] >= cutoff)
+      candidates_[static_cast<std::size_t>(n0++)] = {probs[i], static_cast<std::int32_t>(i)};
   }
   if (n0 == 0) {
     // Only possible for tiny top_p over a near-uniform distribution (run.c would read out of
@@ -78,9 +80,10 @@ std::int32_t Sampler::sample_topp(const float* probs, float coin) {
     return static_cast<std::int32_t>(best);
   }
   // Descending probability; equal probabilities keep index order (a stable sort's result).
-  std::sort(candidates_.begin(), candidates_.begin() + n0, [](const ProbIndex& a, const ProbIndex& b) {
-    return a.prob != b.prob ? a.prob > b.prob : a.index < b.index;
-  });
+  std::sort(candidates_.begin(), candidates_.begin() + n0,
+            [](const ProbIndex& a, const ProbIndex& b) {
+              return a.prob != b.prob ? a.prob > b.prob : a.index < b.index;
+            });
   float cumulative = 0.0f;
   std::int64_t last = n0 - 1;  // rounding: all of them
   for (std::int64_t i = 0; i < n0; ++i) {

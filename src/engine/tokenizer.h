@@ -19,7 +19,8 @@ class Tokenizer {
 
   // Token ids of `text`; with `add_special` the format's special tokens are added (llama2.c:
   // BOS first, as run.c encode(text, bos=1, eos=0); tokenizer.json: its post-processor template).
-  virtual std::vector<std::int32_t> encode(std::string_view text, bool add_special = true) const = 0;
+  virtual std::vector<std::int32_t> encode(std::string_view text,
+                                           bool add_special = true) const = 0;
   // The bytes generation prints for `token` when it follows `prev` (streaming).
   virtual std::string piece(std::int32_t prev, std::int32_t token) const = 0;
   // The text of a whole id sequence (special tokens are skipped).
@@ -57,7 +58,7 @@ std::string default_tokenizer_path(const Model& model);
 // a long text whole: prefixes of 16 bytes per wanted token (at least 4 KiB) are encoded, doubling,
 // until two successive prefixes agree on their first n tokens (a merge near the cut can only
 // change tokens near the cut). Encoding whole files costs seconds for large texts.
-std::vector<std::int32_t> encode_first(const Tokenizer& tokenizer, std::string_view text, std::int64_t n,
-                                       bool add_special = true);
+std::vector<std::int32_t> encode_first(const Tokenizer& tokenizer, std::string_view text,
+                                       std::int64_t n, bool add_special = true);
 
 }  // namespace vq::engine

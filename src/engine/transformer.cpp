@@ -23,7 +23,8 @@ ModelShape model_shape(const ModelConfig& c) {
   return ModelShape{c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
 }
 
-RunState::RunState(const ModelConfig& c, std::int64_t chunk) : max_chunk(chunk), max_rows(c.seq_len) {
+RunState::RunState(const ModelConfig& c, std::int64_t chunk)
+    : max_chunk(chunk), max_rows(c.seq_len) {
   if (chunk < 1 || chunk > c.seq_len) {
     bad_argument("max_chunk must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
                  std::to_string(chunk));
@@ -57,7 +58,8 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk) : max_chunk(chunk),
       } else {
         // Hugging Face's frequencies, evaluated in double and rounded once.
         const double angle =
-            static_cast<double>(pos) * std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+            static_cast<double>(pos) *
+            std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
         cs = static_cast<float>(std::cos(angle));
         sn = static_cast<float>(std::sin(angle));
       }
@@ -95,7 +97,8 @@ void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::i
 
 }  // namespace
 
-void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache) {
+void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
+                            LayerCache& cache) {
   const ModelConfig& c = model_->config();
   const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
   const std::int64_t qd = c.q_dim();
@@ -118,7 +121,7 @@ void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos
                     std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
   }
 
-  float* att = s_.att.data();  // [Hq][S][R]
+  float* att = s_.att.data();                            // [Hq][S][R]
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
   for (std::int64_t g = 0; g < Hkv; ++g) {
     const HeadRows& hr = view.head(0, g);
@@ -127,11 +130,11 @@ void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos
       // every row (masked by position), softmax, weighted sum of the values.
       const float* q = s_.q.data() + t * qd + g * G * D;
       float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
-      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t, scores,
-                            S * R, s_.row.data());
+      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
+                            scores, S * R, s_.row.data());
       for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
-      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
-                            s_.att_out.data() + t * qd + g * G * D, s_.row.data());
+      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
+                            R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, s_.row.data());
     }
   }
   // Hand the probabilities back ([B=1, Hq, S, R]; masked entries are exactly 0).
@@ -151,14 +154,14 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
   if (cs.n_layers != c.n_layers || cs.n_kv_heads != c.n_kv_heads || cs.head_dim != c.head_dim ||
       cs.n_query_heads != c.n_heads) {
     bad_argument("the cache is shaped for " + std::to_string(cs.n_layers) + " layers x " +
-                 std::to_string(cs.n_kv_heads) + " KV heads x head_dim " + std::to_string(cs.head_dim) +
-                 ", the model needs " + std::to_string(c.n_layers) + " x " +
-                 std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim));
+                 std::to_string(cs.n_kv_heads) + " KV heads x head_dim " +
+                 std::to_string(cs.head_dim) + ", the model needs " + std::to_string(c.n_layers) +
+                 " x " + std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim));
   }
   const std::int64_t pos0 = cache.layer(0).tokens_seen();
   if (pos0 + S > c.seq_len) {
-    bad_argument("position " + std::to_string(pos0 + S - 1) + " is past the model's context (seq_len " +
-                 std::to_string(c.seq_len) + ")");
+    bad_argument("position " + std::to_string(pos0 + S - 1) +
+                 " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
   }
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   float* x = s_.x.data();
@@ -172,14 +175,16 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
       bad_argument("token id " + std::to_string(tok) + " is outside the vocabulary [0, " +
                    std::to_string(c.vocab_size) + ")");
     }
-    std::memcpy(x + t * dim, w.token_embedding + static_cast<std::int64_t>(tok) * dim, sz(dim) * sizeof(float));
+    std::memcpy(x + t * dim, w.token_embedding + static_cast<std::int64_t>(tok) * dim,
+                sz(dim) * sizeof(float));
   }
 
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[sz(l)];
 
     // Attention block: norm, projections, RoPE, attention over the cache, output projection.
-    for (std::int64_t t = 0; t < S; ++t) ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
     ops::matmul(s_.q.data(), xb, lw.wq, S, dim, qd);
     ops::matmul(s_.k.data(), xb, lw.wk, S, dim, kvd);
     ops::matmul(s_.v.data(), xb, lw.wv, S, dim, kvd);
@@ -200,7 +205,8 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
 
     // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
-    for (std::int64_t t = 0; t < S; ++t) ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
     ops::matmul(s_.hb.data(), xb, lw.w_gate, S, dim, hid);
     ops::matmul(s_.hb2.data(), xb, lw.w_up, S, dim, hid);
     ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
@@ -210,7 +216,8 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
 
   // Final norm and classifier, for every token or only the last.
   const std::int64_t first = which == Logits::kAll ? 0 : S - 1;
-  for (std::int64_t t = first; t < S; ++t) ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+  for (std::int64_t t = first; t < S; ++t)
+    ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
   ops::matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first, dim, c.vocab_size);
   return s_.logits.data();
 }

@@ -35,22 +35,22 @@ struct RunState {
   std::int64_t max_chunk = 0;  // S: the most tokens one forward step takes
   std::int64_t max_rows = 0;   // R: the most rows a layer's view can hold (the context)
 
-  std::vector<float> x;          // [S][dim]         residual stream
-  std::vector<float> xb;         // [S][dim]         normed block input; scratch
-  std::vector<float> xb2;        // [S][dim]         attention output projected by Wo
-  std::vector<float> q;          // [S][Hq * D]      queries, RoPE applied
-  std::vector<float> k;          // [S][Hkv * D]     the step's keys, RoPE applied (to the cache)
-  std::vector<float> v;          // [S][Hkv * D]     the step's values (to the cache)
-  std::vector<float> att_out;    // [S][Hq * D]      attention-weighted values per query head
-  std::vector<float> att;        // [Hq][S][R]       attention probabilities of the current step
-  std::vector<float> row;        // [D]              one cached key or value row as fp32
-  std::vector<float> hb;         // [S][hidden_dim]  SwiGLU gate, then gate * up
-  std::vector<float> hb2;        // [S][hidden_dim]  SwiGLU up
-  std::vector<float> logits;     // [S][vocab]       (row 0 only when just the last is asked)
+  std::vector<float> x;             // [S][dim]         residual stream
+  std::vector<float> xb;            // [S][dim]         normed block input; scratch
+  std::vector<float> xb2;           // [S][dim]         attention output projected by Wo
+  std::vector<float> q;             // [S][Hq * D]      queries, RoPE applied
+  std::vector<float> k;             // [S][Hkv * D]     the step's keys, RoPE applied (to the cache)
+  std::vector<float> v;             // [S][Hkv * D]     the step's values (to the cache)
+  std::vector<float> att_out;       // [S][Hq * D]      attention-weighted values per query head
+  std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
+  std::vector<float> row;           // [D]              one cached key or value row as fp32
+  std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
+  std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
+  std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)
   std::vector<float> layer_cosine;  // [n_layers] cos(hidden entering layer l, hidden after its
                                     // attention residual add), mean over the step's tokens
-  std::vector<float> rope_cos;   // [seq_len][D / 2] cos(pos * theta^(-2i/D))
-  std::vector<float> rope_sin;   // [seq_len][D / 2] sin(pos * theta^(-2i/D))
+  std::vector<float> rope_cos;      // [seq_len][D / 2] cos(pos * theta^(-2i/D))
+  std::vector<float> rope_sin;      // [seq_len][D / 2] sin(pos * theta^(-2i/D))
 
   RunState(const ModelConfig& config, std::int64_t max_chunk);
 };

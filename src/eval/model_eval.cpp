@@ -17,7 +17,9 @@ namespace vq::eval {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg); }
+[[noreturn]] void bad(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg);
+}
 
 struct Planned {
   CacheConfig config;
@@ -35,7 +37,8 @@ std::string short_spec(const CacheConfig& c, bool drop_budget) {
     CacheConfig probe = defaults;
     m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
     for (std::size_t i = 0; i < probe.fields().size(); ++i) {
-      if (probe.fields()[i].second != defaults.fields()[i].second) budget_field = probe.fields()[i].first;
+      if (probe.fields()[i].second != defaults.fields()[i].second)
+        budget_field = probe.fields()[i].first;
     }
   }
   std::string out;
@@ -43,7 +46,8 @@ std::string short_spec(const CacheConfig& c, bool drop_budget) {
     const auto& [name, value] = c.fields()[i];
     if (value == defaults.fields()[i].second || name == budget_field) continue;
     std::string key = name;
-    if (!m.prefix.empty() && key.rfind(m.prefix + "_", 0) == 0) key = key.substr(m.prefix.size() + 1);
+    if (!m.prefix.empty() && key.rfind(m.prefix + "_", 0) == 0)
+      key = key.substr(m.prefix.size() + 1);
     out += (out.empty() ? ":" : ",") + key + "=" + value_text(value);
   }
   return c.method() + out;
@@ -56,7 +60,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   res.options = o;
   if (o.tokens < 2) bad("--tokens must be >= 2 (one prediction), got " + std::to_string(o.tokens));
   if (o.prefill < 0 || o.prefill > o.tokens - 1) {
-    bad("--prefill must be in [0, " + std::to_string(o.tokens - 1) + "] (--tokens - 1), got " + std::to_string(o.prefill));
+    bad("--prefill must be in [0, " + std::to_string(o.tokens - 1) + "] (--tokens - 1), got " +
+        std::to_string(o.prefill));
   }
   if (o.budgets.empty()) bad("--budget needs at least one value");
 
@@ -84,7 +89,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
       cells.push_back(m);
     }
     for (CacheConfig& c : cells) {
-      const bool dup = std::any_of(plan.begin(), plan.end(), [&](const Planned& p) { return p.config == c; });
+      const bool dup =
+          std::any_of(plan.begin(), plan.end(), [&](const Planned& p) { return p.config == c; });
       if (!dup) plan.push_back({std::move(c), short_spec(m, true), false});
     }
   }
@@ -95,10 +101,17 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   const engine::ModelConfig& mc = model.config();
   res.model_format = mc.format;
   res.tokenizer_path = tokenizer->path();
-  res.model_config = {{"dim", mc.dim},           {"hidden_dim", mc.hidden_dim}, {"n_layers", mc.n_layers},
-                      {"n_heads", mc.n_heads},   {"n_kv_heads", mc.n_kv_heads}, {"head_dim", mc.head_dim},
-                      {"vocab_size", mc.vocab_size}, {"seq_len", mc.seq_len}, {"rope", engine::to_string(mc.rope)},
-                      {"weights_dtype", mc.weights_dtype}, {"n_params", mc.n_params()}};
+  res.model_config = {{"dim", mc.dim},
+                      {"hidden_dim", mc.hidden_dim},
+                      {"n_layers", mc.n_layers},
+                      {"n_heads", mc.n_heads},
+                      {"n_kv_heads", mc.n_kv_heads},
+                      {"head_dim", mc.head_dim},
+                      {"vocab_size", mc.vocab_size},
+                      {"seq_len", mc.seq_len},
+                      {"rope", engine::to_string(mc.rope)},
+                      {"weights_dtype", mc.weights_dtype},
+                      {"n_params", mc.n_params()}};
   if (o.tokens > mc.seq_len) {
     bad("--tokens " + std::to_string(o.tokens) + " exceeds the model's context (seq_len " +
         std::to_string(mc.seq_len) + ")");
@@ -107,8 +120,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   std::vector<std::int32_t> ids = engine::encode_first(*tokenizer, text, o.tokens);
   if (static_cast<std::int64_t>(ids.size()) < o.tokens) {
     throw Error(ErrorCode::kFileError,
-                "'" + o.text + "': encodes to only " + std::to_string(ids.size()) + " tokens, fewer than --tokens " +
-                    std::to_string(o.tokens),
+                "'" + o.text + "': encodes to only " + std::to_string(ids.size()) +
+                    " tokens, fewer than --tokens " + std::to_string(o.tokens),
                 o.text);
   }
   res.n_tokens = o.tokens;
@@ -122,20 +135,29 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
     fo.keep_logits = p.is_reference;
     fo.reference = p.is_reference ? nullptr : &ref;
     engine::ForcedRun run = engine::run_forced(model, ids, p.config, fo);
-    ModelEvalRow row{p.config, p.series, p.is_reference, engine::summarize(run, p.is_reference ? nullptr : &ref),
-                     run.kept_tokens_mean, run.cache.kept_bytes, run.cache.full_bytes, run.cache.compression_ratio,
-                     1000.0 * run.seconds / static_cast<double>(run.n_forward), run.cache.evictions,
+    ModelEvalRow row{p.config,
+                     p.series,
+                     p.is_reference,
+                     engine::summarize(run, p.is_reference ? nullptr : &ref),
+                     run.kept_tokens_mean,
+                     run.cache.kept_bytes,
+                     run.cache.full_bytes,
+                     run.cache.compression_ratio,
+                     1000.0 * run.seconds / static_cast<double>(run.n_forward),
+                     run.cache.evictions,
                      run.cache.merges};
     if (p.is_reference) {
       row.summary = engine::summarize(run, &run);
       ref = std::move(run);
     }
     if (progress != nullptr) {
-      *progress << fmt::format("eval: [{}/{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
-                               i + 1, plan.size(), p.config.spec() + (p.is_reference ? " (reference)" : ""),
-                               row.summary.ppl, row.summary.kl_mean, row.summary.top1_agreement,
-                               row.time_per_token_ms)
-                << std::flush;
+      *progress
+          << fmt::format(
+                 "eval: [{}/{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
+                 i + 1, plan.size(), p.config.spec() + (p.is_reference ? " (reference)" : ""),
+                 row.summary.ppl, row.summary.kl_mean, row.summary.top1_agreement,
+                 row.time_per_token_ms)
+          << std::flush;
     }
     res.rows.push_back(std::move(row));
   }
@@ -187,32 +209,44 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
 }
 
 std::string model_eval_table(const ModelEvalResult& r) {
-  std::string out = fmt::format("{} ({}), {}: first {} tokens, {} predictions{}\n\n", r.options.model, r.model_format,
-                                r.options.text, r.n_tokens, r.n_tokens - 1,
-                                r.options.prefill >= 2 ? fmt::format(", prefill {}", r.options.prefill) : "");
-  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>6} {:>8}\n", "method", "budget", "ppl",
-                     "nll", "KL", "top1", "kept/head", "kept bytes", "ratio", "ms/tok");
+  std::string out =
+      fmt::format("{} ({}), {}: first {} tokens, {} predictions{}\n\n", r.options.model,
+                  r.model_format, r.options.text, r.n_tokens, r.n_tokens - 1,
+                  r.options.prefill >= 2 ? fmt::format(", prefill {}", r.options.prefill) : "");
+  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>6} {:>8}\n", "method",
+                     "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes", "ratio",
+                     "ms/tok");
   for (const ModelEvalRow& row : r.rows) {
-    const std::string budget = has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
-    out += fmt::format("{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>6.2f} {:>8.4f}\n",
-                       row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
-                       row.summary.nll_mean, row.summary.kl_mean, row.summary.top1_agreement, row.kept_tokens,
-                       row.kept_bytes, row.compression_ratio, row.time_per_token_ms);
+    const std::string budget =
+        has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
+    out += fmt::format(
+        "{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>6.2f} {:>8.4f}\n",
+        row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
+        row.summary.nll_mean, row.summary.kl_mean, row.summary.top1_agreement, row.kept_tokens,
+        row.kept_bytes, row.compression_ratio, row.time_per_token_ms);
   }
   for (const ModelEvalSkip& s : r.skipped) {
     out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
   }
-  out += "\nppl = exp(mean NLL); KL = mean KL(reference || method) per token in nats; top1 = share of "
-         "positions whose argmax matches the reference; kept/head = mean rows per KV head per layer; "
-         "kept bytes / ratio at the end of the text.\n";
+  out +=
+      "\nppl = exp(mean NLL); KL = mean KL(reference || method) per token in nats; top1 = share of "
+      "positions whose argmax matches the reference; kept/head = mean rows per KV head per layer; "
+      "kept bytes / ratio at the end of the text.\n";
   return out;
 }
 
 std::string model_eval_plot(const ModelEvalResult& r) {
   Panel ppl{"perplexity", "budget (rows per KV head)", "perplexity", true, true, {}};
-  Panel kl{"KL(reference || method) per token (log)", "budget (rows per KV head)", "nats", true, true, {}};
-  const double lo = static_cast<double>(*std::min_element(r.options.budgets.begin(), r.options.budgets.end()));
-  const double hi = static_cast<double>(*std::max_element(r.options.budgets.begin(), r.options.budgets.end()));
+  Panel kl{"KL(reference || method) per token (log)",
+           "budget (rows per KV head)",
+           "nats",
+           true,
+           true,
+           {}};
+  const double lo =
+      static_cast<double>(*std::min_element(r.options.budgets.begin(), r.options.budgets.end()));
+  const double hi =
+      static_cast<double>(*std::max_element(r.options.budgets.begin(), r.options.budgets.end()));
   // One series per method, in table order; methods without a budget (the reference) are
   // dashed horizontal lines.
   auto series_in = [](Panel& p, const std::string& label, bool dashed) -> Series& {
@@ -225,8 +259,9 @@ std::string model_eval_plot(const ModelEvalResult& r) {
   for (const ModelEvalRow& row : r.rows) {
     const bool flat = row.is_reference || !has_token_budget(row.config);
     const std::string label = row.series + (row.is_reference ? " (reference)" : "");
-    const std::vector<double> xs = flat ? std::vector<double>{lo, hi}
-                                        : std::vector<double>{static_cast<double>(token_budget(row.config))};
+    const std::vector<double> xs =
+        flat ? std::vector<double>{lo, hi}
+             : std::vector<double>{static_cast<double>(token_budget(row.config))};
     Series& sp = series_in(ppl, label, flat);
     for (const double x : xs) {
       sp.x.push_back(x);
@@ -240,8 +275,8 @@ std::string model_eval_plot(const ModelEvalResult& r) {
       }
     }
   }
-  const std::string title = "KV-cache methods on " + r.options.model + ", " + r.options.text + " (first " +
-                            std::to_string(r.n_tokens) + " tokens)";
+  const std::string title = "KV-cache methods on " + r.options.model + ", " + r.options.text +
+                            " (first " + std::to_string(r.n_tokens) + " tokens)";
   return line_plot_svg(title, {ppl, kl}, 2);
 }
 

@@ -16,21 +16,21 @@
 namespace vq::eval {
 
 struct ModelEvalOptions {
-  std::string model, tokenizer, text;       // paths (tokenizer "" = next to the model)
-  std::int64_t tokens = 512;                 // the text's first N tokens (BOS included)
-  std::int64_t prefill = 0;                  // the first N go in as one step
-  std::vector<std::string> methods;          // specs; empty = every registered method
+  std::string model, tokenizer, text;  // paths (tokenizer "" = next to the model)
+  std::int64_t tokens = 512;           // the text's first N tokens (BOS included)
+  std::int64_t prefill = 0;            // the first N go in as one step
+  std::vector<std::string> methods;    // specs; empty = every registered method
   std::vector<std::int64_t> budgets = {32, 64, 128, 256};
-  std::string reference = "full";            // the run every other is compared with
+  std::string reference = "full";  // the run every other is compared with
 };
 
 struct ModelEvalRow {
   CacheConfig config;
-  std::string series;          // the method's non-default fields, prefixes and budget left out
-                               // ("h2o:grace=0,decay=1"): table rows, plot series
+  std::string series;  // the method's non-default fields, prefixes and budget left out
+                       // ("h2o:grace=0,decay=1"): table rows, plot series
   bool is_reference = false;
   engine::ForcedSummary summary;
-  double kept_tokens = 0;      // mean rows per KV head per layer over the predictions
+  double kept_tokens = 0;  // mean rows per KV head per layer over the predictions
   std::int64_t kept_bytes = 0, full_bytes = 0;  // at the end of the text, all layers
   double compression_ratio = 1;
   double time_per_token_ms = 0;
@@ -46,10 +46,10 @@ struct ModelEvalSkip {
 struct ModelEvalResult {
   ModelEvalOptions options;
   std::string model_format, tokenizer_path;
-  nlohmann::json model_config;        // dims of the model, for the settings block
-  std::int64_t n_tokens = 0;          // tokens read (= options.tokens)
-  std::vector<ModelEvalRow> rows;     // the reference first
-  std::vector<ModelEvalSkip> skipped; // method x budget cells the method's guards reject
+  nlohmann::json model_config;         // dims of the model, for the settings block
+  std::int64_t n_tokens = 0;           // tokens read (= options.tokens)
+  std::vector<ModelEvalRow> rows;      // the reference first
+  std::vector<ModelEvalSkip> skipped;  // method x budget cells the method's guards reject
 };
 
 // Loads the model, tokenizer and text, then runs the reference and every method x budget.
