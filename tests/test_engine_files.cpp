@@ -383,6 +383,10 @@ TEST(EngineErrors, TokenizerJson) {
       {tj([](auto& j) { j["model"]["unk_token"] = "<unk>"; }),
        {"model.unk_token '<unk>' is not in model.vocab"}},
       {tj([](auto& j) {
+         j["normalizer"] = {{"type", 5}};
+       }),
+       {"malformed tokenizer.json", "type must be string"}},
+      {tj([](auto& j) {
          j["normalizer"] = {{"type", "NFKC"}};
        }),
        {"normalizer 'NFKC' is not supported"}},

@@ -158,8 +158,9 @@ Model Model::load_hf(const std::string& path) {
   } catch (const json::exception& e) {
     file_error(config_path, std::string("not valid JSON: ") + e.what());
   }
-  if (!cj.is_object())
+  if (!cj.is_object()) {
     file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
+  }
   const ConfigReader r{config_path, cj};
   r.require_value("model_type", "llama", "a Llama-architecture model");
   r.require_value("hidden_act", "silu", "SwiGLU");

@@ -82,26 +82,31 @@ class HfTokenizer final : public Tokenizer {
     } catch (const json::exception& e) {
       bad(std::string("not valid JSON: ") + e.what());
     }
-    if (!j.is_object()) bad("must be a JSON object, found " + std::string(j.type_name()));
-    load_model(field(j, "model", json::value_t::object, "the BPE model"));
-    load_added(j.value("added_tokens", json::array()));
-    for (std::int32_t& id : byte_ids_) id = -1;
-    for (int b = 0; b < 256; ++b) {
-      static const char* hexd = "0123456789ABCDEF";
-      const std::string name = std::string("<0x") + hexd[b >> 4] + hexd[b & 15] + ">";
-      const auto it = vocab_.find(name);
-      if (it != vocab_.end()) byte_ids_[static_cast<std::size_t>(b)] = it->second;
-    }
-    if (j.contains("normalizer")) load_normalizer(j["normalizer"]);
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
-      bad("pre_tokenizer " + type_of(j["pre_tokenizer"]) +
-          " is not supported (only null: the BPE model sees whole normalized pieces)");
-    }
-    if (j.contains("post_processor")) load_post_processor(j["post_processor"]);
-    if (j.contains("decoder")) load_decoder(j["decoder"]);
-    // Added-token patterns are matched against raw or normalized text.
-    for (Added& a : added_) {
-      a.pattern = a.normalized ? normalize(a.content) : a.content;
+    try {
+      if (!j.is_object()) bad("must be a JSON object, found " + std::string(j.type_name()));
+      load_model(field(j, "model", json::value_t::object, "the BPE model"));
+      load_added(j.value("added_tokens", json::array()));
+      for (std::int32_t& id : byte_ids_) id = -1;
+      for (int b = 0; b < 256; ++b) {
+        static const char* hexd = "0123456789ABCDEF";
+        const std::string name = std::string("<0x") + hexd[b >> 4] + hexd[b & 15] + ">";
+        const auto it = vocab_.find(name);
+        if (it != vocab_.end()) byte_ids_[static_cast<std::size_t>(b)] = it->second;
+      }
+      if (j.contains("normalizer")) load_normalizer(j["normalizer"]);
+      if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
+        bad("pre_tokenizer " + type_of(j["pre_tokenizer"]) +
+            " is not supported (only null: the BPE model sees whole normalized pieces)");
+      }
+      if (j.contains("post_processor")) load_post_processor(j["post_processor"]);
+      if (j.contains("decoder")) load_decoder(j["decoder"]);
+      // Added-token patterns are matched against raw or normalized text.
+      for (Added& a : added_) {
+        a.pattern = a.normalized ? normalize(a.content) : a.content;
+      }
+    } catch (const json::exception& e) {
+      // A value of the wrong JSON type somewhere the checks above do not look.
+      bad(std::string("malformed tokenizer.json: ") + e.what());
     }
     bos_id_ = prefix_.empty() ? -1 : prefix_.front();
   }
