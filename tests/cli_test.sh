@@ -33,10 +33,12 @@ for id in full streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
 check "help" 0 "list" -- "$bin" --help
-for cmd in list demo bench "bench perturb" "bench table"; do
+for cmd in list demo bench "bench perturb" "bench table" generate eval; do
   # shellcheck disable=SC2086
   check "$cmd --help" 0 "Usage|Options" -- "$bin" $cmd --help
 done
+check "generate --help flags" 0 "--temperature.*--top-p|--top-p" -- "$bin" generate --help
+check "eval --help flags" 0 "--prefill" -- "$bin" eval --help
 check "no command" 2 "subcommand is required" -- "$bin"
 check "unknown command" 2 "unknown command 'frobnicate'; commands: list, demo" -- "$bin" frobnicate
 check "unknown option" 2 "--nope" -- "$bin" list --nope
@@ -122,6 +124,55 @@ if ls "$root"/results/perturb/*.json >/dev/null 2>&1; then
     echo "FAIL README perturbation tables differ from results/perturb (run scripts/sweep_perturb.sh --readme-only):"
     head -40 "$tmp/diff"; fails=$((fails + 1))
   fi
+fi
+
+# generate: run.c's greedy output for stories260K, byte for byte on stdout.
+data="$root/data"
+"$bin" generate --model "$data/stories260K.bin" --steps 200 >"$tmp/gen.out" 2>"$tmp/gen.err"
+rc=$?
+if [ "$rc" -eq 0 ] && cmp -s "$tmp/gen.out" "$data/reference/stories260K_runc_t0_noprompt_n200.stdout.txt" \
+    && grep -qE "generate: 201 tokens \(1 prompt incl. BOS, 199 decode steps\); decode [0-9]+ tok/s" "$tmp/gen.err"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL generate greedy: exit $rc, stdout differs from run.c's or no stats on stderr"; head -5 "$tmp/gen.out" "$tmp/gen.err"
+  fails=$((fails + 1))
+fi
+check "generate needs --model" 2 "--model is required" -- "$bin" generate --prompt hi
+check "generate missing model" 2 "nope.bin.*cannot open" -- "$bin" generate --model "$tmp/nope.bin"
+head -c 1000 "$data/stories260K.bin" >"$tmp/trunc.bin"
+check "generate truncated model" 2 "trunc.bin.*truncated.*needs 1056540 bytes, found 1000" -- "$bin" generate --model "$tmp/trunc.bin" --tokenizer "$data/tok512.bin"
+mkdir -p "$tmp/alone" && cp "$data/stories260K.bin" "$tmp/alone/model.bin"
+check "generate no tokenizer" 2 "no tokenizer found next to the model.*tok512.bin.*--tokenizer" -- "$bin" generate --model "$tmp/alone/model.bin"
+check "generate bad seed" 2 "seed must be nonzero" -- "$bin" generate --model "$data/stories260K.bin" --seed 0 --temperature 1
+check "generate bad top-p" 2 "top-p must be in \[0, 1\]" -- "$bin" generate --model "$data/stories260K.bin" --top-p 2
+check "generate bad method" 2 "unknown method 'nope'" -- "$bin" generate --model "$data/stories260K.bin" --method nope
+check "generate with a method" 0 "cache h2o:h2o_budget=32" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method h2o:budget=32 --prompt "Once upon a time"
+
+# eval: table, JSON written whole, reproducible apart from timing; errors before any run.
+text="$data/tinystories_validation_excerpt.txt"
+check "eval needs --text" 2 "--text is required" -- "$bin" eval --model "$data/stories260K.bin"
+check "eval bad budget" 2 "--budget expects comma-separated integers" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --budget 32,x
+check "eval too many tokens" 2 "--tokens 600 exceeds the model's context \(seq_len 512\)" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 600
+check "eval bad prefill" 2 "--prefill must be in \[0, 63\]" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --prefill 64
+check "eval missing text" 2 "nope.txt.*cannot open" -- "$bin" eval --model "$data/stories260K.bin" --text "$tmp/nope.txt"
+echo x >"$tmp/afile"
+check "eval unwritable json" 2 "cannot write.*cannot create directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --json "$tmp/afile/out.json"
+[ ! -e "$tmp/afile/out.json" ] && passes=$((passes + 1)) || { echo "FAIL eval left a file behind"; fails=$((fails + 1)); }
+eval_args=(eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --method streaming_llm --method h2o
+           --budget 16,32 --json "$tmp/e.json" --plot "$tmp/e.svg")
+check "eval runs, skipping rejected budgets" 0 "skipped h2o at budget 16: \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget" -- "$bin" "${eval_args[@]}"
+cp "$tmp/out" "$tmp/eval.out"
+check "eval table" 0 "full \(reference\) +- +[0-9.]+" -- cat "$tmp/eval.out"
+check "eval progress" 0 "eval: \[4/4\] h2o:h2o_budget=32" -- cat "$tmp/eval.out"
+check "eval json" 0 '"kind": "eval"' -- cat "$tmp/e.json"
+check "eval json rows" 0 '"kl_mean"' -- cat "$tmp/e.json"
+check "eval plot" 0 "<svg" -- cat "$tmp/e.svg"
+mv "$tmp/e.json" "$tmp/e1.json"
+"$bin" "${eval_args[@]}" >/dev/null 2>&1
+if diff <(grep -v '_ms"' "$tmp/e1.json") <(grep -v '_ms"' "$tmp/e.json") >"$tmp/diff"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL eval results differ between identical runs (timing fields excluded):"; head -20 "$tmp/diff"; fails=$((fails + 1))
 fi
 
 # The README's method table is the registry's.

@@ -14,6 +14,8 @@ void add_list_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 // `bench perturb` records the command line (argv) in its result files.
 void add_bench_command(CLI::App& app, int argc, const char* const* argv);
+void add_generate_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 // Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
 // the flag.

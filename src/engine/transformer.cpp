@@ -1,0 +1,225 @@
+#include "engine/transformer.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/kernels.h"
+#include "engine/ops.h"
+#include "veloxquant/errors.h"
+
+namespace vq::engine {
+
+namespace {
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+[[noreturn]] void bad_argument(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "[engine] " + msg);
+}
+}  // namespace
+
+ModelShape model_shape(const ModelConfig& c) {
+  return ModelShape{c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
+}
+
+RunState::RunState(const ModelConfig& c, std::int64_t chunk)
+    : max_chunk(chunk), max_rows(c.seq_len) {
+  if (chunk < 1 || chunk > c.seq_len) {
+    bad_argument("max_chunk must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
+                 std::to_string(chunk));
+  }
+  const std::int64_t S = chunk, R = c.seq_len, D = c.head_dim, half = D / 2;
+  x.resize(sz(S * c.dim));
+  xb.resize(sz(S * c.dim));
+  xb2.resize(sz(S * c.dim));
+  q.resize(sz(S * c.q_dim()));
+  k.resize(sz(S * c.kv_dim()));
+  v.resize(sz(S * c.kv_dim()));
+  att_out.resize(sz(S * c.q_dim()));
+  att.resize(sz(c.n_heads * S * R));
+  row.resize(sz(D));
+  hb.resize(sz(S * c.hidden_dim));
+  hb2.resize(sz(S * c.hidden_dim));
+  logits.resize(sz(S * c.vocab_size));
+  layer_cosine.assign(sz(c.n_layers), 0.0f);
+  rope_cos.resize(sz(R * half));
+  rope_sin.resize(sz(R * half));
+  for (std::int64_t pos = 0; pos < R; ++pos) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      float cs, sn;
+      if (c.rope == RopeStyle::kInterleaved) {
+        // run.c, in fp32: freq = 1 / 10000^(2i / D), angle = pos * freq.
+        const float freq = 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                           static_cast<float>(2 * i) / static_cast<float>(D));
+        const float angle = static_cast<float>(pos) * freq;
+        cs = std::cos(angle);
+        sn = std::sin(angle);
+      } else {
+        // Hugging Face's frequencies, evaluated in double and rounded once.
+        const double angle =
+            static_cast<double>(pos) *
+            std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+        cs = static_cast<float>(std::cos(angle));
+        sn = static_cast<float>(std::sin(angle));
+      }
+      rope_cos[sz(pos * half + i)] = cs;
+      rope_sin[sz(pos * half + i)] = sn;
+    }
+  }
+}
+
+Transformer::Transformer(const Model& model, std::int64_t max_chunk)
+    : model_(&model), s_(model.config(), max_chunk) {}
+
+namespace {
+
+// Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + s.
+void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
+          RopeStyle style, const RunState& s) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t t = 0; t < S; ++t) {
+    const float* cs = s.rope_cos.data() + (pos0 + t) * half;
+    const float* sn = s.rope_sin.data() + (pos0 + t) * half;
+    for (std::int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * D;
+      for (std::int64_t i = 0; i < half; ++i) {
+        // llama2.c pairs (2i, 2i+1); Hugging Face pairs (i, i + D/2). Same rotation.
+        float* a = style == RopeStyle::kInterleaved ? v + 2 * i : v + i;
+        float* b = style == RopeStyle::kInterleaved ? v + 2 * i + 1 : v + i + half;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * cs[i] - x1 * sn[i];
+        *b = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
+                            LayerCache& cache) {
+  const ModelConfig& c = model_->config();
+  const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
+  const std::int64_t qd = c.q_dim();
+
+  // The step's new rows as [B=1, Hkv, S, D] views of k, v ([S][Hkv][D] in memory).
+  TensorRef kref = TensorRef::f32(s_.k.data(), 1, Hkv, S, D);
+  TensorRef vref = TensorRef::f32(s_.v.data(), 1, Hkv, S, D);
+  for (TensorRef* t : {&kref, &vref}) {
+    t->stride[0] = S * Hkv * D;
+    t->stride[1] = D;
+    t->stride[2] = Hkv * D;
+  }
+  const StepView view = cache.begin_step(kref, vref);
+  const std::int64_t R = view.n_rows();
+  if (R > s_.max_rows || view.n_new() != S) {
+    cache.end_step();
+    throw Error(ErrorCode::kInvalidState,
+                "[engine] layer " + std::to_string(layer) + " cache returned " + std::to_string(R) +
+                    " rows (" + std::to_string(view.n_new()) + " new) for a step of " +
+                    std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
+  }
+
+  float* att = s_.att.data();                            // [Hq][S][R]
+  const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
+  for (std::int64_t g = 0; g < Hkv; ++g) {
+    const HeadRows& hr = view.head(0, g);
+    for (std::int64_t t = 0; t < S; ++t) {
+      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+      // every row (masked by position), softmax, weighted sum of the values.
+      const float* q = s_.q.data() + t * qd + g * G * D;
+      float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
+      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
+                            scores, S * R, s_.row.data());
+      for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
+      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
+                            R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, s_.row.data());
+    }
+  }
+  // Hand the probabilities back ([B=1, Hq, S, R]; masked entries are exactly 0).
+  const AttentionRef probs{att, 1, Hq, S, R};
+  cache.end_step(&probs);
+}
+
+const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
+                                  Logits which) {
+  const ModelConfig& c = model_->config();
+  const Weights& w = model_->weights();
+  if (S < 1 || S > s_.max_chunk) {
+    bad_argument("a forward step takes 1 to " + std::to_string(s_.max_chunk) + " tokens, got " +
+                 std::to_string(S));
+  }
+  const ModelShape& cs = cache.shape();
+  if (cs.n_layers != c.n_layers || cs.n_kv_heads != c.n_kv_heads || cs.head_dim != c.head_dim ||
+      cs.n_query_heads != c.n_heads) {
+    bad_argument("the cache is shaped for " + std::to_string(cs.n_layers) + " layers x " +
+                 std::to_string(cs.n_kv_heads) + " KV heads x head_dim " +
+                 std::to_string(cs.head_dim) + ", the model needs " + std::to_string(c.n_layers) +
+                 " x " + std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim));
+  }
+  const std::int64_t pos0 = cache.layer(0).tokens_seen();
+  if (pos0 + S > c.seq_len) {
+    bad_argument("position " + std::to_string(pos0 + S - 1) +
+                 " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
+  }
+  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  float* x = s_.x.data();
+  float* xb = s_.xb.data();
+  float* xb2 = s_.xb2.data();
+
+  // Token embeddings.
+  for (std::int64_t t = 0; t < S; ++t) {
+    const std::int32_t tok = tokens[t];
+    if (tok < 0 || tok >= c.vocab_size) {
+      bad_argument("token id " + std::to_string(tok) + " is outside the vocabulary [0, " +
+                   std::to_string(c.vocab_size) + ")");
+    }
+    std::memcpy(x + t * dim, w.token_embedding + static_cast<std::int64_t>(tok) * dim,
+                sz(dim) * sizeof(float));
+  }
+
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[sz(l)];
+
+    // Attention block: norm, projections, RoPE, attention over the cache, output projection.
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
+    ops::matmul(s_.q.data(), xb, lw.wq, S, dim, qd);
+    ops::matmul(s_.k.data(), xb, lw.wk, S, dim, kvd);
+    ops::matmul(s_.v.data(), xb, lw.wv, S, dim, kvd);
+    rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
+    rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
+    attention(l, S, pos0, cache.layer(l));
+    ops::matmul(xb2, s_.att_out.data(), lw.wo, S, qd, dim);
+
+    // Residual add, and how far the attention turned the hidden state (cosine, mean over S).
+    double cos_sum = 0.0;
+    for (std::int64_t t = 0; t < S; ++t) {
+      float* xt = x + t * dim;
+      float* yt = xb + t * dim;
+      for (std::int64_t i = 0; i < dim; ++i) yt[i] = xt[i] + xb2[t * dim + i];
+      cos_sum += kernels::cosine(xt, yt, dim);
+      std::memcpy(xt, yt, sz(dim) * sizeof(float));
+    }
+    s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
+
+    // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
+    ops::matmul(s_.hb.data(), xb, lw.w_gate, S, dim, hid);
+    ops::matmul(s_.hb2.data(), xb, lw.w_up, S, dim, hid);
+    ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
+    ops::matmul(xb, s_.hb.data(), lw.w_down, S, hid, dim);
+    for (std::int64_t i = 0; i < S * dim; ++i) x[i] += xb[i];
+  }
+
+  // Final norm and classifier, for every token or only the last.
+  const std::int64_t first = which == Logits::kAll ? 0 : S - 1;
+  for (std::int64_t t = first; t < S; ++t)
+    ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+  ops::matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first, dim, c.vocab_size);
+  return s_.logits.data();
+}
+
+}  // namespace vq::engine

@@ -1,0 +1,283 @@
+#include "eval/model_eval.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "engine/mapped_file.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "eval/plot.h"
+#include "eval/results.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+
+namespace vq::eval {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg);
+}
+
+struct Planned {
+  CacheConfig config;
+  std::string series;
+  bool is_reference;
+};
+
+// A method's non-default fields without the method prefix ("h2o:grace=0,decay=1"), for
+// table rows and plot legends; the budget field is left out (it has its own column/axis).
+std::string short_spec(const CacheConfig& c, bool drop_budget) {
+  const MethodInfo& m = c.info();
+  const CacheConfig defaults(c.method());
+  std::string budget_field;
+  if (drop_budget && has_token_budget(c)) {
+    CacheConfig probe = defaults;
+    m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
+    for (std::size_t i = 0; i < probe.fields().size(); ++i) {
+      if (probe.fields()[i].second != defaults.fields()[i].second)
+        budget_field = probe.fields()[i].first;
+    }
+  }
+  std::string out;
+  for (std::size_t i = 0; i < c.fields().size(); ++i) {
+    const auto& [name, value] = c.fields()[i];
+    if (value == defaults.fields()[i].second || name == budget_field) continue;
+    std::string key = name;
+    if (!m.prefix.empty() && key.rfind(m.prefix + "_", 0) == 0)
+      key = key.substr(m.prefix.size() + 1);
+    out += (out.empty() ? ":" : ",") + key + "=" + value_text(value);
+  }
+  return c.method() + out;
+}
+
+}  // namespace
+
+ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress) {
+  ModelEvalResult res;
+  res.options = o;
+  if (o.tokens < 2) bad("--tokens must be >= 2 (one prediction), got " + std::to_string(o.tokens));
+  if (o.prefill < 0 || o.prefill > o.tokens - 1) {
+    bad("--prefill must be in [0, " + std::to_string(o.tokens - 1) + "] (--tokens - 1), got " +
+        std::to_string(o.prefill));
+  }
+  if (o.budgets.empty()) bad("--budget needs at least one value");
+
+  // Plan every run before loading anything, so bad specs fail fast.
+  std::vector<Planned> plan;
+  const CacheConfig reference = CacheConfig::parse(o.reference);
+  plan.push_back({reference, short_spec(reference, false), true});
+  std::vector<CacheConfig> methods;
+  if (o.methods.empty()) {
+    for (const auto& id : method_ids()) methods.emplace_back(id);
+  }
+  for (const auto& s : o.methods) methods.push_back(CacheConfig::parse(s));
+  for (const CacheConfig& m : methods) {
+    std::vector<CacheConfig> cells;
+    if (has_token_budget(m)) {
+      for (const std::int64_t b : o.budgets) {
+        try {
+          cells.push_back(with_token_budget(m, b));
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kInvalidConfig) throw;
+          res.skipped.push_back({m.spec(), b, e.what()});
+        }
+      }
+    } else {
+      cells.push_back(m);
+    }
+    for (CacheConfig& c : cells) {
+      const bool dup =
+          std::any_of(plan.begin(), plan.end(), [&](const Planned& p) { return p.config == c; });
+      if (!dup) plan.push_back({std::move(c), short_spec(m, true), false});
+    }
+  }
+
+  // Model, tokenizer, text.
+  const engine::Model model = engine::Model::load(o.model);
+  const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
+  const engine::ModelConfig& mc = model.config();
+  res.model_format = mc.format;
+  res.tokenizer_path = tokenizer->path();
+  res.model_config = {{"dim", mc.dim},
+                      {"hidden_dim", mc.hidden_dim},
+                      {"n_layers", mc.n_layers},
+                      {"n_heads", mc.n_heads},
+                      {"n_kv_heads", mc.n_kv_heads},
+                      {"head_dim", mc.head_dim},
+                      {"vocab_size", mc.vocab_size},
+                      {"seq_len", mc.seq_len},
+                      {"rope", engine::to_string(mc.rope)},
+                      {"weights_dtype", mc.weights_dtype},
+                      {"n_params", mc.n_params()}};
+  if (o.tokens > mc.seq_len) {
+    bad("--tokens " + std::to_string(o.tokens) + " exceeds the model's context (seq_len " +
+        std::to_string(mc.seq_len) + ")");
+  }
+  const std::string text = engine::read_text_file(o.text);
+  std::vector<std::int32_t> ids = engine::encode_first(*tokenizer, text, o.tokens);
+  if (static_cast<std::int64_t>(ids.size()) < o.tokens) {
+    throw Error(ErrorCode::kFileError,
+                "'" + o.text + "': encodes to only " + std::to_string(ids.size()) +
+                    " tokens, fewer than --tokens " + std::to_string(o.tokens),
+                o.text);
+  }
+  res.n_tokens = o.tokens;
+
+  // The reference run keeps its logits; every other run is compared with it.
+  engine::ForcedRun ref;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    engine::ForcedOptions fo;
+    fo.prefill = o.prefill;
+    fo.keep_logits = p.is_reference;
+    fo.reference = p.is_reference ? nullptr : &ref;
+    engine::ForcedRun run = engine::run_forced(model, ids, p.config, fo);
+    ModelEvalRow row{p.config,
+                     p.series,
+                     p.is_reference,
+                     engine::summarize(run, p.is_reference ? nullptr : &ref),
+                     run.kept_tokens_mean,
+                     run.cache.kept_bytes,
+                     run.cache.full_bytes,
+                     run.cache.compression_ratio,
+                     1000.0 * run.seconds / static_cast<double>(run.n_forward),
+                     run.cache.evictions,
+                     run.cache.merges};
+    if (p.is_reference) {
+      row.summary = engine::summarize(run, &run);
+      ref = std::move(run);
+    }
+    if (progress != nullptr) {
+      *progress
+          << fmt::format(
+                 "eval: [{}/{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
+                 i + 1, plan.size(), p.config.spec() + (p.is_reference ? " (reference)" : ""),
+                 row.summary.ppl, row.summary.kl_mean, row.summary.top1_agreement,
+                 row.time_per_token_ms)
+          << std::flush;
+    }
+    res.rows.push_back(std::move(row));
+  }
+  return res;
+}
+
+nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& command) {
+  nlohmann::json settings = {
+      {"model", r.options.model},
+      {"model_format", r.model_format},
+      {"model_config", r.model_config},
+      {"tokenizer", r.tokenizer_path},
+      {"text", r.options.text},
+      {"tokens", r.n_tokens},
+      {"prefill", r.options.prefill},
+      {"n_predictions", r.n_tokens - 1},
+      {"budgets", r.options.budgets},
+      {"methods", r.options.methods.empty() ? method_ids() : r.options.methods},
+      {"reference", r.options.reference},
+      {"teacher_forced", true},
+  };
+  nlohmann::json j = results_envelope("eval", command, settings);
+  for (const ModelEvalRow& row : r.rows) {
+    nlohmann::json x = method_json(row.config);
+    x["reference"] = row.is_reference;
+    x["nll_mean"] = row.summary.nll_mean;
+    x["ppl"] = row.summary.ppl;
+    x["kl_mean"] = row.summary.kl_mean;
+    x["top1_agreement"] = row.summary.top1_agreement;
+    x["kept_tokens"] = row.kept_tokens;
+    x["kept_bytes"] = row.kept_bytes;
+    x["full_bytes"] = row.full_bytes;
+    x["compression_ratio"] = row.compression_ratio;
+    x["evictions"] = row.evictions;
+    x["merges"] = row.merges;
+    x["n_predictions"] = row.summary.n_predictions;
+    x["text"] = r.options.text;
+    x["tokens"] = r.n_tokens;
+    x["prefill"] = r.options.prefill;
+    x["time_per_token_ms"] = row.time_per_token_ms;
+    j["rows"].push_back(x);
+  }
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const ModelEvalSkip& s : r.skipped) {
+    skipped.push_back({{"method", s.method}, {"budget", s.budget}, {"reason", s.reason}});
+  }
+  j["skipped"] = skipped;
+  return j;
+}
+
+std::string model_eval_table(const ModelEvalResult& r) {
+  std::string out =
+      fmt::format("{} ({}), {}: first {} tokens, {} predictions{}\n\n", r.options.model,
+                  r.model_format, r.options.text, r.n_tokens, r.n_tokens - 1,
+                  r.options.prefill >= 2 ? fmt::format(", prefill {}", r.options.prefill) : "");
+  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>6} {:>8}\n", "method",
+                     "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes", "ratio",
+                     "ms/tok");
+  for (const ModelEvalRow& row : r.rows) {
+    const std::string budget =
+        has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
+    out += fmt::format(
+        "{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>6.2f} {:>8.4f}\n",
+        row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
+        row.summary.nll_mean, row.summary.kl_mean, row.summary.top1_agreement, row.kept_tokens,
+        row.kept_bytes, row.compression_ratio, row.time_per_token_ms);
+  }
+  for (const ModelEvalSkip& s : r.skipped) {
+    out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
+  }
+  out +=
+      "\nppl = exp(mean NLL); KL = mean KL(reference || method) per token in nats; top1 = share of "
+      "positions whose argmax matches the reference; kept/head = mean rows per KV head per layer; "
+      "kept bytes / ratio at the end of the text.\n";
+  return out;
+}
+
+std::string model_eval_plot(const ModelEvalResult& r) {
+  Panel ppl{"perplexity", "budget (rows per KV head)", "perplexity", true, true, {}};
+  Panel kl{"KL(reference || method) per token (log)",
+           "budget (rows per KV head)",
+           "nats",
+           true,
+           true,
+           {}};
+  const double lo =
+      static_cast<double>(*std::min_element(r.options.budgets.begin(), r.options.budgets.end()));
+  const double hi =
+      static_cast<double>(*std::max_element(r.options.budgets.begin(), r.options.budgets.end()));
+  // One series per method, in table order; methods without a budget (the reference) are
+  // dashed horizontal lines.
+  auto series_in = [](Panel& p, const std::string& label, bool dashed) -> Series& {
+    for (Series& s : p.series) {
+      if (s.label == label) return s;
+    }
+    p.series.push_back({label, {}, {}, {}, dashed});
+    return p.series.back();
+  };
+  for (const ModelEvalRow& row : r.rows) {
+    const bool flat = row.is_reference || !has_token_budget(row.config);
+    const std::string label = row.series + (row.is_reference ? " (reference)" : "");
+    const std::vector<double> xs =
+        flat ? std::vector<double>{lo, hi}
+             : std::vector<double>{static_cast<double>(token_budget(row.config))};
+    Series& sp = series_in(ppl, label, flat);
+    for (const double x : xs) {
+      sp.x.push_back(x);
+      sp.y.push_back(row.summary.ppl);
+    }
+    if (row.summary.kl_mean > 0) {  // KL = 0 (the reference, nothing evicted) has no log-axis point
+      Series& sk = series_in(kl, label, flat);
+      for (const double x : xs) {
+        sk.x.push_back(x);
+        sk.y.push_back(row.summary.kl_mean);
+      }
+    }
+  }
+  const std::string title = "KV-cache methods on " + r.options.model + ", " + r.options.text +
+                            " (first " + std::to_string(r.n_tokens) + " tokens)";
+  return line_plot_svg(title, {ppl, kl}, 2);
+}
+
+}  // namespace vq::eval

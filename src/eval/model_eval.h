@@ -1,0 +1,69 @@
+// Model-level evaluation of KV-cache methods (`veloxquant eval`): a real model reads a text
+// teacher-forced through each method at each budget; the full-cache reference run comes first
+// and every other run is compared with it (perplexity, KL, top-1 agreement, kept tokens and
+// bytes, time per token). Results go to the shared result-file schema (docs/results.md).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/evaluate.h"
+#include "veloxquant/config.h"
+
+namespace vq::eval {
+
+struct ModelEvalOptions {
+  std::string model, tokenizer, text;  // paths (tokenizer "" = next to the model)
+  std::int64_t tokens = 512;           // the text's first N tokens (BOS included)
+  std::int64_t prefill = 0;            // the first N go in as one step
+  std::vector<std::string> methods;    // specs; empty = every registered method
+  std::vector<std::int64_t> budgets = {32, 64, 128, 256};
+  std::string reference = "full";  // the run every other is compared with
+};
+
+struct ModelEvalRow {
+  CacheConfig config;
+  std::string series;  // the method's non-default fields, prefixes and budget left out
+                       // ("h2o:grace=0,decay=1"): table rows, plot series
+  bool is_reference = false;
+  engine::ForcedSummary summary;
+  double kept_tokens = 0;  // mean rows per KV head per layer over the predictions
+  std::int64_t kept_bytes = 0, full_bytes = 0;  // at the end of the text, all layers
+  double compression_ratio = 1;
+  double time_per_token_ms = 0;
+  std::int64_t evictions = 0, merges = 0;  // rows removed (all layers, heads) and, of those, merged
+};
+
+struct ModelEvalSkip {
+  std::string method;  // the spec as given
+  std::int64_t budget = 0;
+  std::string reason;
+};
+
+struct ModelEvalResult {
+  ModelEvalOptions options;
+  std::string model_format, tokenizer_path;
+  nlohmann::json model_config;         // dims of the model, for the settings block
+  std::int64_t n_tokens = 0;           // tokens read (= options.tokens)
+  std::vector<ModelEvalRow> rows;      // the reference first
+  std::vector<ModelEvalSkip> skipped;  // method x budget cells the method's guards reject
+};
+
+// Loads the model, tokenizer and text, then runs the reference and every method x budget.
+// A budget a method's guards reject (e.g. h2o's n_sink + grace >= budget) is skipped and
+// recorded, not fatal. Progress lines go to `progress` (may be null). Throws vq::Error for bad
+// files, specs or options before any run starts.
+ModelEvalResult run_model_eval(const ModelEvalOptions& options, std::ostream* progress);
+
+// The result file (kind "eval"): the envelope, settings and one row per run.
+nlohmann::json model_eval_json(const ModelEvalResult& result, const std::string& command);
+// The terminal table.
+std::string model_eval_table(const ModelEvalResult& result);
+// An SVG: perplexity and KL against the budget (log x), one series per method, the reference
+// as a dashed line.
+std::string model_eval_plot(const ModelEvalResult& result);
+
+}  // namespace vq::eval

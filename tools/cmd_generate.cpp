@@ -1,0 +1,76 @@
+// `veloxquant generate`: text from a model through a compressed KV cache, with run.c's sampler.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "cli.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "veloxquant/config.h"
+#include "veloxquant/errors.h"
+
+namespace vq::cli {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model, tokenizer, prompt, method = "full";
+  std::int64_t steps = 256;
+  float temperature = 0.0f, top_p = 0.9f;
+  std::uint64_t seed = 42;
+};
+
+void run_generate(const GenerateCliOptions& o) {
+  engine::GenerateOptions g;
+  g.method = CacheConfig::parse(o.method);  // validate flags before loading anything
+  g.prompt = o.prompt;
+  g.steps = o.steps;
+  g.temperature = o.temperature;
+  g.top_p = o.top_p;
+  g.seed = o.seed;
+  if (o.steps < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "--steps must be >= 0 (0 = the model's context), got " + std::to_string(o.steps));
+  const engine::Model model = engine::Model::load(o.model);
+  const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
+  const engine::GenerateResult r = engine::generate(
+      model, *tokenizer, g, [](const std::string& piece) { std::cout << piece << std::flush; });
+  std::cout << "\n" << std::flush;
+  const double tps =
+      r.decode_seconds > 0 ? static_cast<double>(r.n_decode) / r.decode_seconds : 0.0;
+  std::cerr << fmt::format(
+      "generate: {} tokens ({} prompt incl. BOS, {} decode steps{}); decode {:.0f} tok/s; "
+      "cache {}: {} rows/head kept, {} of {} bytes\n",
+      r.ids.size(), r.n_prompt, r.n_decode, r.stopped ? ", stopped at a stop token" : "", tps,
+      g.method.spec(), r.cache.tokens_kept, r.cache.kept_bytes, r.cache.full_bytes);
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateCliOptions>();
+  auto* cmd = app.add_subcommand(
+      "generate",
+      "Generate text from a llama2.c or Hugging Face Llama checkpoint through a compressed KV "
+      "cache (llama2.c run.c's sampler: temperature, top-p, xorshift seed)");
+  cmd->add_option("--model", o->model,
+                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
+                  "(config.json beside it)")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model "
+                  "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)");
+  cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
+  cmd->add_option("--steps", o->steps,
+                  "Positions to run, prompt included (0 = the model's context)")
+      ->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0 = greedy (argmax)")->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling threshold in [0, 1] (0 or 1: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "xorshift RNG seed (nonzero)")->capture_default_str();
+  cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
+      ->capture_default_str();
+  cmd->callback([o]() { run_generate(*o); });
+}
+
+}  // namespace vq::cli
