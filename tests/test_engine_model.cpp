@@ -417,3 +417,68 @@ TEST(TinyStories656K, GreedyGenerationMatchesTheReference) {
 
 }  // namespace
 }  // namespace vq
+
+namespace vq {
+namespace {
+
+// Issue 6 in the engine: the attention each layer computed reaches the cache.
+const std::vector<std::string> kAttentionSpecs = {
+    "h2o:source=attention",        "tova:source=attention",      "snapkv:source=attention",
+    "pyramidkv:source=attention",  "squeeze:source=attention",   "chunkkv:source=attention",
+    "keyformer:source=attention",  "morphkv:source=attention",   "cam:source=attention",
+    "cam:source=attention,target=window",  "h2o:source=attention,gqa_reduce=max"};
+
+TEST(Stories260KAttention, CoveringBudgetsEqualTheFullCacheAndRunsAreDeterministic) {
+  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 96);
+  const engine::ModelConfig& mc = stories().config();
+  const ModelShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.n_heads};
+  for (const std::int64_t prefill : {0, 64}) {
+    engine::ForcedOptions ref_opts;
+    ref_opts.prefill = prefill;
+    const auto full = engine::run_forced(stories(), ids, CacheConfig("full"), ref_opts);
+    for (const std::string& spec : kAttentionSpecs) {
+      const CacheConfig base = CacheConfig::parse(spec);
+      std::int64_t budget = 128;
+      auto min_layer = [&](std::int64_t b) {
+        const auto budgets = ModelCache(with_token_budget(base, b), shape).layer_budgets();
+        return *std::min_element(budgets.begin(), budgets.end());
+      };
+      while (min_layer(budget) < static_cast<std::int64_t>(ids.size())) budget *= 2;
+      engine::ForcedOptions o;
+      o.prefill = prefill;
+      const auto covering = engine::run_forced(stories(), ids, with_token_budget(base, budget), o);
+      EXPECT_EQ(covering.nll, full.nll) << spec << " prefill " << prefill;
+      // Over budget: the attention changes what is kept, identically run after run.
+      const auto a = engine::run_forced(stories(), ids, with_token_budget(base, 48), o);
+      const auto b = engine::run_forced(stories(), ids, with_token_budget(base, 48), o);
+      EXPECT_EQ(a.nll, b.nll) << spec;
+      if (!(base.info().prefill_only && prefill == 0)) {  // snapkv compresses prefills only
+        EXPECT_NE(a.nll, full.nll) << spec << ": nothing was evicted at budget 48";
+      }
+    }
+  }
+}
+
+TEST(Stories260KAttention, ProxyAndAttentionSourcesKeepDifferentRows) {
+  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 128);
+  engine::ForcedOptions o;
+  for (const char* id : {"h2o", "tova", "morphkv", "keyformer"}) {
+    const auto proxy = engine::run_forced(stories(), ids, CacheConfig::parse(std::string(id) + ":budget=48"), o);
+    const auto attn = engine::run_forced(
+        stories(), ids, CacheConfig::parse(std::string(id) + ":budget=48,source=attention"), o);
+    EXPECT_NE(proxy.nll, attn.nll) << id;
+  }
+}
+
+TEST(Stories260KAttention, SqueezeReadsTheEnginesLayerSimilarity) {
+  // With source=attention, squeeze's budgets come from the hidden-state cosine the engine
+  // reports; they are reallocated (not uniform) once every layer has seen `budget` tokens.
+  const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 128);
+  engine::ForcedOptions o;
+  const auto run = engine::run_forced(stories(), ids, CacheConfig::parse("squeeze:source=attention,budget=48,grace=8,decay=0.98"), o);
+  const auto uniform = engine::run_forced(stories(), ids, CacheConfig::parse("squeeze:source=attention,budget=48,grace=8,decay=0.98,strength=0"), o);
+  EXPECT_NE(run.nll, uniform.nll);
+}
+
+}  // namespace
+}  // namespace vq

@@ -97,8 +97,8 @@ void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::i
 
 }  // namespace
 
-void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
-                            LayerCache& cache) {
+AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
+                                    LayerCache& cache) {
   const ModelConfig& c = model_->config();
   const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
   const std::int64_t qd = c.q_dim();
@@ -114,7 +114,10 @@ void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos
   const StepView view = cache.begin_step(kref, vref);
   const std::int64_t R = view.n_rows();
   if (R > s_.max_rows || view.n_new() != S) {
-    cache.end_step();
+    try {
+      cache.end_step();  // leave the cache usable; an attention-sourced method refuses, and stays open
+    } catch (const Error&) {
+    }
     throw Error(ErrorCode::kInvalidState,
                 "[engine] layer " + std::to_string(layer) + " cache returned " + std::to_string(R) +
                     " rows (" + std::to_string(view.n_new()) + " new) for a step of " +
@@ -137,9 +140,9 @@ void Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos
                             R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, s_.row.data());
     }
   }
-  // Hand the probabilities back ([B=1, Hq, S, R]; masked entries are exactly 0).
-  const AttentionRef probs{att, 1, Hq, S, R};
-  cache.end_step(&probs);
+  // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the caller
+  // closes the step with them once the layer's similarity signal is known.
+  return AttentionRef{att, 1, Hq, S, R};
 }
 
 const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
@@ -190,7 +193,7 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     ops::matmul(s_.v.data(), xb, lw.wv, S, dim, kvd);
     rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
     rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
-    attention(l, S, pos0, cache.layer(l));
+    const AttentionRef probs = attention(l, S, pos0, cache.layer(l));
     ops::matmul(xb2, s_.att_out.data(), lw.wo, S, qd, dim);
 
     // Residual add, and how far the attention turned the hidden state (cosine, mean over S).
@@ -203,6 +206,10 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
       std::memcpy(xt, yt, sz(dim) * sizeof(float));
     }
     s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
+    // SqueezeAttention's signal goes to the cache before the layer's step closes; then the cache
+    // gets this step's attention probabilities and applies its budget.
+    cache.observe_layer_similarity(l, cos_sum / static_cast<double>(S));
+    cache.layer(l).end_step(&probs);
 
     // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
     for (std::int64_t t = 0; t < S; ++t)

@@ -76,7 +76,9 @@ class Transformer {
   const Model& model() const noexcept { return *model_; }
 
  private:
-  void attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache);
+  // Runs the layer's attention over the cache's view (the cache step stays open) and returns
+  // the probabilities [B=1, Hq, S, R], valid until the next call; forward() closes the step.
+  AttentionRef attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache);
 
   const Model* model_;
   RunState s_;
