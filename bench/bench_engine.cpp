@@ -30,7 +30,9 @@ void BM_Generate(benchmark::State& state, const std::string& spec) {
 
 void register_all() {
   for (const std::string spec :
-       {"full", "full:kv_dtype=f32", "streaming_llm", "h2o", "tova", "cam"}) {
+       {"full", "full:kv_dtype=f32", "streaming_llm", "h2o", "h2o:source=attention", "tova",
+        "tova:source=attention", "morphkv", "morphkv:source=attention", "knorm", "cam",
+        "kivi"}) {
     benchmark::RegisterBenchmark(("generate_stories260K_256/" + spec).c_str(), BM_Generate, spec)
         ->Unit(benchmark::kMillisecond);
   }

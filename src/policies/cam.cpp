@@ -50,8 +50,8 @@ MethodInfo cam_method() {
   m.disposition = "merge (gated)";
   m.score_signal = "cumulative attention mass";
   m.budget_type = "uniform";
-  m.deviations = "cosine blend weight, single nearest survivor instead of a window of m "
-                 "tokens, key-as-query proxy";
+  m.deviations = "cosine blend into the single nearest survivor (target=window: the "
+                 "paper's window of m rows); proxy source by default";
   m.fields = {
       int_field("cam_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("cam_n_sink", 4, 0, kMaxTokens,

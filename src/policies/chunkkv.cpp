@@ -144,7 +144,7 @@ MethodInfo chunkkv_method() {
   m.score_signal = "cumulative attention mass or key norm, pooled per chunk";
   m.budget_type = "uniform (budget - chunk_size + 1 to budget)";
   m.deviations = "chunks chosen at every step from the live rows (paper: once over the "
-                 "prompt); key-as-query proxy";
+                 "prompt); proxy source by default";
   m.exact_budget = false;
   m.fields = {
       int_field("chunkkv_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),

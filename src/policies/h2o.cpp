@@ -90,8 +90,8 @@ MethodInfo h2o_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "cumulative attention mass";
   m.budget_type = "uniform";
-  m.deviations = "key-as-query proxy; decay and grace window added (grace=0, decay=1 is the "
-                 "paper's rule)";
+  m.deviations = "proxy source by default (source=attention accumulates the engine's attention); "
+                 "decay and grace window added (grace=0, decay=1 is the paper's rule)";
   m.fields = {
       int_field("h2o_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("h2o_n_sink", 4, 0, kMaxTokens, "leading rows never evicted (attention sinks)"),

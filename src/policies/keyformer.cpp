@@ -122,8 +122,8 @@ MethodInfo keyformer_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "noisy cumulative attention mass";
   m.budget_type = "uniform";
-  m.deviations = "noise added to the accumulated proxy mass at eviction (paper: to the "
-                 "logits, accumulating softmax((x + g) / tau)); key-as-query proxy";
+  m.deviations = "proxy source: noise added to the accumulated mass at eviction "
+                 "(source=attention: the paper's softmax((x + g) / tau) accumulation)";
   m.fields = {
       int_field("keyformer_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("keyformer_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),

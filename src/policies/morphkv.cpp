@@ -153,8 +153,9 @@ MethodInfo morphkv_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "recent-window attention";
   m.budget_type = "uniform";
-  m.deviations = "key-as-query proxy; softmax over all rows rather than the non-recent "
-                 "columns; mean fusion by default";
+  m.deviations = "proxy source: keys as queries, softmax over all rows (source=attention: "
+                 "the paper's last-W-query attention renormalised over candidate columns); mean "
+                 "fusion by default";
   m.fields = {
       int_field("morphkv_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("morphkv_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),

@@ -56,7 +56,7 @@ MethodInfo pyramidkv_method() {
   m.score_signal = "cumulative attention mass";
   m.budget_type = "per-layer pyramid (mean = budget)";
   m.deviations = "H2O mass at every step instead of a one-off SnapKV selection at prefill; "
-                 "key-as-query proxy";
+                 "proxy source by default";
   m.fields = {
       int_field("pyramid_budget", 512, 1, kMaxTokens,
                 "average rows kept per KV head over the layers, sinks included"),

@@ -141,7 +141,8 @@ MethodInfo snapkv_method() {
   m.disposition = "drop (merge optional)";
   m.score_signal = "observation-window attention, pooled";
   m.budget_type = "uniform at prefill (decode grows)";
-  m.deviations = "window keys stand in for queries; sinks protected";
+  m.deviations = "proxy source: window keys stand in for queries (source=attention: the "
+                 "window's real query rows); sinks protected";
   m.prefill_only = true;
   m.fields = {
       int_field("snap_budget", 512, 1, kMaxTokens,
