@@ -53,20 +53,21 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   const float* logits = tf.forward(prompt.data(), chunk, cache, Logits::kLast);
   std::int64_t pos = chunk;
   std::int32_t token = prompt[0];
-  for (std::int64_t p = 0; p < chunk; ++p) {
-    std::int32_t next;
-    if (p < res.n_prompt - 1) {
-      next = prompt[static_cast<std::size_t>(p + 1)];
-    } else {
-      next = sample(logits);
-    }
+  // Takes the next token: false at the stop token, else prints it and makes it current.
+  auto take = [&](std::int32_t next) {
     if (next == stop) {
       res.stopped = true;
-      break;
+      return false;
     }
     emit(token, next);
     res.ids.push_back(next);
     token = next;
+    return true;
+  };
+  for (std::int64_t p = 0; p < chunk; ++p) {
+    const std::int32_t next =
+        p < res.n_prompt - 1 ? prompt[static_cast<std::size_t>(p + 1)] : sample(logits);
+    if (!take(next)) break;
   }
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 
@@ -76,14 +77,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
     logits = tf.forward(&token, 1, cache, Logits::kLast);
     ++pos;
     ++res.n_decode;
-    const std::int32_t next = sample(logits);
-    if (next == stop) {
-      res.stopped = true;
-      break;
-    }
-    emit(token, next);
-    res.ids.push_back(next);
-    token = next;
+    if (!take(sample(logits))) break;
   }
   res.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   res.cache = cache.stats();
