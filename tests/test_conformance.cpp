@@ -1,6 +1,10 @@
 // Conformance: every registered method, without editing this file when methods are added.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+
+#include "attention_util.h"
 #include "test_util.h"
 
 namespace vq {
@@ -155,6 +159,99 @@ TEST_P(Conformance, StatsAreConsistent) {
   EXPECT_DOUBLE_EQ(s.compression_ratio,
                    static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes));
 }
+
+// ---- Per-layer budgets inside a ModelCache (pyramidkv, squeeze) ----
+//
+// Driven as an engine drives it: a prefill chunk, then one token per step, each step through
+// every layer in order (with true attention from random queries, or the proxy). After every
+// step each layer holds exactly min(tokens seen, its own budget) rows per head, with its true
+// positions, sinks first; the budgets' mean is exactly the requested budget; two identical
+// runs are bit-identical.
+
+class PerLayerConformance : public ::testing::TestWithParam<std::string> {};
+
+struct ModelRun {
+  std::vector<test::Snapshot> layers;
+  std::vector<std::int64_t> budgets;
+};
+
+ModelRun drive(const std::string& spec, std::int64_t prefill, std::int64_t total,
+               bool check_every_step) {
+  constexpr std::int64_t L = 4, H = 2, Hq = 4, D = 8, C = 16;
+  const CacheConfig config = with_token_budget(CacheConfig::parse(spec), C);
+  const bool attention = config.has("source") && config.get_enum("source") == "attention";
+  const std::int64_t n_sink = config.get_int("n_sink");
+  ModelCache m(config, ModelShape{L, H, D, Hq});
+  std::vector<KV> kv;
+  std::vector<std::vector<float>> q;
+  for (std::int64_t l = 0; l < L; ++l) {
+    kv.emplace_back(1, H, total, D, 200 + static_cast<std::uint64_t>(l));
+    // Layers differ in how peaked their attention is (the squeeze signal).
+    for (auto& x : kv.back().k) x *= 0.4f * static_cast<float>(l + 1);
+    q.push_back(test::randn(static_cast<std::size_t>(Hq * total * D), 300 + static_cast<std::uint64_t>(l)));
+  }
+  for (std::int64_t t = 0; t < total;) {
+    const std::int64_t n = t == 0 ? prefill : 1;
+    for (std::int64_t l = 0; l < L; ++l) {
+      if (attention) {
+        m.observe_layer_similarity(l, l == L - 1 ? 0.99 : 0.5);
+        test::feed_attention(m.layer(l), kv[static_cast<std::size_t>(l)], q[static_cast<std::size_t>(l)], Hq, n, t, t + n);
+      } else {
+        test::feed(m.layer(l), kv[static_cast<std::size_t>(l)], n, t, t + n);
+      }
+    }
+    t += n;
+    if (!check_every_step) continue;
+    const std::vector<std::int64_t> b = m.layer_budgets();
+    EXPECT_EQ(std::accumulate(b.begin(), b.end(), std::int64_t{0}), L * C) << spec << " t " << t;
+    for (std::int64_t l = 0; l < L; ++l) {
+      const LayerCache& c = m.layer(l);
+      for (std::int64_t h = 0; h < H; ++h) {
+        const HeadRows r = c.stored(0, h);
+        EXPECT_EQ(r.n_rows, std::min(t, b[static_cast<std::size_t>(l)])) << spec << " layer " << l << " t " << t;
+        for (std::int64_t i = 0; i < r.n_rows; ++i) {
+          if (i < n_sink) {
+            EXPECT_EQ(r.positions[i], i) << spec << " sinks";
+          }
+          if (i > 0) {
+            EXPECT_LT(r.positions[i - 1], r.positions[i]) << spec;
+          }
+          EXPECT_LT(r.positions[i], t) << spec;
+        }
+      }
+    }
+  }
+  ModelRun out;
+  for (std::int64_t l = 0; l < L; ++l) out.layers.push_back(test::snapshot(m.layer(l), 1, H));
+  out.budgets = m.layer_budgets();
+  return out;
+}
+
+TEST_P(PerLayerConformance, EachLayerHoldsItsOwnBudgetAndTheMeanIsExact) {
+  for (std::int64_t prefill : {1, 40}) {
+    const ModelRun a = drive(GetParam(), prefill, 70, true);
+    EXPECT_EQ(std::accumulate(a.budgets.begin(), a.budgets.end(), std::int64_t{0}), 4 * 16);
+    EXPECT_NE(*std::min_element(a.budgets.begin(), a.budgets.end()),
+              *std::max_element(a.budgets.begin(), a.budgets.end()))
+        << GetParam() << ": the layers should get different budgets";
+    const ModelRun b = drive(GetParam(), prefill, 70, false);
+    EXPECT_EQ(a.budgets, b.budgets);
+    for (std::size_t l = 0; l < a.layers.size(); ++l) {
+      EXPECT_TRUE(a.layers[l] == b.layers[l]) << GetParam() << " layer " << l << ": not deterministic";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PerLayer, PerLayerConformance,
+                         ::testing::Values("pyramidkv", "pyramidkv:source=attention", "squeeze",
+                                           "squeeze:source=attention"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string name = p.param;
+                           for (char& ch : name) {
+                             if (ch == ':' || ch == '=') ch = '_';
+                           }
+                           return name;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(EveryMethod, Conformance, ::testing::ValuesIn(method_ids()),
                          [](const ::testing::TestParamInfo<std::string>& p) {

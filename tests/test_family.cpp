@@ -51,13 +51,16 @@ TEST(Reductions, PyramidKVWithBetaOneIsH2OInEveryLayer) {
 }
 
 TEST(Reductions, SqueezeWithStrengthZeroIsH2OInEveryLayer) {
+  // Driven as an engine does: each token goes through every layer in turn. Nothing is evicted
+  // before the 24th token, when every layer reports and the (uniform) budgets are decided.
   ModelCache s(CacheConfig::parse("squeeze:budget=24,strength=0"), ModelShape{3, 2, 16, 0});
   ModelCache h(CacheConfig::parse("h2o:budget=24,grace=0,decay=1"), ModelShape{3, 2, 16, 0});
-  for (std::int64_t step = 0; step < 10; ++step) {
+  std::vector<KV> data;
+  for (std::int64_t l = 0; l < 3; ++l) data.push_back(peaked(1, 2, 150, 16, 10 + static_cast<std::uint64_t>(l)));
+  for (std::int64_t t = 0; t < 150; ++t) {
     for (std::int64_t l = 0; l < 3; ++l) {
-      KV kv = peaked(1, 2, 150, 16, 10 + static_cast<std::uint64_t>(l));
-      test::feed(s.layer(l), kv, 1, step * 15, step * 15 + 15);
-      test::feed(h.layer(l), kv, 1, step * 15, step * 15 + 15);
+      test::feed(s.layer(l), data[static_cast<std::size_t>(l)], 1, t, t + 1);
+      test::feed(h.layer(l), data[static_cast<std::size_t>(l)], 1, t, t + 1);
     }
   }
   for (std::int64_t l = 0; l < 3; ++l) {
@@ -151,13 +154,25 @@ TEST(PyramidKV, BudgetsDecreaseWithDepthAndAverageToTheRequest) {
   const auto b = m.layer_budgets();
   ASSERT_EQ(b.size(), 5u);
   for (std::size_t l = 1; l < b.size(); ++l) EXPECT_LT(b[l], b[l - 1]);
-  EXPECT_NEAR(m.mean_budget(), 128.0, 0.5);
-  EXPECT_EQ(b.front(), 240);  // max = 2 * 128 - 128 / 8
-  EXPECT_EQ(b.back(), 16);    // min = 128 / 8
-  // Floors bind: the realised mean is reported above the request.
+  EXPECT_EQ(m.mean_budget(), 128.0);
+  // max = 2 * 128 - 128 / 8 = 240, min = 128 / 8 = 16, a step of 56 per layer.
+  EXPECT_EQ(b, (std::vector<std::int64_t>{240, 184, 128, 72, 16}));
+  // Rounding: C = 64, beta 20, floor 5: the line 124.8, 94.4, 64, 33.6, 3.2 rounds down to
+  // 124, 94, 64, 33, 3 (318); the 2 missing rows go to the largest fractions (.8 layer 0, .6
+  // layer 3): 125, 94, 64, 34, 3; layer 4 is raised to the floor 5 (+2) and the 2 rows come off
+  // the largest budget: 123, 94, 64, 34, 5 = 320 = 5 * 64.
+  EXPECT_EQ(detail::pyramid_budgets(64, 5, 20.0, 0, 5),
+            (std::vector<std::int64_t>{123, 94, 64, 34, 5}));
+  // Floors bind hard: C = 16, floor 9: the line 31.2, 23.6, 16, 8.4, 0.8 -> 31, 24, 16, 8, 1
+  // after rounding; layers 3 and 4 are raised to 9 (+9 rows), taken one at a time from the
+  // largest budget (ties to the higher layer): 31 -> 24 (7 rows), then layer 1 and layer 0
+  // give one each.
   const auto tight = detail::pyramid_budgets(16, 5, 20.0, 0, 9);
-  EXPECT_EQ(tight.back(), 9);
-  EXPECT_GT(detail::mean_of(tight), 16.0);
+  EXPECT_EQ(tight, (std::vector<std::int64_t>{23, 23, 16, 9, 9}));
+  EXPECT_EQ(detail::mean_of(tight), 16.0);
+  // Impossible floors are a validation error (the floor is n_sink + grace + 1).
+  test::expect_error([] { CacheConfig::parse("pyramidkv:budget=8,n_sink=4,grace=4"); },
+                     ErrorCode::kInvalidConfig, {"pyramid_n_sink + pyramid_grace must be < pyramid_budget"});
   // Each layer holds its own budget.
   for (std::int64_t l = 0; l < 5; ++l) {
     KV kv(1, 2, 260, 16, 30);

@@ -12,7 +12,9 @@
 // keys), seed, kv_dtype.
 // Attention source (source=attention): the new token is appended first and every live row,
 // itself included, adds the attention the token's query heads paid it (folded by gqa_reduce):
-// score <- score * decay + a. A prefill chunk adds its queries one after another.
+// score <- score * decay + a. A prefill chunk (a step of S > 1 tokens) is one decision, as in
+// the paper's prompt phase: every query of the chunk adds its attention (one after another),
+// then the rows ranked lowest leave in one cut, the sinks and the newest grace rows kept.
 // Deviations from the paper: with the proxy source the incoming key stands in for the query;
 // grace and decay are the reference library's additions (grace=0, decay=1 is the paper's rule,
 // under which, with the proxy, the newest token at score 0 is almost always the loser).

@@ -15,6 +15,9 @@ class H2OPolicy : public TokenPolicy {
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override;
   void eviction_scores(HeadCtx& h, float* out) override;
+  // With true attention a prefill chunk is one decision: every query's attention is summed,
+  // then one cut to the budget (the paper's prompt rule).
+  bool decides_chunk_at_once() const noexcept override { return source_.attention(); }
 
   std::int64_t grace_;
   float decay_;

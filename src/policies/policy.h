@@ -12,6 +12,8 @@
 
 namespace vq::detail {
 
+class Policy;
+
 // State shared by the layers of one ModelCache (made by the builder), for methods whose
 // per-layer budgets depend on every layer (SqueezeAttention). A LayerCache built on its own
 // has no group.
@@ -27,6 +29,14 @@ struct LayerGroup {
   std::vector<double> external;   // [n_layers] sum of engine-reported signals (see ModelCache)
   std::vector<std::int64_t> external_count;  // [n_layers]
   std::vector<std::int64_t> budgets;          // [n_layers] once decided; empty before
+  // Every layer's policy and state, registered by the policy at its first end_step, so the
+  // layer that completes a group decision can have each layer apply it to its own rows
+  // (SqueezeAttention cuts every layer's prefill once the last layer has reported).
+  struct Member {
+    Policy* policy = nullptr;
+    LayerState* state = nullptr;
+  };
+  std::vector<Member> members = std::vector<Member>(static_cast<std::size_t>(n_layers));
 };
 
 // What a method factory gets.
@@ -49,6 +59,9 @@ class Policy {
   virtual void on_reset(LayerState& /*st*/) {}
   // Whether end_step needs the attention probabilities (source=attention).
   virtual bool needs_attention() const noexcept { return false; }
+  // Applies a decision of the layer group (LayerGroup::budgets) to this layer's stored rows,
+  // outside any step. Called by the layer that completed the decision, on every layer.
+  virtual void apply_group_decision(LayerState& /*st*/) {}
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).
@@ -110,6 +123,10 @@ struct HeadCtx {
 // order and each head: on_token() appends it (updating scores); while the head then holds more
 // than budget rows, pick_loser() chooses one row and the merge rule disposes of it. At the end
 // each store keeps exactly its live rows.
+// A policy whose decides_chunk_at_once() is true (H2O's family with source=attention) instead
+// runs on_token() for every token of a multi-token step (a prefill chunk) and then cuts once
+// to the budget (cut_to): one decision made with the whole chunk's attention, as the papers
+// decide a prompt.
 class TokenPolicy : public Policy {
  public:
   TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge,
@@ -132,7 +149,17 @@ class TokenPolicy : public Policy {
   // Bookkeeping when live row `loser` is merged into `target` (default: score_t += score_e).
   virtual void on_merge(HeadCtx& h, std::int64_t target, std::int64_t loser);
 
+  // Whether a multi-token step is one decision (see the class comment); default: no.
+  virtual bool decides_chunk_at_once() const noexcept { return false; }
+
   // Helpers for hooks.
+  // Evicts, in one decision, the n_live - keep live rows ranked lowest by eviction_scores()
+  // (NaN first, then increasing score, ties to the lowest index; +inf rows are protected) and
+  // disposes of them by the merge rule. Nothing when n_live <= keep or keep < 0.
+  void cut_to(HeadCtx& h, std::int64_t keep);
+  // Cuts every head of a closed step's state to `keep` rows with cut_to() (a pseudo-step with
+  // no new rows: live = the stored rows), then the stores keep the survivors.
+  void cut_stored(LayerState& st, std::int64_t keep);
   static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
   // The attention of new token j (query j of the step) of head h's KV head over the step's R
   // physical rows, folded over its query heads by gqa_reduce. Valid until the next call.
@@ -164,6 +191,7 @@ class TokenPolicy : public Policy {
   std::vector<float> ranking_;  // [n_live] eviction_scores output
   std::vector<float> weights_;  // [n_live] softmax scratch
   std::vector<float> query_;    // [d]
+  std::vector<std::int64_t> order_;  // cut_to scratch
 
  private:
   // Applies the merge rule to live row `loser` (the row stays in `live`).

@@ -4,8 +4,10 @@
 // Funneling", 2024.
 //
 // Budgets: with average C, window w = pyramid_grace and L layers, min = (C - w) / beta,
-// max = 2 (C - w) - min, b_l = max - l (max - min) / (L - 1) + w, rounded half up, floored at
-// n_sink + grace + 1 (the realised mean, ModelCache::layer_budgets(), can then exceed C).
+// max = 2 (C - w) - min, b_l = max - l (max - min) / (L - 1) + w, as integers with the
+// rounding distributed over the layers so the mean is exactly C; a layer below the floor
+// n_sink + grace + 1 is raised to it and the rows come off the largest budgets (the check's
+// n_sink + grace < budget makes this always possible; see pyramid_budgets).
 // Within a layer: H2O (pyramid_grace, pyramid_decay; defaults 0 and 1, the paper's rule).
 // beta = 1 gives a flat schedule: exactly h2o with grace 0, decay 1.
 //
@@ -40,7 +42,16 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
 
 void check(const CacheConfig& c) {
   require_less(c, "pyramid_n_sink", "pyramid_budget");
-  require_sum_less(c, "pyramid_n_sink", "pyramid_grace", "pyramid_budget");
+  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = c.get_int("pyramid_grace"),
+                     budget = c.get_int("pyramid_budget");
+  if (!(n_sink + grace < budget)) {
+    // Every layer needs n_sink + grace + 1 rows: no schedule has a smaller mean.
+    config_error(c, "pyramid_n_sink + pyramid_grace must be < pyramid_budget (" +
+                        std::to_string(budget) + "), got " + std::to_string(n_sink) + " + " +
+                        std::to_string(grace) + " = " + std::to_string(n_sink + grace) +
+                        ": every layer needs at least n_sink + grace + 1 rows, so no per-layer "
+                        "schedule can have a mean of " + std::to_string(budget));
+  }
 }
 
 }  // namespace

@@ -4,20 +4,53 @@
 #include <cmath>
 #include <numeric>
 
+#include "veloxquant/errors.h"
+
 namespace vq::detail {
 
 std::vector<std::int64_t> pyramid_budgets(std::int64_t average, std::int64_t n_layers, double beta,
                                           std::int64_t window, std::int64_t floor) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(n_layers), average);
   if (n_layers <= 1) return out;
+  VQ_ASSERT(floor <= average, "pyramid: the floor exceeds the average (the config check rejects it)");
+  const std::int64_t total = average * n_layers;
   const double span = static_cast<double>(average - window);
   const double lo = span / beta;
   const double hi = 2.0 * span - lo;
+  // The line, rounded down; the rounding deficit goes, one row each, to the layers with the
+  // largest fractional parts (ties to the lower layer), so the total is exactly L * C.
+  std::vector<double> frac(static_cast<std::size_t>(n_layers));
+  std::int64_t sum = 0;
   for (std::int64_t l = 0; l < n_layers; ++l) {
     const double b = hi - static_cast<double>(l) * (hi - lo) / static_cast<double>(n_layers - 1) +
                      static_cast<double>(window);
-    out[static_cast<std::size_t>(l)] =
-        std::max(floor, static_cast<std::int64_t>(std::floor(b + 0.5)));
+    const double f = std::floor(b);
+    out[static_cast<std::size_t>(l)] = static_cast<std::int64_t>(f);
+    frac[static_cast<std::size_t>(l)] = b - f;
+    sum += out[static_cast<std::size_t>(l)];
+  }
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n_layers));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return frac[static_cast<std::size_t>(a)] > frac[static_cast<std::size_t>(b)];
+  });
+  for (std::size_t k = 0; sum < total; k = (k + 1) % order.size()) {
+    ++out[static_cast<std::size_t>(order[k])];
+    ++sum;
+  }
+  // Layers below the floor are raised to it; the excess comes off the largest budgets, one row
+  // at a time (ties to the higher layer, so the schedule stays non-increasing).
+  for (auto& b : out) {
+    if (b < floor) sum += floor - b, b = floor;
+  }
+  while (sum > total) {
+    std::size_t top = 0;
+    for (std::size_t l = 1; l < out.size(); ++l) {
+      if (out[l] >= out[top]) top = l;
+    }
+    VQ_ASSERT(out[top] > floor, "pyramid: no budget above the floor to take from");
+    --out[top];
+    --sum;
   }
   return out;
 }

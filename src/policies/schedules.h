@@ -8,8 +8,11 @@ namespace vq::detail {
 
 // PyramidKV: a straight line from the bottom layer (largest) to the top (smallest) whose mean
 // is `average`. With the protected window w: min = (C - w) / beta, max = 2 (C - w) - min,
-// b_l = max - l (max - min) / (L - 1) + w, rounded half up, then raised to `floor` where
-// below it (so the realised mean can exceed C; see mean_of()). L = 1 gives C.
+// b_l = max - l (max - min) / (L - 1) + w. Integer budgets whose sum is exactly L * C: each
+// b_l rounded down, the deficit given one row each to the largest fractional parts (ties to
+// the lower layer); layers below `floor` are raised to it and the excess is taken one row at a
+// time from the largest budget (ties to the higher layer), so the schedule stays
+// non-increasing. Needs floor <= average (the config check guarantees it). L = 1 gives C.
 std::vector<std::int64_t> pyramid_budgets(std::int64_t average, std::int64_t n_layers, double beta,
                                           std::int64_t window, std::int64_t floor);
 

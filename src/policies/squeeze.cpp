@@ -3,12 +3,18 @@
 // Paper: Wang et al., "SqueezeAttention: 2D Management of KV-Cache in LLM Inference via
 // Layer-wise Optimal Budget", ICLR 2025.
 //
-// Each layer measures an importance signal while the first tokens arrive; once every layer of
-// the model has seen `squeeze_budget` tokens (when eviction first matters), the signals are
-// clustered into 3 groups (1-D k-means), the least important group's budget is cut to
-// C - strength * (C - C * squeeze_fraction), and what it gives up is spread evenly over the
-// other layers (total unchanged). The budgets then hold. strength = 0 keeps every layer at C:
-// exactly h2o with grace 0, decay 1 (the defaults of squeeze_grace / squeeze_decay).
+// Each layer measures an importance signal while the first tokens arrive (the prefill) and
+// evicts nothing meanwhile; once every layer of the model has seen `squeeze_budget` = C tokens
+// (when eviction first matters), the signals are clustered into 3 groups (1-D k-means), the
+// least important group's budget is cut to C - strength * (C - C * squeeze_fraction), and what
+// it gives up is spread evenly over the other layers (total L * C, unchanged). The layer that
+// reports last then has every layer cut the rows it held to its own budget, in one decision per
+// layer (H2O's ranking), so each layer keeps its own budget of prompt rows, as in the paper
+// (budgets decided from the prefill's signal before the prefill is cut). The budgets then
+// hold. The engine drives a step through every layer in order, so all layers report in the
+// same step. strength = 0 keeps every layer at C: then, fed token by token (or a prefill with
+// true attention), exactly h2o with grace 0, decay 1 (the squeeze_grace / squeeze_decay
+// defaults).
 // Proxy signal (no hidden states): the mean normalised entropy H(a) / ln(n) of the proxy
 // attention rows a; a layer whose attention is spread over many rows is more important.
 // Attention source: the paper's signal, 1 - the mean over the steps so far of
@@ -29,6 +35,7 @@
 #include "policies/h2o.h"
 #include "policies/methods.h"
 #include "policies/schedules.h"
+#include "veloxquant/errors.h"
 
 namespace vq::detail {
 namespace {
@@ -48,18 +55,36 @@ class SqueezePolicy final : public H2OPolicy {
     return budget_;
   }
 
+  // Outside a ModelCache: H2O at the uniform budget C. Inside one: no row leaves before the
+  // budgets are decided (the step that brings tokens_seen to C holds all its rows, a prefill
+  // included); the layer that reports last decides the budgets and has every layer cut its
+  // held rows to its own budget at once (apply_group_decision), before any layer computes the
+  // next step. From then on each layer is H2O at its budget.
   void end_step(LayerState& st, const AttentionRef* attention) override {
-    if (group_ && !applied_ && !group_->budgets.empty()) {
-      budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
-      applied_ = true;
+    if (!group_) {
+      H2OPolicy::end_step(st, attention);
+      return;
     }
+    group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
+    if (!group_->budgets.empty()) {
+      H2OPolicy::end_step(st, attention);
+      return;
+    }
+    const std::int64_t keep = budget_;
+    budget_ = -1;  // hold: score every token, evict nothing
     H2OPolicy::end_step(st, attention);
+    budget_ = keep;
     if (!reported_ && st.tokens_seen >= average_) report();
+  }
+
+  void apply_group_decision(LayerState& st) override {
+    budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
+    cut_stored(st, budget_);
   }
 
   void on_reset(LayerState& /*st*/) override {
     budget_ = average_;
-    applied_ = reported_ = false;
+    reported_ = false;
     entropy_sum_ = 0;
     entropy_count_ = 0;
     if (group_) {
@@ -103,13 +128,18 @@ class SqueezePolicy final : public H2OPolicy {
     }
     group_->budgets = squeeze_budgets(group_->signal, average_, strength_, fraction_,
                                       n_sink_ + grace_ + 1);
+    for (const LayerGroup::Member& m : group_->members) {
+      VQ_ASSERT(m.policy != nullptr && m.state != nullptr,
+                "squeeze: every layer reported, so every layer has registered");
+      m.policy->apply_group_decision(*m.state);
+    }
   }
 
   std::int64_t average_;
   double strength_, fraction_;
   std::int64_t layer_;
   std::shared_ptr<LayerGroup> group_;
-  bool applied_ = false, reported_ = false;
+  bool reported_ = false;
   double entropy_sum_ = 0;
   std::int64_t entropy_count_ = 0;
 };

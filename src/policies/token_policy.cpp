@@ -109,7 +109,9 @@ const float* TokenPolicy::attention_row_all_heads(const LayerState& st, std::int
 
 void TokenPolicy::current_attention(HeadCtx& h, float* out) {
   const std::int64_t n = h.n_live();
-  if (source_.attention()) {
+  // Outside a step (a group decision applied later, see LayerGroup::members) the step's
+  // attention is gone: the proxy stands in.
+  if (source_.attention() && h.st.attention != nullptr) {
     const std::int64_t newest = h.hs.live.back() - h.st.step_prev;
     const float* a = attention_row(h, newest < 0 ? 0 : newest);
     for (std::int64_t i = 0; i < n; ++i) out[i] = a[h.hs.live[static_cast<std::size_t>(i)]];
@@ -315,20 +317,68 @@ void TokenPolicy::commit_live(LayerState& st) {
   }
 }
 
+void TokenPolicy::cut_to(HeadCtx& h, std::int64_t keep) {
+  const std::int64_t n = h.n_live();
+  if (keep < 0 || n <= keep) return;
+  ranking_.resize(static_cast<std::size_t>(n));
+  eviction_scores(h, ranking_.data());
+  const float inf = std::numeric_limits<float>::infinity();
+  order_.clear();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!(ranking_[static_cast<std::size_t>(i)] == inf)) order_.push_back(i);
+  }
+  VQ_ASSERT(static_cast<std::int64_t>(order_.size()) >= n - keep,
+            "cut with too few unprotected rows (construction guards should prevent this)");
+  // The n - keep lowest: NaN ranks below everything, then by score, ties to the lowest index.
+  std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
+    const float x = ranking_[static_cast<std::size_t>(a)], y = ranking_[static_cast<std::size_t>(b)];
+    if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && !std::isnan(y);
+    return x < y;
+  });
+  order_.resize(static_cast<std::size_t>(n - keep));
+  std::sort(order_.begin(), order_.end());
+  const std::vector<std::int64_t> losers(order_);
+  evict_rows(h, losers);
+}
+
+void TokenPolicy::cut_stored(LayerState& st, std::int64_t keep) {
+  st.step_prev = st.heads.empty() ? 0 : st.heads[0].store->size();
+  st.step_new = 0;
+  open_live(st);
+  for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
+    HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+    HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
+    cut_to(h, keep);
+    hs.store->settle(hs.live.data(), h.n_live());
+  }
+  commit_live(st);
+}
+
 void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
   const std::int64_t prev = st.step_prev;
   const std::int64_t head_dim = st.shape.head_dim;
+  // A multi-token step decided at once: every token is scored first, then one cut.
+  const bool at_once = st.step_new > 1 && decides_chunk_at_once();
   open_live(st);
   for (std::int64_t j = 0; j < st.step_new; ++j) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
       on_token(h, prev + j);
+      if (at_once) continue;
       while (budget_ >= 0 && h.n_live() > budget_) {
         const std::int64_t loser = pick_loser(h);
         dispose(h, loser, nullptr);
         remove_row(hs, loser);
       }
+      hs.store->settle(hs.live.data(), h.n_live());
+    }
+  }
+  if (at_once) {
+    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
+      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+      HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
+      cut_to(h, budget_);
       hs.store->settle(hs.live.data(), h.n_live());
     }
   }

@@ -9,9 +9,12 @@
 // Fields: tova_budget=512, tova_n_sink=4, tova_merge=drop (+gate, keys), seed, kv_dtype.
 // Attention source (the paper's rule): the newest query's attention averaged over every query
 // head of the layer ranks the rows, and the whole layer keeps one index set (gqa_reduce does
-// not apply).
+// not apply). A prefill chunk is one decision: its last query ranks every row and the lowest
+// leave in one cut, as the paper does a prompt.
 // Deviations from the paper: with the proxy source the key stands in for the query and each KV
 // head ranks its own rows; sinks are protected.
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/kernels.h"
@@ -32,40 +35,48 @@ class TovaPolicy final : public TokenPolicy {
       TokenPolicy::end_step(st, attention);
       return;
     }
-    // The paper's rule: the newest query's attention averaged over every query head of the
-    // layer ranks the rows, and one index set is kept for the whole layer.
+    // The paper's rule: the step's last query's attention averaged over every query head of
+    // the layer ranks the rows, and one index set is kept for the whole layer. A step is one
+    // decision: a prefill chunk is cut once with its last query, as the paper does a prompt.
     const std::int64_t H = st.shape.n_kv_heads;
+    const std::int64_t last = st.step_new - 1;
     open_live(st);
-    for (std::int64_t j = 0; j < st.step_new; ++j) {
-      for (HeadState& hs : st.heads) push_row(hs, st.step_prev + j, 0.0f);
-      for (std::int64_t b = 0; b < st.batch; ++b) {
-        HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
-        while (static_cast<std::int64_t>(first.live.size()) > budget_) {
-          const float* a = attention_row_all_heads(st, b, j);
-          const std::int64_t n = static_cast<std::int64_t>(first.live.size());
-          ranking_.resize(static_cast<std::size_t>(n));
-          for (std::int64_t i = 0; i < n; ++i) {
-            ranking_[static_cast<std::size_t>(i)] =
-                i < n_sink_ ? std::numeric_limits<float>::infinity() : a[first.live[static_cast<std::size_t>(i)]];
-          }
-          const std::int64_t loser = kernels::argmin_evict(ranking_.data(), n);
-          losers_.assign(1, loser);
-          for (std::int64_t h = 1; h < H; ++h) {
-            VQ_ASSERT(st.heads[static_cast<std::size_t>(b * H + h)].live == first.live,
-                      "tova (attention) keeps one index set per layer");
-          }
-          for (std::int64_t h = 0; h < H; ++h) {
-            const std::int64_t i = b * H + h;
-            HeadState& hs = st.heads[static_cast<std::size_t>(i)];
-            for (std::int64_t r = 0; r < n; ++r) hs.score[static_cast<std::size_t>(r)] = a[hs.live[static_cast<std::size_t>(r)]];
-            HeadCtx ctx{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(h)]};
-            evict_rows(ctx, losers_);
-          }
+    for (HeadState& hs : st.heads) {
+      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, st.step_prev + j, 0.0f);
+    }
+    for (std::int64_t b = 0; b < st.batch; ++b) {
+      HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
+      const std::int64_t n = static_cast<std::int64_t>(first.live.size());
+      const float* a = attention_row_all_heads(st, b, last);
+      for (std::int64_t h = 0; h < H; ++h) {
+        HeadState& hs = st.heads[static_cast<std::size_t>(b * H + h)];
+        VQ_ASSERT(hs.live == first.live, "tova (attention) keeps one index set per layer");
+        for (std::int64_t r = 0; r < n; ++r) {
+          hs.score[static_cast<std::size_t>(r)] = a[hs.live[static_cast<std::size_t>(r)]];
         }
       }
-      for (HeadState& hs : st.heads) {
-        hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+      if (n <= budget_) continue;
+      // The n - budget lowest (sinks protected; NaN first, ties to the lowest index).
+      order_.clear();
+      for (std::int64_t i = n_sink_; i < n; ++i) order_.push_back(i);
+      std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t x, std::int64_t y) {
+        const float ax = first.score[static_cast<std::size_t>(x)];
+        const float ay = first.score[static_cast<std::size_t>(y)];
+        if (std::isnan(ax) || std::isnan(ay)) return std::isnan(ax) && !std::isnan(ay);
+        return ax < ay;
+      });
+      order_.resize(static_cast<std::size_t>(n - budget_));
+      std::sort(order_.begin(), order_.end());
+      losers_.assign(order_.begin(), order_.end());
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t i = b * H + h;
+        HeadCtx ctx{st, st.heads[static_cast<std::size_t>(i)], i, st.shape.head_dim,
+                    st.rngs[static_cast<std::size_t>(h)]};
+        evict_rows(ctx, losers_);
       }
+    }
+    for (HeadState& hs : st.heads) {
+      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
     }
     commit_live(st);
   }
