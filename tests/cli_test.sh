@@ -153,11 +153,15 @@ text="$data/tinystories_validation_excerpt.txt"
 check "eval needs --text" 2 "--text is required" -- "$bin" eval --model "$data/stories260K.bin"
 check "eval bad budget" 2 "--budget expects comma-separated integers" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --budget 32,x
 check "eval too many tokens" 2 "--tokens 600 exceeds the model's context \(seq_len 512\)" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 600
-check "eval bad prefill" 2 "--prefill must be in \[0, 63\]" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --prefill 64
+check "eval bad prefill" 2 "--prefill must be in \[0, 62\]" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --prefill 64
 check "eval missing text" 2 "nope.txt.*cannot open" -- "$bin" eval --model "$data/stories260K.bin" --text "$tmp/nope.txt"
 echo x >"$tmp/afile"
 check "eval unwritable json" 2 "cannot write.*cannot create directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --json "$tmp/afile/out.json"
 [ ! -e "$tmp/afile/out.json" ] && passes=$((passes + 1)) || { echo "FAIL eval left a file behind"; fails=$((fails + 1)); }
+check "eval unwritable per-token" 2 "cannot write.*cannot create directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --per-token "$tmp/afile/t.tsv"
+check "eval per-token, later flags win" 0 "first 64 tokens, the first 32 as one prefill, then 31 decoded" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 512 --prefill 256 --tokens 64 --prefill 32 --method full:kv_dtype=f32 --per-token "$tmp/t.tsv"
+check "eval per-token header" 0 "^run	method	budget	position	token	next_token	scored	nll$" -- head -1 "$tmp/t.tsv"
+check "eval per-token fp32 row" 0 "^1	full:kv_dtype=f32	-	32	[0-9]+	[0-9]+	1	[0-9.]+$" -- cat "$tmp/t.tsv"
 eval_args=(eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --method streaming_llm --method h2o
            --budget 16,32 --json "$tmp/e.json" --plot "$tmp/e.svg")
 check "eval runs, skipping rejected budgets" 0 "skipped h2o at budget 16: \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget" -- "$bin" "${eval_args[@]}"

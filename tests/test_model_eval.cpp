@@ -3,6 +3,11 @@
 #include "engine_test_util.h"
 #include "eval/model_eval.h"
 
+#include <fmt/format.h>
+
+#include <cmath>
+#include <sstream>
+
 namespace vq {
 namespace {
 
@@ -77,7 +82,6 @@ TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
   EXPECT_TRUE(a["rows"][0]["budget"].is_null());
   EXPECT_EQ(a["rows"][0]["reference"], true);
   EXPECT_EQ(a["skipped"][0]["budget"], 16);
-  EXPECT_NEAR(row["ppl"].get<double>(), std::exp(row["nll_mean"].get<double>()), 1e-9);
   EXPECT_NEAR(row["compression_ratio"].get<double>(),
               row["full_bytes"].get<double>() / row["kept_bytes"].get<double>(), 1e-9);
 }
@@ -92,17 +96,99 @@ TEST(ModelEval, PlotHasOneSeriesPerMethodAndTheReferenceLine) {
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);
 }
 
-TEST(ModelEval, PrefillFeedsTheFirstTokensAsOneStep) {
+TEST(ModelEval, PrefillFeedsTheFirstTokensAsOneStepAndOnlyDecodedPredictionsCount) {
   auto o = small_options();
   o.methods = {"streaming_llm"};
   o.budgets = {16};
   const auto plain = eval::run_model_eval(o, nullptr);
   o.prefill = 48;
   const auto pre = eval::run_model_eval(o, nullptr);
-  // The reference is the same either way; the compressed run attends over all 48 prompt rows
-  // in the prefill, so it predicts those positions like the full cache does.
-  EXPECT_NEAR(pre.rows[0].summary.nll_mean, plain.rows[0].summary.nll_mean, 1e-12);
-  EXPECT_LT(pre.rows[1].summary.kl_mean, plain.rows[1].summary.kl_mean);
+  // The 48 predictions made inside the prefill saw every prompt row whatever the method; the
+  // summaries count the 95 - 48 = 47 decoded ones. The full-cache reference predicts them as it
+  // does without a prefill.
+  EXPECT_EQ(pre.scored_from, 48);
+  EXPECT_EQ(pre.rows[0].summary.n_predictions, 47);
+  EXPECT_EQ(pre.rows[1].summary.n_predictions, 47);
+  double tail = 0;
+  for (std::size_t p = 48; p < 95; ++p) tail += plain.rows[0].nll[p] / 47.0;
+  EXPECT_NEAR(pre.rows[0].summary.nll_mean, tail, 1e-12);
+  // streaming_llm cut the 48 prompt rows to 16 after the prefill: it evicted and compressed.
+  EXPECT_FALSE(pre.rows[1].keeps_all);
+  EXPECT_GT(pre.rows[1].summary.kl_mean, 0.0);
+}
+
+// The main job's scenario on the shipped model and text, cross-checked against run.c's own
+// per-token NLL (data/reference, an independent implementation in fp32): a 256-token prefill,
+// then 255 decoded predictions.
+TEST(ModelEval, PerTokenFileMatchesRunCAndTheSummariesCountTheDecodedPart) {
+  eval::ModelEvalOptions o;
+  o.model = test::data("stories260K.bin");
+  o.text = test::data("tinystories_validation_excerpt.txt");
+  o.tokens = 512;
+  o.prefill = 256;
+  o.methods = {"full:kv_dtype=f32", "snapkv"};
+  o.budgets = {64};
+  const auto r = eval::run_model_eval(o, nullptr);
+  ASSERT_EQ(r.rows.size(), 3u);  // the fp16 reference, fp32 storage as its own row, snapkv
+  EXPECT_EQ(r.rows[1].config.spec(), "full:kv_dtype=f32");
+  EXPECT_FALSE(r.rows[1].is_reference);
+  // 511 tokens fed x 5 layers x 4 KV heads x head_dim 8 x (K and V): 2 bytes each in fp16, 4 in
+  // fp32; neither compresses.
+  EXPECT_EQ(r.rows[0].kept_bytes, 511 * 5 * 4 * 8 * 2 * 2);
+  EXPECT_EQ(r.rows[1].kept_bytes, 511 * 5 * 4 * 8 * 2 * 4);
+  EXPECT_TRUE(r.rows[0].keeps_all);
+  EXPECT_TRUE(r.rows[1].keeps_all);
+  // snapkv compresses the prompt to 64 rows, then grows by one row per decoded token.
+  EXPECT_FALSE(r.rows[2].keeps_all);
+  EXPECT_EQ(r.rows[2].kept_bytes, (64 + 255) * 5 * 4 * 8 * 2 * 2);
+
+  const std::string reference = "reference/stories260K_fullcache_tinystories_validation_head_first512";
+  const auto want_ids = test::read_ids(test::data(reference + ".ids.txt"));
+  const auto want = test::read_nll(test::data(reference + ".nll.txt"));
+  ASSERT_EQ(want.size(), 511u);
+  // The per-token file: header, then run, method, budget, position, token, next_token, scored,
+  // nll for every run and position.
+  std::istringstream in(eval::model_eval_per_token(r));
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "run\tmethod\tbudget\tposition\ttoken\tnext_token\tscored\tnll");
+  std::vector<std::int64_t> lines_per_run(3, 0);
+  double run_c_scored = 0, file_scored = 0;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::int64_t run = 0, pos = 0, scored = 0;
+    std::int32_t token = 0, next = 0;
+    std::string method, budget;
+    double nll = 0;
+    ASSERT_TRUE(std::getline(f >> run >> std::ws, method, '\t') && std::getline(f, budget, '\t') &&
+                (f >> pos >> token >> next >> scored >> nll))
+        << line;
+    ASSERT_TRUE(run >= 0 && run < 3) << line;
+    ++lines_per_run[static_cast<std::size_t>(run)];
+    EXPECT_EQ(method, r.rows[static_cast<std::size_t>(run)].config.spec());
+    EXPECT_EQ(budget, run == 2 ? "64" : "-");
+    EXPECT_EQ(token, want_ids[static_cast<std::size_t>(pos)]) << line;
+    EXPECT_EQ(next, want_ids[static_cast<std::size_t>(pos) + 1]) << line;
+    EXPECT_EQ(scored, pos >= 256 ? 1 : 0) << line;
+    if (run == 1) {  // fp32 storage, full cache: run.c's numbers
+      EXPECT_NEAR(nll, want[static_cast<std::size_t>(pos)].nll, 1e-4) << line;
+      if (scored) run_c_scored += want[static_cast<std::size_t>(pos)].nll / 255.0;
+      if (scored) file_scored += nll / 255.0;
+    }
+  }
+  EXPECT_EQ(lines_per_run, (std::vector<std::int64_t>{511, 511, 511}));
+  EXPECT_EQ(r.rows[1].summary.n_predictions, 255);
+  EXPECT_NEAR(r.rows[1].summary.nll_mean, run_c_scored, 1e-5);
+  EXPECT_NEAR(r.rows[1].summary.ppl, std::exp(run_c_scored), 1e-4);
+  EXPECT_NEAR(r.rows[1].summary.nll_mean, file_scored, 1e-12);
+
+  // The table says "keeps all" for runs that held every row, and gives snapkv its ratio.
+  const std::string table = eval::model_eval_table(r);
+  EXPECT_NE(table.find("the first 256 as one prefill, then 255 decoded predictions"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("keeps all"), std::string::npos) << table;
+  EXPECT_NE(table.find(fmt::format("{:.2f}", 511.0 / (64 + 255))), std::string::npos) << table;
 }
 
 TEST(ModelEval, RejectsBadOptionsBeforeRunning) {
@@ -117,7 +203,7 @@ TEST(ModelEval, RejectsBadOptionsBeforeRunning) {
   o = small_options();
   o.prefill = 96;
   test::expect_error([&] { eval::run_model_eval(o, nullptr); }, ErrorCode::kInvalidArgument,
-                     {"--prefill must be in [0, 95]"});
+                     {"--prefill must be in [0, 94]"});
   const test::TempDir dir("short_text");
   test::write_bytes(dir.path / "t.txt", "Once upon a time.");
   o = small_options();

@@ -57,7 +57,8 @@ void token_by_token(LayerCache& c, const KV& kv, std::int64_t Hq, const std::vec
     const HeadRows rows = view.head(0, 0);
     for (std::int64_t q = 0; q < Hq; ++q) {
       for (std::int64_t r = 0; r < R; ++r) {
-        step[static_cast<std::size_t>(q * R + r)] = probs[static_cast<std::size_t>((q * n + s) * n + rows.positions[r])];
+        step[static_cast<std::size_t>(q * R + r)] =
+            probs[static_cast<std::size_t>((q * n + s) * n + rows.positions[r])];
       }
     }
     const AttentionRef ref{step.data(), 1, Hq, 1, R};
@@ -84,7 +85,8 @@ void token_by_token(LayerCache& c, const KV& kv, std::int64_t Hq, const std::vec
 // Token by token the cache would evict row 2 at token 4 (partial sums 1.85, 1.65, 1.1 over the
 // unprotected rows 0..2) and keep {0, 1, 4, 5}.
 TEST(PrefillRules, H2OSumsEveryPromptQueryThenCutsOnce) {
-  const std::vector<std::vector<float>> common = {{1}, {.5f, .5f}, {.2f, .6f, .2f}, {.1f, .5f, .1f, .3f}};
+  const std::vector<std::vector<float>> common = {
+      {1}, {.5f, .5f}, {.2f, .6f, .2f}, {.1f, .5f, .1f, .3f}};
   auto block = [&](std::vector<float> q4) {
     auto rows = common;
     rows.push_back(q4);
@@ -94,7 +96,8 @@ TEST(PrefillRules, H2OSumsEveryPromptQueryThenCutsOnce) {
   const std::vector<float> probs =
       heads({block({.1f, 0, .8f, .1f, 0}), block({0, .1f, .8f, 0, .1f})});
   KV kv(1, 1, 6, 4, 3);
-  const std::string spec = "h2o:source=attention,budget=4,n_sink=0,grace=2,decay=1,gqa_reduce=mean,kv_dtype=f32";
+  const std::string spec =
+      "h2o:source=attention,budget=4,n_sink=0,grace=2,decay=1,gqa_reduce=mean,kv_dtype=f32";
   LayerCache once(CacheConfig::parse(spec), LayerShape{1, 4, 2, 0, 1});
   prefill(once, kv, 2, probs);
   EXPECT_EQ(kept(once), (std::vector<std::int32_t>{0, 2, 4, 5}));
@@ -126,7 +129,8 @@ TEST(PrefillRules, TovaRanksByTheLastPromptQueryOverAllHeadsAndCutsOnce) {
     rows.push_back(last);
     return square(rows);
   };
-  const std::vector<float> probs = heads({block({.1f, .4f, .2f, 0, .3f}), block({.5f, 0, .1f, .1f, .3f})});
+  const std::vector<float> probs =
+      heads({block({.1f, .4f, .2f, 0, .3f}), block({.5f, 0, .1f, .1f, .3f})});
   KV kv(1, 2, 5, 4, 4);
   const std::string spec = "tova:source=attention,budget=3,n_sink=0";
   LayerCache once(CacheConfig::parse(spec), LayerShape{2, 4, 2, 0, 1});
@@ -143,7 +147,8 @@ TEST(PrefillRules, TovaRanksByTheLastPromptQueryOverAllHeadsAndCutsOnce) {
     for (std::int64_t q = 0; q < 2; ++q) {
       const HeadRows rows = view.head(0, q);
       for (std::int64_t r = 0; r < R; ++r) {
-        step[static_cast<std::size_t>(q * R + r)] = probs[static_cast<std::size_t>((q * 5 + s) * 5 + rows.positions[r])];
+        step[static_cast<std::size_t>(q * R + r)] =
+            probs[static_cast<std::size_t>((q * 5 + s) * 5 + rows.positions[r])];
       }
     }
     const AttentionRef ref{step.data(), 1, 2, 1, R};
@@ -163,16 +168,17 @@ TEST(PrefillRules, TovaRanksByTheLastPromptQueryOverAllHeadsAndCutsOnce) {
 // Kernel 3: pooled [max(.2,.3) max(.2,.3,.05) max(.3,.05,.05) max(.05,.05,.4) max(.05,.4)]
 //         = [.3 .3 .3 .4 .4]: rows 3 and 4 are the top 2: kept {3, 4, 5, 6}.
 TEST(PrefillRules, SnapKVPoolsTheObservationWindowAndCutsOnce) {
-  std::vector<std::vector<float>> rows = {{1}, {.5f, .5f}, {.3f, .3f, .4f}, {.25f, .25f, .25f, .25f},
-                                          {.2f, .2f, .2f, .2f, .2f}};
+  std::vector<std::vector<float>> rows = {
+      {1}, {.5f, .5f}, {.3f, .3f, .4f}, {.25f, .25f, .25f, .25f}, {.2f, .2f, .2f, .2f, .2f}};
   rows.push_back({.1f, .3f, 0, .05f, .05f, .5f});
   rows.push_back({.1f, 0, .05f, 0, .35f, .2f, .3f});
   const std::vector<float> probs = square(rows);
   KV kv(1, 1, 7, 4, 5);
   for (const auto& [kernel, want] : std::vector<std::pair<int, std::vector<std::int32_t>>>{
            {1, {1, 4, 5, 6}}, {3, {3, 4, 5, 6}}}) {
-    LayerCache c(CacheConfig::parse("snapkv:source=attention,budget=4,obs_window=2,n_sink=0,pool=max,kernel=" +
-                                    std::to_string(kernel)),
+    LayerCache c(CacheConfig::parse(
+                     "snapkv:source=attention,budget=4,obs_window=2,n_sink=0,pool=max,kernel=" +
+                     std::to_string(kernel)),
                  LayerShape{1, 4, 1, 0, 1});
     prefill(c, kv, 1, probs);
     EXPECT_EQ(kept(c), want) << "kernel " << kernel;
@@ -185,7 +191,8 @@ TEST(PrefillRules, SnapKVPoolsTheObservationWindowAndCutsOnce) {
 TEST(PrefillRules, StreamingLLMKeepsTheSinksAndTheRecentWindow) {
   KV kv(1, 2, 10, 4, 6);
   for (std::int64_t chunk : {10, 1}) {
-    LayerCache c(CacheConfig::parse("streaming_llm:n_sink=2,window_size=3"), LayerShape{2, 4, 0, 0, 1});
+    LayerCache c(CacheConfig::parse("streaming_llm:n_sink=2,window_size=3"),
+                 LayerShape{2, 4, 0, 0, 1});
     test::feed(c, kv, chunk);
     EXPECT_EQ(kept(c, 0), (std::vector<std::int32_t>{0, 1, 7, 8, 9})) << "chunk " << chunk;
     EXPECT_EQ(kept(c, 1), (std::vector<std::int32_t>{0, 1, 7, 8, 9})) << "chunk " << chunk;
@@ -207,11 +214,14 @@ TEST(PrefillRules, SqueezeHoldsThePromptUntilEveryLayerReportsThenCutsEachToItsB
   std::vector<std::vector<float>> column_mass(L, std::vector<float>(n, 0.0f));
   for (std::int64_t l = 0; l < L; ++l) {
     const KV kv(1, 1, n, D, 50 + static_cast<std::uint64_t>(l));
-    const std::vector<float> q = test::randn(static_cast<std::size_t>(n * D), 60 + static_cast<std::uint64_t>(l), 2.0f);
+    const std::vector<float> q =
+        test::randn(static_cast<std::size_t>(n * D), 60 + static_cast<std::uint64_t>(l), 2.0f);
     const StepView view = m.layer(l).begin_step(kv.keys(0, n), kv.values(0, n));
     const std::vector<float> probs = test::attend(view, q, 1, 0);
     for (std::int64_t s = 0; s < n; ++s) {
-      for (std::int64_t r = 0; r < n; ++r) column_mass[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)] += probs[static_cast<std::size_t>(s * n + r)];
+      for (std::int64_t r = 0; r < n; ++r)
+        column_mass[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)] +=
+            probs[static_cast<std::size_t>(s * n + r)];
     }
     m.observe_layer_similarity(l, l == 1 ? 0.99 : 0.5);
     const AttentionRef ref{probs.data(), 1, 1, n, n};

@@ -12,7 +12,7 @@ namespace {
 struct EvalCliOptions {
   eval::ModelEvalOptions eval;
   std::string budgets = "32,64,128,256";
-  std::string json, plot;
+  std::string json, plot, per_token;
   std::vector<std::string> args;  // the command line, for the result file
 };
 
@@ -21,6 +21,7 @@ void run_eval(EvalCliOptions& o) {
   // Fail on unwritable outputs before the (long) run, not after.
   if (!o.json.empty()) eval::check_writable(o.json);
   if (!o.plot.empty()) eval::check_writable(o.plot);
+  if (!o.per_token.empty()) eval::check_writable(o.per_token);
   const eval::ModelEvalResult r = eval::run_model_eval(o.eval, &std::cerr);
   std::cout << "\n" << eval::model_eval_table(r) << std::flush;
   if (!o.json.empty()) {
@@ -31,6 +32,10 @@ void run_eval(EvalCliOptions& o) {
   if (!o.plot.empty()) {
     eval::write_file_atomic(o.plot, eval::model_eval_plot(r));
     std::cerr << "eval: wrote " << o.plot << "\n";
+  }
+  if (!o.per_token.empty()) {
+    eval::write_file_atomic(o.per_token, eval::model_eval_per_token(r));
+    std::cerr << "eval: wrote " << o.per_token << "\n";
   }
 }
 
@@ -50,22 +55,31 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->eval.tokenizer,
                   "tokenizer.bin or tokenizer.json (default: next to the model)");
   cmd->add_option("--text", o->eval.text, "UTF-8 text file to read")->required();
+  // --tokens, --prefill, --budget: the last occurrence wins, so flags appended to a script
+  // (scripts/main.sh "$@") override its own.
   cmd->add_option("--tokens", o->eval.tokens, "Use the text's first N tokens (BOS included)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--prefill", o->eval.prefill,
-                  "Feed the first N tokens as one step (the cache sees them all before evicting)")
-      ->capture_default_str();
+                  "Feed the first N tokens as one step (the cache sees them all before evicting); "
+                  "the summaries then count only the predictions decoded after it")
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--method", o->eval.methods,
                   "Method spec ID[:key=value,...]; repeatable (default: every registered method). "
                   "--budget overrides a budget given in the spec");
   cmd->add_option("--budget", o->budgets,
                   "Comma-separated token budgets (rows per KV head) for methods that have one")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--reference", o->eval.reference,
                   "The run every other one is compared with (first row)")
       ->capture_default_str();
   cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval) here");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of perplexity and KL against the budget");
+  cmd->add_option("--per-token", o->per_token,
+                  "Write every run's per-prediction NLL with the token ids here (tab-separated; "
+                  "docs/results.md), for cross-checking with other tools");
   cmd->callback([o, cmd]() {
     o->args = {"veloxquant", "eval"};
     for (const auto& a : cmd->get_options()) {

@@ -53,14 +53,25 @@ std::string short_spec(const CacheConfig& c, bool drop_budget) {
   return c.method() + out;
 }
 
+// The part of a run the summaries count: predictions [from, P) (see scored_from).
+engine::ForcedRun scored_part(const engine::ForcedRun& r, std::int64_t from) {
+  engine::ForcedRun out;
+  const auto f = static_cast<std::ptrdiff_t>(from);
+  out.nll.assign(r.nll.begin() + f, r.nll.end());
+  if (!r.kl.empty()) out.kl.assign(r.kl.begin() + f, r.kl.end());
+  out.top1.assign(r.top1.begin() + f, r.top1.end());
+  return out;
+}
+
 }  // namespace
 
 ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress) {
   ModelEvalResult res;
   res.options = o;
   if (o.tokens < 2) bad("--tokens must be >= 2 (one prediction), got " + std::to_string(o.tokens));
-  if (o.prefill < 0 || o.prefill > o.tokens - 1) {
-    bad("--prefill must be in [0, " + std::to_string(o.tokens - 1) + "] (--tokens - 1), got " +
+  if (o.prefill < 0 || o.prefill > o.tokens - 2) {
+    bad("--prefill must be in [0, " + std::to_string(o.tokens - 2) +
+        "] (--tokens - 2: at least one prediction is decoded after the prefill), got " +
         std::to_string(o.prefill));
   }
   if (o.budgets.empty()) bad("--budget needs at least one value");
@@ -125,9 +136,12 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                 o.text);
   }
   res.n_tokens = o.tokens;
+  res.ids = ids;
+  res.scored_from = o.prefill >= 2 ? o.prefill : 0;
 
-  // The reference run keeps its logits; every other run is compared with it.
-  engine::ForcedRun ref;
+  // The reference run keeps its logits; every other run is compared with it. The summaries
+  // count the decoded predictions only (scored_from on).
+  engine::ForcedRun ref, ref_scored;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const Planned& p = plan[i];
     engine::ForcedOptions fo;
@@ -135,19 +149,23 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
     fo.keep_logits = p.is_reference;
     fo.reference = p.is_reference ? nullptr : &ref;
     engine::ForcedRun run = engine::run_forced(model, ids, p.config, fo);
+    const engine::ForcedRun scored = scored_part(run, res.scored_from);
     ModelEvalRow row{p.config,
                      p.series,
                      p.is_reference,
-                     engine::summarize(run, p.is_reference ? nullptr : &ref),
+                     engine::summarize(scored, p.is_reference ? &scored : &ref_scored),
                      run.kept_tokens_mean,
                      run.cache.kept_bytes,
                      run.cache.full_bytes,
                      run.cache.compression_ratio,
                      1000.0 * run.seconds / static_cast<double>(run.n_forward),
                      run.cache.evictions,
-                     run.cache.merges};
+                     run.cache.merges,
+                     run.cache.evictions == 0 && run.cache.merges == 0 &&
+                         run.cache.kept_bytes >= run.cache.full_bytes,
+                     run.nll};
     if (p.is_reference) {
-      row.summary = engine::summarize(run, &run);
+      ref_scored = scored;
       ref = std::move(run);
     }
     if (progress != nullptr) {
@@ -174,6 +192,8 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
       {"tokens", r.n_tokens},
       {"prefill", r.options.prefill},
       {"n_predictions", r.n_tokens - 1},
+      {"scored_from", r.scored_from},
+      {"n_scored", r.n_tokens - 1 - r.scored_from},
       {"budgets", r.options.budgets},
       {"methods", r.options.methods.empty() ? method_ids() : r.options.methods},
       {"reference", r.options.reference},
@@ -193,6 +213,7 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["compression_ratio"] = row.compression_ratio;
     x["evictions"] = row.evictions;
     x["merges"] = row.merges;
+    x["keeps_all"] = row.keeps_all;
     x["n_predictions"] = row.summary.n_predictions;
     x["text"] = r.options.text;
     x["tokens"] = r.n_tokens;
@@ -209,29 +230,65 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
 }
 
 std::string model_eval_table(const ModelEvalResult& r) {
+  const std::int64_t n_scored = r.n_tokens - 1 - r.scored_from;
   std::string out =
-      fmt::format("{} ({}), {}: first {} tokens, {} predictions{}\n\n", r.options.model,
-                  r.model_format, r.options.text, r.n_tokens, r.n_tokens - 1,
-                  r.options.prefill >= 2 ? fmt::format(", prefill {}", r.options.prefill) : "");
-  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>6} {:>8}\n", "method",
+      r.scored_from > 0
+          ? fmt::format("{} ({}), {}: first {} tokens, the first {} as one prefill, then {} "
+                        "decoded predictions (scored)\n\n",
+                        r.options.model, r.model_format, r.options.text, r.n_tokens,
+                        r.options.prefill, n_scored)
+          : fmt::format("{} ({}), {}: first {} tokens, {} predictions, one token per step\n\n",
+                        r.options.model, r.model_format, r.options.text, r.n_tokens, n_scored);
+  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>9} {:>8}\n", "method",
                      "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes", "ratio",
                      "ms/tok");
+  bool any_keeps_all = false;
   for (const ModelEvalRow& row : r.rows) {
     const std::string budget =
         has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
+    // KL below the table's precision but not zero is shown in scientific notation.
+    const double kl = row.summary.kl_mean;
+    const std::string kl_text =
+        kl > 0 && kl < 5e-5 ? fmt::format("{:8.1e}", kl) : fmt::format("{:8.4f}", kl);
+    // A run that held every row did not compress: say so instead of a ratio of 1 (or below).
+    const std::string ratio =
+        row.keeps_all ? "keeps all" : fmt::format("{:.2f}", row.compression_ratio);
+    any_keeps_all = any_keeps_all || row.keeps_all;
     out += fmt::format(
-        "{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>6.2f} {:>8.4f}\n",
+        "{:<40} {:>6} {:>9.4f} {:>7.4f} {} {:>6.3f} {:>9.1f} {:>10} {:>9} {:>8.4f}\n",
         row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
-        row.summary.nll_mean, row.summary.kl_mean, row.summary.top1_agreement, row.kept_tokens,
-        row.kept_bytes, row.compression_ratio, row.time_per_token_ms);
+        row.summary.nll_mean, kl_text, row.summary.top1_agreement, row.kept_tokens,
+        row.kept_bytes, ratio, row.time_per_token_ms);
   }
   for (const ModelEvalSkip& s : r.skipped) {
     out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
   }
-  out +=
-      "\nppl = exp(mean NLL); KL = mean KL(reference || method) per token in nats; top1 = share of "
-      "positions whose argmax matches the reference; kept/head = mean rows per KV head per layer; "
-      "kept bytes / ratio at the end of the text.\n";
+  out += fmt::format(
+      "\nppl = exp(mean NLL) over the {} scored predictions; KL = mean KL(reference || method) per "
+      "token in nats; top1 = share of positions whose argmax matches the reference; kept/head = "
+      "mean rows per KV head per layer after each step; kept bytes / ratio (full_bytes / "
+      "kept_bytes) at the end of the text.{}\n",
+      n_scored,
+      any_keeps_all ? " keeps all = nothing evicted, merged or quantized in this scenario "
+                      "(no compression)."
+                    : "");
+  return out;
+}
+
+std::string model_eval_per_token(const ModelEvalResult& r) {
+  std::string out = "run\tmethod\tbudget\tposition\ttoken\tnext_token\tscored\tnll\n";
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    const ModelEvalRow& row = r.rows[i];
+    const std::string spec = row.config.spec();
+    const std::string budget =
+        has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
+    for (std::size_t p = 0; p < row.nll.size(); ++p) {
+      // %.17g: the double round-trips exactly.
+      out += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.17g}\n", i, spec, budget, p, r.ids[p],
+                         r.ids[p + 1], static_cast<std::int64_t>(p) >= r.scored_from ? 1 : 0,
+                         row.nll[p]);
+    }
+  }
   return out;
 }
 

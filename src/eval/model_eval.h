@@ -18,7 +18,7 @@ namespace vq::eval {
 struct ModelEvalOptions {
   std::string model, tokenizer, text;  // paths (tokenizer "" = next to the model)
   std::int64_t tokens = 512;           // the text's first N tokens (BOS included)
-  std::int64_t prefill = 0;            // the first N go in as one step
+  std::int64_t prefill = 0;            // the first N go in as one step (0 or 1: none)
   std::vector<std::string> methods;    // specs; empty = every registered method
   std::vector<std::int64_t> budgets = {32, 64, 128, 256};
   std::string reference = "full";  // the run every other is compared with
@@ -35,6 +35,10 @@ struct ModelEvalRow {
   double compression_ratio = 1;
   double time_per_token_ms = 0;
   std::int64_t evictions = 0, merges = 0;  // rows removed (all layers, heads) and, of those, merged
+  // Nothing evicted, merged or compressed: the run held every row (kept_bytes >= full_bytes).
+  // The table says "keeps all" instead of a ratio.
+  bool keeps_all = false;
+  std::vector<double> nll;  // [n_tokens - 1] per prediction, every position (--per-token)
 };
 
 struct ModelEvalSkip {
@@ -48,6 +52,11 @@ struct ModelEvalResult {
   std::string model_format, tokenizer_path;
   nlohmann::json model_config;         // dims of the model, for the settings block
   std::int64_t n_tokens = 0;           // tokens read (= options.tokens)
+  std::vector<std::int32_t> ids;       // [n_tokens] the token ids read
+  // The first prediction the summaries count: predictions made by decode steps, i.e. from
+  // position `prefill` on when a prefill of >= 2 tokens was fed (the prefill's own predictions
+  // saw every prompt row whatever the method), else 0.
+  std::int64_t scored_from = 0;
   std::vector<ModelEvalRow> rows;      // the reference first
   std::vector<ModelEvalSkip> skipped;  // method x budget cells the method's guards reject
 };
@@ -62,6 +71,10 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& options, std::ostream* pr
 nlohmann::json model_eval_json(const ModelEvalResult& result, const std::string& command);
 // The terminal table.
 std::string model_eval_table(const ModelEvalResult& result);
+// Every run's per-prediction NLL with the token ids, tab-separated (docs/results.md): a header
+// line, then one line per run and position: run, method, budget, position, token, next_token,
+// scored, nll.
+std::string model_eval_per_token(const ModelEvalResult& result);
 // An SVG: perplexity and KL against the budget (log x), one series per method, the reference
 // as a dashed line.
 std::string model_eval_plot(const ModelEvalResult& result);
