@@ -82,8 +82,15 @@ TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
   EXPECT_TRUE(a["rows"][0]["budget"].is_null());
   EXPECT_EQ(a["rows"][0]["reference"], true);
   EXPECT_EQ(a["skipped"][0]["budget"], 16);
-  EXPECT_NEAR(row["compression_ratio"].get<double>(),
-              row["full_bytes"].get<double>() / row["kept_bytes"].get<double>(), 1e-9);
+  // streaming_llm at budget 16 after 95 tokens fed: 16 of 95 rows per head; 5 layers x 4 KV
+  // heads x head_dim 8 x (K and V) x 2 bytes = 640 bytes per row.
+  EXPECT_EQ(row["kept_bytes"], 16 * 640);
+  EXPECT_EQ(row["full_bytes"], 95 * 640);
+  EXPECT_NEAR(row["compression_ratio"].get<double>(), 95.0 / 16.0, 1e-12);
+  EXPECT_EQ(row["keeps_all"], false);
+  EXPECT_EQ(a["rows"][0]["keeps_all"], true);
+  EXPECT_EQ(a["settings"]["scored_from"], 0);
+  EXPECT_EQ(a["settings"]["n_scored"], 95);
 }
 
 TEST(ModelEval, PlotHasOneSeriesPerMethodAndTheReferenceLine) {

@@ -246,5 +246,50 @@ TEST(PrefillRules, SqueezeHoldsThePromptUntilEveryLayerReportsThenCutsEachToItsB
   }
 }
 
+// Every method with a score source, fed a prompt as one chunk with true attention and then
+// decoded token by token: after each step every head holds min(tokens seen, budget) rows (the
+// method's own rule for snapkv, which grows while decoding, and chunkkv, which evicts whole
+// chunks), sinks first, in position order (for dropping methods); the same inputs give the same
+// state.
+TEST(PrefillRules, EveryAttentionMethodHoldsItsBudgetAfterAPrefillDecision) {
+  KV kv(1, 2, 90, 8, 70);
+  const std::vector<float> q = test::randn(static_cast<std::size_t>(4 * 90 * 8), 71);
+  for (const std::string& id : method_ids()) {
+    const CacheConfig probe(id);
+    if (!probe.has("source") || !has_token_budget(probe)) continue;
+    if (probe.has("score") && probe.get_enum("score") == "key_norm") continue;
+    const CacheConfig config = with_token_budget(CacheConfig::parse(id + ":source=attention"), 40);
+    const MethodInfo& m = find_method(id);
+    LayerCache a(config, LayerShape{2, 8, 4, 0, 1}), b(config, LayerShape{2, 8, 4, 0, 1});
+    test::feed_attention(a, kv, q, 4, 60, 0, 60);
+    test::feed_attention(b, kv, q, 4, 60, 0, 60);
+    for (std::int64_t t = 60; t < 90; ++t) {
+      test::feed_attention(a, kv, q, 4, 1, t, t + 1);
+      test::feed_attention(b, kv, q, 4, 1, t, t + 1);
+      const std::int64_t want = m.prefill_only ? 40 + (t + 1 - 60) : 40;
+      for (std::int64_t h = 0; h < 2; ++h) {
+        const HeadRows r = a.stored(0, h);
+        if (m.exact_budget) {
+          EXPECT_EQ(r.n_rows, want) << id << " t " << t;
+        } else {
+          EXPECT_LE(r.n_rows, 40) << id << " t " << t;
+        }
+        // A merge moves the survivor to the newer position, so only dropping methods keep
+        // their rows' positions increasing.
+        const bool merges = config.has("merge") && config.get_enum("merge") != "drop";
+        for (std::int64_t i = 1; i < r.n_rows && !merges; ++i) {
+          ASSERT_LT(r.positions[i - 1], r.positions[i]) << id;
+        }
+        for (std::int64_t i = 0; i < r.n_rows; ++i) ASSERT_LE(r.positions[i], t) << id;
+        if (config.has("n_sink")) {
+          for (std::int64_t i = 0; i < config.get_int("n_sink"); ++i)
+            EXPECT_EQ(r.positions[i], i) << id;
+        }
+      }
+    }
+    EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << id << ": not deterministic";
+  }
+}
+
 }  // namespace
 }  // namespace vq
