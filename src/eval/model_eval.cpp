@@ -146,6 +146,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                      1000.0 * run.seconds / static_cast<double>(run.n_forward),
                      run.cache.evictions,
                      run.cache.merges};
+    row.resident_bytes = run.cache.resident_bytes;
     if (p.is_reference) {
       row.summary = engine::summarize(run, &run);
       ref = std::move(run);
@@ -189,6 +190,7 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["top1_agreement"] = row.summary.top1_agreement;
     x["kept_tokens"] = row.kept_tokens;
     x["kept_bytes"] = row.kept_bytes;
+    x["resident_bytes"] = row.resident_bytes;
     x["full_bytes"] = row.full_bytes;
     x["compression_ratio"] = row.compression_ratio;
     x["evictions"] = row.evictions;
@@ -213,17 +215,17 @@ std::string model_eval_table(const ModelEvalResult& r) {
       fmt::format("{} ({}), {}: first {} tokens, {} predictions{}\n\n", r.options.model,
                   r.model_format, r.options.text, r.n_tokens, r.n_tokens - 1,
                   r.options.prefill >= 2 ? fmt::format(", prefill {}", r.options.prefill) : "");
-  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>6} {:>8}\n", "method",
-                     "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes", "ratio",
-                     "ms/tok");
+  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>10} {:>6} {:>8}\n",
+                     "method", "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes",
+                     "resident", "ratio", "ms/tok");
   for (const ModelEvalRow& row : r.rows) {
     const std::string budget =
         has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
     out += fmt::format(
-        "{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>6.2f} {:>8.4f}\n",
+        "{:<40} {:>6} {:>9.4f} {:>7.4f} {:>8.4f} {:>6.3f} {:>9.1f} {:>10} {:>10} {:>6.2f} {:>8.4f}\n",
         row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
         row.summary.nll_mean, row.summary.kl_mean, row.summary.top1_agreement, row.kept_tokens,
-        row.kept_bytes, row.compression_ratio, row.time_per_token_ms);
+        row.kept_bytes, row.resident_bytes, row.compression_ratio, row.time_per_token_ms);
   }
   for (const ModelEvalSkip& s : r.skipped) {
     out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
@@ -231,7 +233,8 @@ std::string model_eval_table(const ModelEvalResult& r) {
   out +=
       "\nppl = exp(mean NLL); KL = mean KL(reference || method) per token in nats; top1 = share of "
       "positions whose argmax matches the reference; kept/head = mean rows per KV head per layer; "
-      "kept bytes / ratio at the end of the text.\n";
+      "kept bytes (payload) / resident (every byte the cache keeps) / ratio at the end of the "
+      "text.\n";
   return out;
 }
 
