@@ -254,7 +254,9 @@ TEST(Kivi, RoundTripWithinHalfAStepPerGroup) {
           lo = std::min(lo, kv.k[t * D + d]);
           hi = std::max(hi, kv.k[t * D + d]);
         }
-        const float step = (hi - lo) / levels;
+        // fp16 parameters: zero rounded down (by at most |lo| * 2^-10) and the step rounded up
+        // (by at most a factor 1 + 2^-10).
+        const float step = (hi - lo + std::fabs(lo) / 1024) / levels * (1 + 1.0f / 1024);
         for (std::int64_t t = g * G; t < (g + 1) * G; ++t) {
           ASSERT_LE(std::fabs(q.k[t * D + d] - kv.k[t * D + d]), step / 2 * (1 + 1e-5f) + 1e-6f);
         }
@@ -267,8 +269,9 @@ TEST(Kivi, RoundTripWithinHalfAStepPerGroup) {
           lo = std::min(lo, kv.v[t * D + d]);
           hi = std::max(hi, kv.v[t * D + d]);
         }
+        const float step = (hi - lo + std::fabs(lo) / 1024) / levels * (1 + 1.0f / 1024);
         for (std::int64_t d = g * G; d < (g + 1) * G; ++d) {
-          ASSERT_LE(std::fabs(q.v[t * D + d] - kv.v[t * D + d]), (hi - lo) / levels / 2 * (1 + 1e-5f) + 1e-6f);
+          ASSERT_LE(std::fabs(q.v[t * D + d] - kv.v[t * D + d]), step / 2 * (1 + 1e-5f) + 1e-6f);
         }
       }
     }
@@ -304,11 +307,11 @@ TEST(Kivi, FourBitsBeatTwoAndTheTailIsBitExact) {
   }
 }
 
-// Bytes held by a KIVI head, from the layout: codes, fp32 scale + zero, fp16 tail.
+// Bytes held by a KIVI head, from the layout: codes, fp16 scale + zero, fp16 tail.
 std::int64_t kivi_bytes(std::int64_t n_quant, std::int64_t n_tail, std::int64_t D, std::int64_t G,
                         int bits) {
   const std::int64_t row_bytes = (D * bits + 7) / 8, n_groups = n_quant / G, n_vgroups = (D + G - 1) / G;
-  return 2 * n_quant * row_bytes + n_groups * D * 8 + n_quant * n_vgroups * 8 + n_tail * D * 2 * 2;
+  return 2 * n_quant * row_bytes + n_groups * D * 4 + n_quant * n_vgroups * 4 + n_tail * D * 2 * 2;
 }
 
 TEST(Kivi, KeptBytesAreTheBytesHeldAndApproachTheTheoreticalRatio) {
@@ -321,11 +324,12 @@ TEST(Kivi, KeptBytesAreTheBytesHeldAndApproachTheTheoreticalRatio) {
     const CacheStats s = c.stats();
     EXPECT_EQ(s.kept_bytes, 2 * kivi_bytes(n_quant, n_tail, D, 32, bits)) << bits;
     EXPECT_GE(s.allocated_bytes, s.kept_bytes);
-    EXPECT_GT(s.workspace_bytes, 0);
-    // Per token: 2 * D * bits / 8 code bytes + D * 8 / G key params + (D / G) * 8 value params.
-    const double per_token = 2.0 * D * bits / 8 + D * 8.0 / 32 + (D / 32) * 8.0;
+    EXPECT_GE(s.resident_bytes, s.allocated_bytes);
+    // Per token: 2 * D * bits / 8 code bytes + D * 4 / G key params + (D / G) * 4 value params.
+    const double per_token = 2.0 * D * bits / 8 + D * 4.0 / 32 + (D / 32) * 4.0;
     const double theoretical = (4.0 * D) / per_token;  // fp16 K + V = 4 D bytes
-    EXPECT_GT(s.compression_ratio, 0.9 * theoretical) << bits;
+    // The 128-row fp16 tail (256 bytes a row against 48 or 80 quantized) costs 10-15%.
+    EXPECT_GT(s.compression_ratio, 0.85 * theoretical) << bits;
     EXPECT_LT(s.compression_ratio, theoretical) << bits;
   }
 }
@@ -352,7 +356,7 @@ TEST(Composition, MergingOnTovaAndStreamingHoldsTheBudgetAndChangesTheState) {
 }
 
 TEST(Composition, QuantizedH2OHoldsTheBudgetWithFarFewerBytes) {
-  // Budget 256 with a 32..63-row fp16 tail: about 200 rows at 64 bytes (codes + fp32 params)
+  // Budget 256 with a 32..63-row fp16 tail: about 200 rows at 40 bytes (codes + fp16 params)
   // instead of 256, plus the tail: under half of plain h2o's bytes.
   KV kv = peaked(1, 2, 500, 64, 61);
   const std::string spec = "h2o:budget=256,quantize=kivi2,residual_length=32,kivi_group_size=32";
@@ -379,12 +383,12 @@ TEST(KiviStore, EvictionDoesNotLeaveSparseKeyGroups) {
   for (std::int64_t i = 0; i < 16; ++i) all[static_cast<std::size_t>(i)] = i;
   store->settle(all.data(), 16);
   store->keep(all.data(), 16);
-  // codes 1 byte a row for K and V; value params 8 bytes a row; key params 4 groups x 4 x 8.
-  EXPECT_EQ(store->bytes(), 16 * 2 + 16 * 8 + 4 * 32);
+  // codes 1 byte a row for K and V; value params 4 bytes a row; key params 4 groups x 4 x 4.
+  EXPECT_EQ(store->bytes(), 16 * 2 + 16 * 4 + 4 * 16);
   const std::vector<std::int64_t> one_each = {0, 4, 8, 12};
   store->settle(one_each.data(), 4);
   store->keep(one_each.data(), 4);
-  EXPECT_EQ(store->bytes(), 4 * 2 + 4 * 8 + 1 * 32);
+  EXPECT_EQ(store->bytes(), 4 * 2 + 4 * 4 + 1 * 16);
   // The re-quantized keys stay close to the originals (within a step of the merged range).
   float lo = INFINITY, hi = -INFINITY;
   for (std::int64_t r : one_each) {

@@ -15,8 +15,11 @@
 //  5. Ties go to the lowest index; NaN scores never win a keep.
 //  6. Deterministic: randomness comes from a counter RNG keyed by (seed, layer, kv head, draw
 //     counter); the same config and inputs give bit-identical state.
-//  7. kept_bytes() is the K/V payload the cache holds (plus quantization metadata);
-//     full_bytes() the fp16 cost of every token seen; compression_ratio() their quotient.
+//  7. kept_bytes() is the K/V payload the cache holds (rows, or codes + scales + zeros +
+//     unquantized rows); full_bytes() the fp16 cost of every token seen; compression_ratio()
+//     their quotient. stats().resident_bytes is every byte the cache keeps between steps, by
+//     container capacity (payload, positions, per-row scores and bookkeeping). A quantized
+//     cache keeps no dequantized copy: its rows are read through PackedRows.
 //  8. Construction validates the config and throws Error(kInvalidConfig) naming the field.
 //
 // Two ways to drive it:
@@ -54,8 +57,26 @@ struct LayerShape {
   std::int64_t n_layers = 1;
 };
 
-// The rows of one (batch, kv head) to attend over, in order. Keys and values are
-// [n_rows][row_stride] elements of `dtype` (first head_dim used); positions [n_rows].
+// Rows held packed (a quantized cache's codes, scales and zeros, plus its unquantized tail),
+// read as fp32 by dequantizing on the fly. Owned by the cache; valid as long as the HeadRows
+// that points to it.
+class PackedRows {
+ public:
+  // The row's key / value, dequantized: out [head_dim].
+  virtual void load_key(std::int64_t row, float* out) const noexcept = 0;
+  virtual void load_value(std::int64_t row, float* out) const noexcept = 0;
+  // One element, dequantized.
+  virtual float key_at(std::int64_t row, std::int64_t d) const noexcept = 0;
+  virtual float value_at(std::int64_t row, std::int64_t d) const noexcept = 0;
+
+ protected:
+  ~PackedRows() = default;
+};
+
+// The rows of one (batch, kv head) to attend over, in order. Plain rows: keys and values are
+// [n_rows][row_stride] elements of `dtype` (first head_dim used). Packed rows (quantize=,
+// kivi): `packed` is set, keys and values are null, row_stride = head_dim; read them with
+// key()/value(), packed->load_key/load_value, or dequantized(). positions: [n_rows].
 struct HeadRows {
   const void* keys = nullptr;
   const void* values = nullptr;
@@ -63,11 +84,17 @@ struct HeadRows {
   DType dtype = DType::kF16;
   std::int64_t n_rows = 0;
   std::int64_t row_stride = 0;
+  const PackedRows* packed = nullptr;
 
   // Element access converted to float (tests and tools; not for hot loops).
   float key(std::int64_t row, std::int64_t d) const noexcept;
   float value(std::int64_t row, std::int64_t d) const noexcept;
 };
+
+// `rows` as plain rows: packed rows are dequantized into `keys` and `values` (resized to
+// [n_rows][row_stride] fp32; the caller's scratch, reusable across heads and layers) and the
+// result points there; plain rows are returned as they are (no copy).
+HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values);
 
 // What begin_step returns: per (b, kv head) the previously kept rows followed by the step's
 // new rows. Every head holds the same number of rows. Valid until end_step().
@@ -119,11 +146,16 @@ struct CacheStats {
   std::int64_t tokens_seen = 0;  // token positions passed in so far (per sequence)
   std::int64_t tokens_kept = 0;  // rows stored for (b=0, h=0), as the reference library reports
   std::vector<std::int64_t> tokens_kept_per_head;  // [B * Hkv]
-  std::int64_t kept_bytes = 0;       // K/V payload (+ quantization metadata) held now
+  std::int64_t kept_bytes = 0;       // payload held now: K/V rows, or codes + scales + zeros +
+                                     // unquantized rows
   std::int64_t full_bytes = 0;       // fp16 K+V cost of every token seen, all heads
   double compression_ratio = 1.0;    // full_bytes / kept_bytes (1 when both are 0)
-  std::int64_t allocated_bytes = 0;  // capacity reserved for K/V payload (>= kept_bytes)
-  std::int64_t workspace_bytes = 0;  // scratch besides the payload (quantized caches' fp32 view)
+  std::int64_t allocated_bytes = 0;  // capacity reserved for the payload (>= kept_bytes)
+  // Every byte kept between steps, by container capacity: the payload's capacity, positions,
+  // per-row bookkeeping (quantized slots, key groups), per-row policy state (scores, noise,
+  // attention history) and the per-head tables (head states, RNGs, the step view's rows).
+  // The stores' and policy's fixed-size objects and the policy's step scratch are not counted.
+  std::int64_t resident_bytes = 0;
   std::int64_t evictions = 0;        // rows removed since reset, all heads (merged or dropped)
   std::int64_t merges = 0;           // of those, rows merged into a survivor
 };

@@ -65,7 +65,7 @@ CacheStats ModelCache::stats() const {
     s.kept_bytes += ls.kept_bytes;
     s.full_bytes += ls.full_bytes;
     s.allocated_bytes += ls.allocated_bytes;
-    s.workspace_bytes += ls.workspace_bytes;
+    s.resident_bytes += ls.resident_bytes;
     s.evictions += ls.evictions;
     s.merges += ls.merges;
   }

@@ -17,15 +17,34 @@ using detail::HeadState;
 using detail::LayerState;
 
 float HeadRows::key(std::int64_t row, std::int64_t d) const noexcept {
+  if (packed != nullptr) return packed->key_at(row, d);
   const std::int64_t off = row * row_stride + d;
   return dtype == DType::kF32 ? static_cast<const float*>(keys)[off]
                               : half_to_float(static_cast<const std::uint16_t*>(keys)[off]);
 }
 
 float HeadRows::value(std::int64_t row, std::int64_t d) const noexcept {
+  if (packed != nullptr) return packed->value_at(row, d);
   const std::int64_t off = row * row_stride + d;
   return dtype == DType::kF32 ? static_cast<const float*>(values)[off]
                               : half_to_float(static_cast<const std::uint16_t*>(values)[off]);
+}
+
+HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values) {
+  if (rows.packed == nullptr) return rows;
+  const std::int64_t D = rows.row_stride;
+  keys.resize(static_cast<std::size_t>(rows.n_rows * D));
+  values.resize(keys.size());
+  for (std::int64_t r = 0; r < rows.n_rows; ++r) {
+    rows.packed->load_key(r, keys.data() + r * D);
+    rows.packed->load_value(r, values.data() + r * D);
+  }
+  HeadRows out = rows;
+  out.keys = keys.data();
+  out.values = values.data();
+  out.dtype = DType::kF32;
+  out.packed = nullptr;
+  return out;
 }
 
 namespace {
@@ -54,8 +73,13 @@ void check_tensor(const TensorRef& t, const char* name) {
   }
 }
 
+template <typename T>
+std::int64_t capacity_bytes(const std::vector<T>& v) noexcept {
+  return static_cast<std::int64_t>(v.capacity() * sizeof(T));
+}
+
 HeadRows to_head_rows(const detail::RowsRef& r) {
-  return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride};
+  return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride, r.packed};
 }
 
 }  // namespace
@@ -230,9 +254,10 @@ KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
   out.keys.resize(n * static_cast<std::size_t>(D));
   out.values.resize(n * static_cast<std::size_t>(D));
   out.positions.resize(n);
+  std::vector<float> kbuf, vbuf;  // packed rows, dequantized one head at a time
   for (std::int64_t b = 0; b < out.batch; ++b) {
     for (std::int64_t h = 0; h < out.n_kv_heads; ++h) {
-      const HeadRows& hr = view.head(b, h);
+      const HeadRows hr = dequantized(view.head(b, h), kbuf, vbuf);
       const std::size_t size = dtype_size(hr.dtype);
       for (std::int64_t r = 0; r < R; ++r) {
         const std::int64_t o = ((b * out.n_kv_heads + h) * R + r);
@@ -321,10 +346,13 @@ CacheStats LayerCache::stats() const {
   for (const HeadState& hs : state_->heads) {
     s.tokens_kept_per_head.push_back(hs.store->size());
     s.allocated_bytes += hs.store->allocated_bytes();
-    s.workspace_bytes += hs.store->workspace_bytes();
+    s.resident_bytes += hs.store->resident_bytes() + capacity_bytes(hs.live) +
+                        capacity_bytes(hs.score) + capacity_bytes(hs.aux) + capacity_bytes(hs.hist);
     s.evictions += hs.evictions;
     s.merges += hs.merges;
   }
+  s.resident_bytes += capacity_bytes(state_->heads) + capacity_bytes(state_->rngs) +
+                      capacity_bytes(state_->view_rows);
   s.kept_bytes = kept_bytes();
   s.full_bytes = full_bytes();
   s.compression_ratio = compression_ratio();

@@ -8,6 +8,15 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+void RowsRef::load_key(std::int64_t i, float* out) const noexcept {
+  if (packed != nullptr) {
+    packed->load_key(i, out);
+  } else {
+    kernels::load_row(key(i), dtype, out, stride);
+  }
+}
+
 namespace {
 
 template <typename T>
@@ -84,6 +93,9 @@ class PlainStore final : public RowStore {
   }
   std::int64_t allocated_bytes() const noexcept override {
     return static_cast<std::int64_t>((k_.capacity() + v_.capacity()) * sizeof(T));
+  }
+  std::int64_t resident_bytes() const noexcept override {
+    return allocated_bytes() + static_cast<std::int64_t>(pos_.capacity() * sizeof(std::int32_t));
   }
 
  private:

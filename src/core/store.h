@@ -5,12 +5,15 @@
 #include <cstdint>
 #include <memory>
 
+#include "veloxquant/cache.h"
 #include "veloxquant/config.h"
 #include "veloxquant/types.h"
 
 namespace vq::detail {
 
-// Direct read access to the rows: keys/values are [n_rows][stride] elements of dtype.
+// Read access to the rows: keys/values are [n_rows][stride] elements of dtype, or, when
+// `packed` is set (a quantizing store), null: the rows are then read through `packed`
+// (load_key / load_value, or RowStore::read_key / read_value).
 struct RowsRef {
   const void* keys = nullptr;
   const void* values = nullptr;
@@ -18,6 +21,7 @@ struct RowsRef {
   DType dtype = DType::kF16;
   std::int64_t n_rows = 0;
   std::int64_t stride = 0;
+  const PackedRows* packed = nullptr;
 
   const void* key(std::int64_t i) const noexcept {
     return static_cast<const char*>(keys) + i * stride * static_cast<std::int64_t>(dtype_size(dtype));
@@ -26,6 +30,8 @@ struct RowsRef {
     return static_cast<const char*>(values) +
            i * stride * static_cast<std::int64_t>(dtype_size(dtype));
   }
+  // Row i's key as fp32 (out: [stride]), plain or packed.
+  void load_key(std::int64_t i, float* out) const noexcept;
 };
 
 class RowStore {
@@ -35,7 +41,8 @@ class RowStore {
   // Appends the S = k.tokens() rows of (b, h), with positions first_pos, first_pos + 1, ...
   virtual void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
                       std::int32_t first_pos) = 0;
-  // All rows in physical order, readable until the next mutating call.
+  // All rows in physical order, readable until the next mutating call (packed rows: through
+  // RowsRef::packed, dequantized on the fly).
   virtual RowsRef rows() const noexcept = 0;
   virtual void read_key(std::int64_t i, float* out) const noexcept = 0;
   virtual void read_value(std::int64_t i, float* out) const noexcept = 0;
@@ -51,13 +58,14 @@ class RowStore {
   // Whether settle() does anything (plain stores: no).
   virtual bool quantizing() const noexcept { return false; }
   virtual void clear() noexcept = 0;
-  // Payload bytes held now (K + V, plus quantization metadata where there is some).
+  // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
   virtual std::int64_t bytes() const noexcept = 0;
-  // Bytes reserved for the payload (>= bytes()).
+  // Bytes reserved for the payload (capacities of its containers, >= bytes()).
   virtual std::int64_t allocated_bytes() const noexcept = 0;
-  // Scratch held besides the payload (a quantizing store's dequantized fp32 rows for the
-  // attention view); 0 for plain stores, whose rows are read in place.
-  virtual std::int64_t workspace_bytes() const noexcept { return 0; }
+  // Every byte the store keeps between steps, by container capacity: the payload plus the
+  // positions and any per-row bookkeeping (>= allocated_bytes()). No store keeps a copy of its
+  // rows besides the payload.
+  virtual std::int64_t resident_bytes() const noexcept = 0;
 };
 
 // Plain rows of `storage` dtype (fp16 or fp32).

@@ -127,7 +127,9 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
   float* att = s_.att.data();                            // [Hq][S][R]
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
   for (std::int64_t g = 0; g < Hkv; ++g) {
-    const HeadRows& hr = view.head(0, g);
+    // A quantized cache's head is read once per step into a scratch shared by all heads and
+    // layers (one head's rows); plain heads are read in place.
+    const HeadRows hr = dequantized(view.head(0, g), s_.packed_k, s_.packed_v);
     for (std::int64_t t = 0; t < S; ++t) {
       // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
       // every row (masked by position), softmax, weighted sum of the values.

@@ -44,6 +44,8 @@ struct RunState {
   std::vector<float> att_out;       // [S][Hq * D]      attention-weighted values per query head
   std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
   std::vector<float> row;           // [D]              one cached key or value row as fp32
+  std::vector<float> packed_k;      // [R][D]           a packed (quantized) head's keys and
+  std::vector<float> packed_v;      // [R][D]           values, dequantized for one step
   std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
   std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
   std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)

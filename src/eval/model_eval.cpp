@@ -164,6 +164,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                      run.cache.evictions == 0 && run.cache.merges == 0 &&
                          run.cache.kept_bytes >= run.cache.full_bytes,
                      run.nll};
+    row.resident_bytes = run.cache.resident_bytes;
     if (p.is_reference) {
       ref_scored = scored;
       ref = std::move(run);
@@ -209,6 +210,7 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["top1_agreement"] = row.summary.top1_agreement;
     x["kept_tokens"] = row.kept_tokens;
     x["kept_bytes"] = row.kept_bytes;
+    x["resident_bytes"] = row.resident_bytes;
     x["full_bytes"] = row.full_bytes;
     x["compression_ratio"] = row.compression_ratio;
     x["evictions"] = row.evictions;
@@ -239,9 +241,9 @@ std::string model_eval_table(const ModelEvalResult& r) {
                         r.options.prefill, n_scored)
           : fmt::format("{} ({}), {}: first {} tokens, {} predictions, one token per step\n\n",
                         r.options.model, r.model_format, r.options.text, r.n_tokens, n_scored);
-  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>9} {:>8}\n", "method",
-                     "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes", "ratio",
-                     "ms/tok");
+  out += fmt::format("{:<40} {:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>8}\n",
+                     "method", "budget", "ppl", "nll", "KL", "top1", "kept/head", "kept bytes",
+                     "resident", "ratio", "ms/tok");
   bool any_keeps_all = false;
   for (const ModelEvalRow& row : r.rows) {
     const std::string budget =
@@ -255,10 +257,10 @@ std::string model_eval_table(const ModelEvalResult& r) {
         row.keeps_all ? "keeps all" : fmt::format("{:.2f}", row.compression_ratio);
     any_keeps_all = any_keeps_all || row.keeps_all;
     out += fmt::format(
-        "{:<40} {:>6} {:>9.4f} {:>7.4f} {} {:>6.3f} {:>9.1f} {:>10} {:>9} {:>8.4f}\n",
+        "{:<40} {:>6} {:>9.4f} {:>7.4f} {} {:>6.3f} {:>9.1f} {:>10} {:>10} {:>9} {:>8.4f}\n",
         row.series + (row.is_reference ? " (reference)" : ""), budget, row.summary.ppl,
         row.summary.nll_mean, kl_text, row.summary.top1_agreement, row.kept_tokens,
-        row.kept_bytes, ratio, row.time_per_token_ms);
+        row.kept_bytes, row.resident_bytes, ratio, row.time_per_token_ms);
   }
   for (const ModelEvalSkip& s : r.skipped) {
     out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
@@ -266,8 +268,8 @@ std::string model_eval_table(const ModelEvalResult& r) {
   out += fmt::format(
       "\nppl = exp(mean NLL) over the {} scored predictions; KL = mean KL(reference || method) per "
       "token in nats; top1 = share of positions whose argmax matches the reference; kept/head = "
-      "mean rows per KV head per layer after each step; kept bytes / ratio (full_bytes / "
-      "kept_bytes) at the end of the text.{}\n",
+      "mean rows per KV head per layer after each step; kept bytes (payload) / resident (every "
+      "byte the cache keeps) / ratio (full_bytes / kept_bytes) at the end of the text.{}\n",
       n_scored,
       any_keeps_all ? " keeps all = nothing evicted, merged or quantized in this scenario "
                       "(no compression)."

@@ -39,6 +39,7 @@ struct ModelEvalRow {
   // The table says "keeps all" instead of a ratio.
   bool keeps_all = false;
   std::vector<double> nll;  // [n_tokens - 1] per prediction, every position (--per-token)
+  std::int64_t resident_bytes = 0;  // every byte the cache keeps (CacheStats), end of the text
 };
 
 struct ModelEvalSkip {

@@ -7,7 +7,10 @@
 
 namespace vq::eval {
 
-void attention_output(const float* q, const HeadRows& rows, std::int64_t head_dim, float* out) {
+void attention_output(const float* q, const HeadRows& packed_or_plain, std::int64_t head_dim,
+                      float* out) {
+  std::vector<float> kbuf, vbuf;
+  const HeadRows rows = dequantized(packed_or_plain, kbuf, vbuf);
   std::vector<float> w(static_cast<std::size_t>(rows.n_rows));
   std::vector<float> v(static_cast<std::size_t>(head_dim));
   const float sqrt_d = std::sqrt(static_cast<float>(head_dim));

@@ -130,9 +130,10 @@ bool holds_planted(const HeadRows& kept, const HeadRows& full, std::int64_t plan
       static_cast<const char*>(full.keys) + static_cast<std::size_t>(planted * full.row_stride) * es;
   for (std::int64_t i = 0; i < kept.n_rows; ++i) {
     if (kept.positions[i] == planted) return true;
+    if (kept.packed != nullptr || kept.dtype != full.dtype) continue;  // no fp16 key to compare
     const char* key = static_cast<const char*>(kept.keys) +
                       static_cast<std::size_t>(i * kept.row_stride) * es;
-    if (kept.dtype == full.dtype && std::memcmp(key, planted_key, bytes) == 0) return true;
+    if (std::memcmp(key, planted_key, bytes) == 0) return true;
   }
   return false;
 }

@@ -90,9 +90,10 @@ void add_quantize_fields(std::vector<FieldSpec>& fields) {
   fields.push_back(int_field("kivi_group_size", 32, 1, 4096,
                              "KIVI group: G tokens per key channel group, G channels per value "
                              "group"));
-  fields.push_back(int_field("residual_length", 128, 0, kMaxTokens,
+  fields.push_back(int_field("residual_length", 32, 0, kMaxTokens,
                              "newest rows kept unquantized (the tail holds residual to "
-                             "residual + G - 1 rows)"));
+                             "residual + G - 1 rows); with quantize= the budget must be >= "
+                             "residual_length + kivi_group_size"));
 }
 
 void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix) {

@@ -133,9 +133,12 @@ const float* TokenPolicy::key_of_row(const HeadCtx& h, std::int64_t row) {
 void TokenPolicy::proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out) {
   const RowsRef rows = h.rows();
   const float sqrt_d = std::sqrt(static_cast<float>(h.head_dim));
+  std::vector<float> key(rows.packed != nullptr ? static_cast<std::size_t>(h.head_dim) : 0);
   for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = kernels::dot_row(rows.key(h.hs.live[static_cast<std::size_t>(i)]), rows.dtype, q,
-                              h.head_dim) /
+    const std::int64_t r = h.hs.live[static_cast<std::size_t>(i)];
+    if (rows.packed != nullptr) rows.packed->load_key(r, key.data());
+    out[i] = (rows.packed != nullptr ? kernels::dot(key.data(), q, h.head_dim)
+                                     : kernels::dot_row(rows.key(r), rows.dtype, q, h.head_dim)) /
              sqrt_d;
   }
   kernels::softmax(out, n);
@@ -167,12 +170,12 @@ std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, st
                                std::int64_t head_dim, float* cos_out, float* scratch) {
   float* a = scratch;
   float* b = scratch + head_dim;
-  kernels::load_row(rows.key(live[loser]), rows.dtype, a, head_dim);
+  rows.load_key(live[loser], a);
   std::int64_t best = -1;
   float best_cos = 0.0f;
   for (std::int64_t i = n_sink; i < n_live; ++i) {
     if (i == loser || (excluded != nullptr && excluded[i] != 0)) continue;
-    kernels::load_row(rows.key(live[i]), rows.dtype, b, head_dim);
+    rows.load_key(live[i], b);
     const float c = kernels::cosine(a, b, head_dim);
     if (std::isnan(c)) continue;
     if (best < 0 || c > best_cos) {
