@@ -146,6 +146,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                      1000.0 * run.seconds / static_cast<double>(run.n_forward),
                      run.cache.evictions,
                      run.cache.merges};
+    row.score_source = run.cache.score_source;
     if (p.is_reference) {
       row.summary = engine::summarize(run, &run);
       ref = std::move(run);
@@ -193,6 +194,7 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["compression_ratio"] = row.compression_ratio;
     x["evictions"] = row.evictions;
     x["merges"] = row.merges;
+    x["score_source"] = row.score_source;
     x["n_predictions"] = row.summary.n_predictions;
     x["text"] = r.options.text;
     x["tokens"] = r.n_tokens;

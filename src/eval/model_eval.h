@@ -35,6 +35,7 @@ struct ModelEvalRow {
   double compression_ratio = 1;
   double time_per_token_ms = 0;
   std::int64_t evictions = 0, merges = 0;  // rows removed (all layers, heads) and, of those, merged
+  std::string score_source = "none";  // the source that ran (CacheStats::score_source)
 };
 
 struct ModelEvalSkip {

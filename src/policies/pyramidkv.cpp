@@ -6,12 +6,13 @@
 // Budgets: with average C, window w = pyramid_grace and L layers, min = (C - w) / beta,
 // max = 2 (C - w) - min, b_l = max - l (max - min) / (L - 1) + w, rounded half up, floored at
 // n_sink + grace + 1 (the realised mean, ModelCache::layer_budgets(), can then exceed C).
-// Within a layer: H2O (pyramid_grace, pyramid_decay; defaults 0 and 1, the paper's rule).
-// beta = 1 gives a flat schedule: exactly h2o with grace 0, decay 1.
+// Within a layer: H2O with h2o's defaults (pyramid_grace=-1: floor(pyramid_recent_ratio 0.5 x
+// (budget - n_sink)) of the mean budget; pyramid_decay=0.98). beta = 1 gives a flat schedule:
+// exactly h2o with the same n_sink, grace and decay.
 //
 // Fields: pyramid_budget=512 (average over layers), pyramid_n_sink=4, pyramid_beta=20,
-// pyramid_grace=0, pyramid_decay=1, pyramid_merge=drop (+gate, keys), quantize..., seed,
-// kv_dtype.
+// pyramid_grace=-1, pyramid_recent_ratio=0.5, pyramid_decay=0.98, pyramid_merge=drop (+gate,
+// keys), source=auto, quantize..., seed, kv_dtype.
 // Deviations from the paper: the paper selects prompt tokens once with SnapKV's observation
 // window; here H2O's cumulative mass (key-as-query proxy) ranks tokens at every step, and the
 // window is H2O's grace.
@@ -24,7 +25,7 @@ namespace vq::detail {
 namespace {
 
 std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
-  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = c.get_int("pyramid_grace");
+  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = recent_window(c, "pyramid");
   const auto budgets = pyramid_budgets(c.get_int("pyramid_budget"), shape.n_layers,
                                        c.get_float("pyramid_beta"), grace, n_sink + grace + 1);
   return budgets[static_cast<std::size_t>(shape.layer)];
@@ -33,14 +34,14 @@ std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
-                                     c.get_int("pyramid_grace"),
+                                     recent_window(c, "pyramid"),
                                      static_cast<float>(c.get_float("pyramid_decay")),
                                      merge_rule_from(c, "pyramid"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) {
   require_less(c, "pyramid_n_sink", "pyramid_budget");
-  require_sum_less(c, "pyramid_n_sink", "pyramid_grace", "pyramid_budget");
+  check_recent_window(c, "pyramid");
 }
 
 }  // namespace
@@ -56,7 +57,7 @@ MethodInfo pyramidkv_method() {
   m.score_signal = "cumulative attention mass";
   m.budget_type = "per-layer pyramid (mean = budget)";
   m.deviations = "H2O mass at every step instead of a one-off SnapKV selection at prefill; "
-                 "proxy source by default";
+                 "key-as-query proxy when no attention is passed (source=auto)";
   m.fields = {
       int_field("pyramid_budget", 512, 1, kMaxTokens,
                 "average rows kept per KV head over the layers, sinks included"),
@@ -73,6 +74,11 @@ MethodInfo pyramidkv_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("pyramid_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("pyramid_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`pyramidkv:beta=20,n_sink=0,decay=1,source=attention` (beta 20; the paper "
+      "selects rows once at prefill with SnapKV's window, replaced here by H2O's mass "
+      "at every step)";
+  m.defaults_note = "H2O's defaults within each layer (recent window = half the layer-mean non-sink "
+      "budget, decay 0.98, 4 sinks) under the paper's taper beta 20";
   return m;
 }
 
