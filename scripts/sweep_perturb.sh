@@ -42,8 +42,9 @@ registered() { grep -qx "$1" <<<"$ids"; }
 # Methods the sweep names explicitly; every other registered id joins the spans sweep.
 explicit="full cam h2o tova streaming_llm morphkv keyformer"
 spans=(full)
-registered cam && spans+=(cam:merge=drop cam:merge=drop,merge_gate=false cam:merge=mean
-                          cam:merge=mean,merge_gate=false cam cam:merge_gate=false)
+registered cam && spans+=(cam:merge=drop cam cam:merge_gate=false cam:target=nearest
+                          cam:target=nearest,merge_gate=false cam:target=nearest,merge=sim_weighted
+                          cam:target=nearest,merge=sim_weighted,merge_gate=false)
 registered h2o && spans+=(h2o h2o:grace=0,decay=1)
 registered tova && spans+=(tova)
 registered streaming_llm && spans+=(streaming_llm)

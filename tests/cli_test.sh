@@ -47,6 +47,8 @@ check "bad spec" 2 "unknown key 'budgett'" -- "$bin" demo --method cam:budgett=3
 check "out of range" 2 "h2o_decay must be in \[0, 1\], got 2" -- "$bin" demo --method h2o:decay=2 --seq 10
 check "bad geometry" 2 "unknown geometry 'round'" -- "$bin" demo --geometry round --seq 10
 check "demo runs" 0 "cam:cam_budget=32" -- "$bin" demo --seq 64 --budget 32 --heads 2 --head-dim 8 --probes 4
+check "demo takes a spec's budget" 0 "streaming_llm:stream_window_size=16 +20 " -- "$bin" demo --seq 64 --heads 2 --head-dim 8 --probes 4 --method streaming_llm:budget=20
+check "demo --budget overrides a spec's budget" 0 "h2o:h2o_budget=24 +24 " -- "$bin" demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
 
 # bench perturb: every bad flag is a clear error (exit 2) that writes nothing, not even the
 # --json file's missing directory.
@@ -82,8 +84,8 @@ check_bad "bad geometry" "unknown geometry 'round'; allowed: spans, shift, stabl
 check_bad "bad feed" "unknown feed 'batch'; allowed: prefill, stream" -- --method cam --feed batch --json "$bad_json"
 check_bad "unknown method" "--method 'nope': unknown method 'nope'" -- --method cam --method nope --json "$bad_json"
 check_bad "bad spec" "--method 'cam:budgett=3': .*unknown key 'budgett'" -- --method cam:budgett=3 --json "$bad_json"
-check_bad "budget a guard rejects" "--budget 16 does not fit --method 'h2o': \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget \(16\)" -- --method cam --method h2o --json "$bad_json"
-check_bad "duplicate method" "--method 'cam:merge=sim_weighted' and --method 'cam' give the same configuration" -- --method cam --method cam:merge=sim_weighted --json "$bad_json"
+check_bad "budget a guard rejects" "--budget 16 does not fit --method 'h2o:grace=16': \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget \(16\)" -- --method cam --method h2o:grace=16 --json "$bad_json"
+check_bad "duplicate method" "--method 'cam:merge=mean' and --method 'cam' give the same configuration" -- --method cam --method cam:merge=mean --json "$bad_json"
 touch "$tmp/a_file"
 check_bad "json under a file" "cannot write '$tmp/a_file/x.json': '$tmp/a_file' is not a directory" -- --method cam --json "$tmp/a_file/x.json"
 check_bad "json is a directory" "cannot write '$tmp': it is a directory" -- --method cam --json "$tmp"
@@ -162,14 +164,15 @@ check "eval unwritable per-token" 2 "cannot write.*cannot create directory" -- "
 check "eval per-token, later flags win" 0 "first 64 tokens, the first 32 as one prefill, then 31 decoded" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 512 --prefill 256 --tokens 64 --prefill 32 --method full:kv_dtype=f32 --per-token "$tmp/t.tsv"
 check "eval per-token header" 0 "^run	method	budget	position	token	next_token	scored	nll$" -- head -1 "$tmp/t.tsv"
 check "eval per-token fp32 row" 0 "^1	full:kv_dtype=f32	-	32	[0-9]+	[0-9]+	1	[0-9.]+$" -- cat "$tmp/t.tsv"
-eval_args=(eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --method streaming_llm --method h2o
+eval_args=(eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --method streaming_llm --method h2o:grace=16
            --budget 16,32 --json "$tmp/e.json" --plot "$tmp/e.svg")
-check "eval runs, skipping rejected budgets" 0 "skipped h2o at budget 16: \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget" -- "$bin" "${eval_args[@]}"
+check "eval runs, skipping rejected budgets" 0 "skipped h2o:h2o_grace=16 at budget 16: \[h2o\] h2o_n_sink \+ h2o_grace must be < h2o_budget" -- "$bin" "${eval_args[@]}"
 cp "$tmp/out" "$tmp/eval.out"
 check "eval table" 0 "full \(reference\) +- +[0-9.]+" -- cat "$tmp/eval.out"
-check "eval progress" 0 "eval: \[4/4\] h2o:h2o_budget=32" -- cat "$tmp/eval.out"
+check "eval progress" 0 "eval: \[4/4\] h2o:h2o_budget=32,h2o_grace=16" -- cat "$tmp/eval.out"
 check "eval json" 0 '"kind": "eval"' -- cat "$tmp/e.json"
 check "eval json rows" 0 '"kl_mean"' -- cat "$tmp/e.json"
+check "eval json records the score source that ran" 0 '"score_source": "attention"' -- cat "$tmp/e.json"
 check "eval plot" 0 "<svg" -- cat "$tmp/e.svg"
 mv "$tmp/e.json" "$tmp/e1.json"
 "$bin" "${eval_args[@]}" >/dev/null 2>&1

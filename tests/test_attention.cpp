@@ -94,8 +94,9 @@ const std::vector<Step> kCamSteps = {{1, {1.0f}},
 
 TEST(CamWindow, ValuesGainVeOverMAndKeysStay) {
   KV kv(1, 1, 5, 4, 3);
+  // The seed's H2O base (grace 0, decay 1), so the loser is the hand-derived row 2.
   LayerCache c = make("cam:source=attention,target=window,merge_m=2,merge_gate=false,budget=4,"
-                      "n_sink=1,kv_dtype=f32,merge_keys=true", 1, 1, 4);
+                      "n_sink=1,kv_dtype=f32,grace=0,decay=1", 1, 1, 4);
   run_steps(c, kv, 1, kCamSteps);
   EXPECT_EQ(positions_of(c), (std::vector<std::int32_t>{0, 1, 3, 4}));
   const HeadRows r = c.stored(0, 0);
@@ -106,7 +107,7 @@ TEST(CamWindow, ValuesGainVeOverMAndKeysStay) {
     EXPECT_EQ(r.value(1, d), kv.v[1 * 4 + d]) << "rows before the loser are untouched";
     for (std::int64_t i = 0; i < 4; ++i) {
       EXPECT_EQ(r.key(i, d), kv.k[positions_of(c)[static_cast<std::size_t>(i)] * 4 + d])
-          << "keys are never merged (even with merge_keys)";
+          << "keys are never merged (merge_keys=true with target=window is rejected)";
     }
   }
   EXPECT_EQ(c.stats().merges, 1);
@@ -120,7 +121,7 @@ TEST(CamWindow, GateDrawsFromTheCounterRng) {
   int merged = 0;
   for (int seed = 0; seed < 20; ++seed) {
     LayerCache c = make("cam:source=attention,target=window,merge_m=2,budget=4,n_sink=1,"
-                        "kv_dtype=f32,seed=" + std::to_string(seed), 1, 1, 4);
+                        "kv_dtype=f32,grace=0,decay=1,seed=" + std::to_string(seed), 1, 1, 4);
     run_steps(c, kv, 1, kCamSteps);
     const bool expect = CounterRng(static_cast<std::uint64_t>(seed), 0, 0).uniform(0) < p;
     EXPECT_EQ(c.stats().merges, expect ? 1 : 0) << "seed " << seed;
@@ -132,7 +133,7 @@ TEST(CamWindow, GateDrawsFromTheCounterRng) {
   EXPECT_LT(merged, 20);
   // With the current query's attention the loser got 0: p = 0, never merged.
   LayerCache c = make("cam:source=attention,target=window,merge_m=2,budget=4,n_sink=1,"
-                      "merge_attention=current,kv_dtype=f32", 1, 1, 4);
+                      "merge_attention=current,kv_dtype=f32,grace=0,decay=1", 1, 1, 4);
   run_steps(c, kv, 1, kCamSteps);
   EXPECT_EQ(c.stats().merges, 0);
 }

@@ -142,7 +142,10 @@ TEST(Cache, StepProtocolErrors) {
 
 TEST(Cache, AttentionInputShapeIsChecked) {
   KV kv(1, 2, 6, 8, 3);
-  LayerCache c(CacheConfig::parse("h2o:budget=8,n_sink=1,grace=1"), LayerShape{2, 8, 4, 0, 1});
+  // source=proxy: the first step (update) passes no probabilities and the later one does,
+  // which source=auto would reject as a switch (tests/test_defaults.cpp).
+  LayerCache c(CacheConfig::parse("h2o:budget=8,n_sink=1,grace=1,source=proxy"),
+               LayerShape{2, 8, 4, 0, 1});
   c.update(kv.keys(0, 3), kv.values(0, 3));
   const StepView view = c.begin_step(kv.keys(3, 2), kv.values(3, 2));
   EXPECT_EQ(view.n_rows(), 5);

@@ -137,7 +137,10 @@ TEST(Cam, MeanAndSimWeightedBlendHandCase) {
   std::vector<float> k = {1, 0, 0, 1, 1, 1, -1, 0.2f, 0.05f, 1};
   std::vector<float> v = {1, 1, 2, 4, 3, 3, 4, 4, 10, 20};
   for (const char* mode : {"mean", "sim_weighted"}) {
-    LayerCache c = test::make_cache(std::string("cam:budget=4,n_sink=1,merge_gate=false,kv_dtype=f32,merge=") + mode);
+    // The reference adaptation (nearest target) on the seed's H2O base (grace 0, decay 1).
+    LayerCache c = test::make_cache(
+        std::string("cam:budget=4,n_sink=1,grace=0,decay=1,target=nearest,merge_gate=false,"
+                    "kv_dtype=f32,merge=") + mode);
     c.update(TensorRef::f32(k.data(), 1, 1, 5, 2), TensorRef::f32(v.data(), 1, 1, 5, 2));
     const HeadRows r = c.stored(0, 0);
     ASSERT_EQ(r.n_rows, 4);
@@ -151,17 +154,24 @@ TEST(Cam, MeanAndSimWeightedBlendHandCase) {
     EXPECT_EQ(c.stats().merges, 1);
   }
   // merge_keys blends keys too.
-  LayerCache c = test::make_cache("cam:budget=4,n_sink=1,merge_gate=false,kv_dtype=f32,merge=mean,merge_keys=true");
+  LayerCache c = test::make_cache("cam:budget=4,n_sink=1,grace=0,decay=1,target=nearest,"
+                                  "merge_gate=false,kv_dtype=f32,merge=mean,merge_keys=true");
   c.update(TensorRef::f32(k.data(), 1, 1, 5, 2), TensorRef::f32(v.data(), 1, 1, 5, 2));
   EXPECT_FLOAT_EQ(c.stored(0, 0).key(1, 0), 0.025f);
   EXPECT_FLOAT_EQ(c.stored(0, 0).key(1, 1), 1.0f);
 }
 
 TEST(Cam, WithoutKeyMergingStoredKeysEqualDrops) {
+  // On the seed's degenerate base (grace 0, decay 1) the loser is always the newest row at
+  // score 0, so a merge adds 0 to the target's score and the eviction sequence, hence the
+  // stored keys, are those of dropping. (With a recent window a merge moves mass and later
+  // evictions may differ.)
   KV kv(1, 2, 120, 16, 8);
   for (const char* gate : {"true", "false"}) {
-    LayerCache merged = test::make_cache(std::string("cam:budget=20,merge=sim_weighted,merge_gate=") + gate);
-    LayerCache dropped = test::make_cache("cam:budget=20,merge=drop");
+    LayerCache merged = test::make_cache(
+        std::string("cam:budget=20,grace=0,decay=1,target=nearest,merge=sim_weighted,merge_gate=") +
+        gate);
+    LayerCache dropped = test::make_cache("cam:budget=20,grace=0,decay=1,merge=drop");
     test::feed(merged, kv, 1);
     test::feed(dropped, kv, 1);
     const auto a = test::snapshot(merged, 1, 2), b = test::snapshot(dropped, 1, 2);
@@ -172,22 +182,28 @@ TEST(Cam, WithoutKeyMergingStoredKeysEqualDrops) {
   }
 }
 
-TEST(Cam, DropEqualsH2OWithGraceZeroDecayOneBitForBit) {
+TEST(Cam, DropEqualsItsH2OBaseBitForBit) {
+  // cam:merge=drop is h2o with the same n_sink, grace, recent_ratio and decay: with the seed
+  // library's degenerate base written out, and with both methods' defaults (the same derived
+  // window, floor(0.5 x (24 - 3)) = 10, and decay 0.98).
   for (std::int64_t chunk : {1, 9}) {
     KV kv(2, 3, 140, 16, 9 + chunk);
-    for (const char* gate : {"true", "false"}) {
-      LayerCache cam = test::make_cache(std::string("cam:budget=24,n_sink=3,merge=drop,merge_gate=") + gate);
-      LayerCache h2o = test::make_cache("h2o:budget=24,n_sink=3,grace=0,decay=1");
+    for (const char* fields : {",grace=0,decay=1", ""}) {
+      LayerCache cam = test::make_cache(std::string("cam:budget=24,n_sink=3,merge=drop") + fields);
+      LayerCache h2o = test::make_cache(std::string("h2o:budget=24,n_sink=3") + fields);
       test::feed(cam, kv, chunk);
       test::feed(h2o, kv, chunk);
-      EXPECT_TRUE(test::snapshot(cam, 2, 3) == test::snapshot(h2o, 2, 3)) << gate;
+      EXPECT_TRUE(test::snapshot(cam, 2, 3) == test::snapshot(h2o, 2, 3)) << fields;
     }
   }
+  // A gate with nothing to merge is rejected rather than ignored.
+  test::expect_error([] { CacheConfig::parse("cam:merge=drop,merge_gate=false"); },
+                     ErrorCode::kInvalidConfig, {"cam_merge_gate has no effect with cam_merge=drop"});
 }
 
 TEST(Cam, SimWeightedHoldsTheBudgetAndMergesWithTheGateOff) {
   KV kv(1, 2, 100, 8, 12);
-  LayerCache c = test::make_cache("cam:budget=10,n_sink=2,merge_gate=false");
+  LayerCache c = test::make_cache("cam:budget=10,n_sink=2,target=nearest,merge=sim_weighted,merge_gate=false");
   test::feed(c, kv, 1);
   EXPECT_EQ(c.tokens_kept(), 10);
   EXPECT_EQ(c.stats().merges, c.stats().evictions);

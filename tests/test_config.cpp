@@ -23,13 +23,21 @@ TEST(Spec, BareIdGivesTheReferenceDefaults) {
   const CacheConfig h = CacheConfig::parse("h2o");
   EXPECT_EQ(h.get_int("h2o_budget"), 512);
   EXPECT_EQ(h.get_int("h2o_n_sink"), 4);
-  EXPECT_EQ(h.get_int("h2o_grace"), 16);
+  EXPECT_EQ(h.get_int("h2o_grace"), -1);  // derived: recent_ratio of the non-sink budget
+  EXPECT_DOUBLE_EQ(h.get_float("h2o_recent_ratio"), 0.5);
   EXPECT_DOUBLE_EQ(h.get_float("h2o_decay"), 0.98);
+  EXPECT_EQ(h.get_enum("source"), "auto");
   EXPECT_EQ(h.seed(), 42);
   EXPECT_EQ(h.kv_dtype(), DType::kF16);
   const CacheConfig c = CacheConfig::parse("cam");
   EXPECT_EQ(c.get_int("cam_budget"), 512);
-  EXPECT_EQ(c.get_enum("cam_merge"), "sim_weighted");
+  EXPECT_EQ(c.get_enum("cam_merge"), "mean");
+  EXPECT_EQ(c.get_enum("cam_target"), "window");
+  EXPECT_EQ(c.get_int("cam_grace"), -1);
+  EXPECT_DOUBLE_EQ(c.get_float("cam_decay"), 0.98);
+  const CacheConfig k = CacheConfig::parse("keyformer");
+  EXPECT_EQ(k.get_int("keyformer_recent"), -1);
+  EXPECT_DOUBLE_EQ(k.get_float("keyformer_recent_ratio"), 0.3);
   EXPECT_TRUE(c.get_bool("cam_merge_gate"));
   EXPECT_FALSE(c.get_bool("cam_merge_keys"));
   const CacheConfig m = CacheConfig::parse("morphkv");
@@ -203,8 +211,8 @@ TEST(Registry, TokenBudgetHelpers) {
     EXPECT_EQ(token_budget(with_token_budget(c, 100)), 100) << id;
   }
   // Setting a budget that breaks a guard is an error, not a silent clamp.
-  expect_error([] { with_token_budget(CacheConfig("h2o"), 16); }, ErrorCode::kInvalidConfig,
-               {"h2o_n_sink + h2o_grace"});
+  expect_error([] { with_token_budget(CacheConfig::parse("h2o:grace=16"), 16); },
+               ErrorCode::kInvalidConfig, {"h2o_n_sink + h2o_grace"});
 }
 
 TEST(Registry, MarkdownTableHasOneRowPerMethod) {

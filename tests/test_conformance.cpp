@@ -105,7 +105,9 @@ TEST_P(Conformance, MergingVariantsAreDeterministicToo) {
   const CacheConfig probe(GetParam());
   if (!probe.has("merge")) GTEST_SKIP() << GetParam() << " has no merge disposition";
   KV kv(1, 2, 120, 8, 10);
-  for (const char* extra : {"merge=sim_weighted", "merge=mean,merge_gate=false,merge_keys=true"}) {
+  for (const char* extra : {"target=nearest,merge=sim_weighted",
+                            "target=nearest,merge=mean,merge_gate=false,merge_keys=true",
+                            "target=window,merge=mean,merge_m=4"}) {
     LayerCache a = cache(48, extra), b = cache(48, extra), c = cache(48, extra);
     test::feed(a, kv, 3);
     test::feed(b, kv, 3);

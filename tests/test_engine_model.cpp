@@ -463,7 +463,8 @@ TEST(Stories260KAttention, ProxyAndAttentionSourcesKeepDifferentRows) {
   const auto ids = first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 128);
   engine::ForcedOptions o;
   for (const char* id : {"h2o", "tova", "morphkv", "keyformer"}) {
-    const auto proxy = engine::run_forced(stories(), ids, CacheConfig::parse(std::string(id) + ":budget=48"), o);
+    const auto proxy = engine::run_forced(
+        stories(), ids, CacheConfig::parse(std::string(id) + ":budget=48,source=proxy"), o);
     const auto attn = engine::run_forced(
         stories(), ids, CacheConfig::parse(std::string(id) + ":budget=48,source=attention"), o);
     EXPECT_NE(proxy.nll, attn.nll) << id;

@@ -25,12 +25,13 @@ KV peaked(std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D, std::u
   return kv;
 }
 
-// ---- Exact reductions to h2o with the paper's rule (grace 0, decay 1) ----
+// ---- Exact reductions to h2o (written with the seed library's grace 0, decay 1; the identities
+// hold for any grace and decay the two sides share) ----
 
 TEST(Reductions, ChunkKVWithChunkSizeOneIsH2OOnASingleKVHead) {
   for (std::int64_t chunk : {1, 5}) {
     KV kv = peaked(2, 1, 150, 16, 3);
-    LayerCache c = test::make_cache("chunkkv:budget=24,chunk_size=1");
+    LayerCache c = test::make_cache("chunkkv:budget=24,chunk_size=1,grace=0,decay=1");
     LayerCache h = test::make_cache("h2o:budget=24,grace=0,decay=1");
     test::feed(c, kv, chunk);
     test::feed(h, kv, chunk);
@@ -40,7 +41,7 @@ TEST(Reductions, ChunkKVWithChunkSizeOneIsH2OOnASingleKVHead) {
 
 TEST(Reductions, PyramidKVWithBetaOneIsH2OInEveryLayer) {
   KV kv = peaked(1, 2, 120, 16, 4);
-  ModelCache p(CacheConfig::parse("pyramidkv:budget=24,beta=1"), ModelShape{4, 2, 16, 0});
+  ModelCache p(CacheConfig::parse("pyramidkv:budget=24,beta=1,grace=0,decay=1"), ModelShape{4, 2, 16, 0});
   ModelCache h(CacheConfig::parse("h2o:budget=24,grace=0,decay=1"), ModelShape{4, 2, 16, 0});
   EXPECT_EQ(p.layer_budgets(), (std::vector<std::int64_t>{24, 24, 24, 24}));
   for (std::int64_t l = 0; l < 4; ++l) {
@@ -53,7 +54,7 @@ TEST(Reductions, PyramidKVWithBetaOneIsH2OInEveryLayer) {
 TEST(Reductions, SqueezeWithStrengthZeroIsH2OInEveryLayer) {
   // Driven as an engine does: each token goes through every layer in turn. Nothing is evicted
   // before the 24th token, when every layer reports and the (uniform) budgets are decided.
-  ModelCache s(CacheConfig::parse("squeeze:budget=24,strength=0"), ModelShape{3, 2, 16, 0});
+  ModelCache s(CacheConfig::parse("squeeze:budget=24,strength=0,grace=0,decay=1"), ModelShape{3, 2, 16, 0});
   ModelCache h(CacheConfig::parse("h2o:budget=24,grace=0,decay=1"), ModelShape{3, 2, 16, 0});
   std::vector<KV> data;
   for (std::int64_t l = 0; l < 3; ++l) data.push_back(peaked(1, 2, 150, 16, 10 + static_cast<std::uint64_t>(l)));
@@ -72,7 +73,7 @@ TEST(Reductions, SqueezeWithStrengthZeroIsH2OInEveryLayer) {
 TEST(Reductions, KeyformerWithTauZeroIsH2O) {
   KV kv = peaked(1, 3, 140, 16, 5);
   for (std::int64_t chunk : {1, 7}) {
-    LayerCache k = test::make_cache("keyformer:budget=24,tau_init=0,tau_end=0");
+    LayerCache k = test::make_cache("keyformer:budget=24,recent=0,tau_init=0,tau_end=0");
     LayerCache h = test::make_cache("h2o:budget=24,grace=0,decay=1");
     test::feed(k, kv, chunk);
     test::feed(h, kv, chunk);
@@ -150,7 +151,7 @@ TEST(SnapKV, PoolingHandCase) {
 // ---- per-layer schedules ----
 
 TEST(PyramidKV, BudgetsDecreaseWithDepthAndAverageToTheRequest) {
-  ModelCache m(CacheConfig::parse("pyramidkv:budget=128,beta=8"), ModelShape{5, 2, 16, 0});
+  ModelCache m(CacheConfig::parse("pyramidkv:budget=128,beta=8,grace=0"), ModelShape{5, 2, 16, 0});
   const auto b = m.layer_budgets();
   ASSERT_EQ(b.size(), 5u);
   for (std::size_t l = 1; l < b.size(); ++l) EXPECT_LT(b[l], b[l - 1]);

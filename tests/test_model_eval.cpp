@@ -16,7 +16,9 @@ eval::ModelEvalOptions small_options() {
   o.model = test::data("stories260K.bin");
   o.text = test::data("tinystories_validation_excerpt.txt");
   o.tokens = 96;
-  o.methods = {"streaming_llm", "h2o", "full:kv_dtype=f32", "streaming_llm:merge=sim_weighted"};
+  // h2o with a fixed window of 16 cannot take budget 16 (its default window scales and can).
+  o.methods = {"streaming_llm", "h2o:grace=16", "full:kv_dtype=f32",
+               "streaming_llm:merge=sim_weighted"};
   o.budgets = {16, 32};
   return o;
 }
@@ -38,7 +40,7 @@ TEST(ModelEval, PlansRunsReferenceFirstAndSkipsRejectedBudgets) {
   EXPECT_EQ(r.rows[1].config.spec(), "streaming_llm:stream_window_size=12");
   EXPECT_EQ(r.rows[1].series, "streaming_llm");
   ASSERT_EQ(r.skipped.size(), 1u);
-  EXPECT_EQ(r.skipped[0].method, "h2o");
+  EXPECT_EQ(r.skipped[0].method, "h2o:h2o_grace=16");
   EXPECT_EQ(r.skipped[0].budget, 16);
   EXPECT_NE(r.skipped[0].reason.find("h2o_n_sink + h2o_grace must be < h2o_budget"),
             std::string::npos)
@@ -56,7 +58,7 @@ TEST(ModelEval, PlansRunsReferenceFirstAndSkipsRejectedBudgets) {
   }
   const std::string table = eval::model_eval_table(r);
   EXPECT_NE(table.find("full (reference)"), std::string::npos);
-  EXPECT_NE(table.find("skipped h2o at budget 16"), std::string::npos);
+  EXPECT_NE(table.find("skipped h2o:h2o_grace=16 at budget 16"), std::string::npos) << table;
 }
 
 TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
@@ -96,7 +98,7 @@ TEST(ModelEval, ResultFileIsTheSharedSchemaAndReproducible) {
 TEST(ModelEval, PlotHasOneSeriesPerMethodAndTheReferenceLine) {
   const std::string svg = eval::model_eval_plot(eval::run_model_eval(small_options(), nullptr));
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
-  for (const char* label : {">streaming_llm<", ">h2o<", ">full (reference)<", ">full:kv_dtype=f32<",
+  for (const char* label : {">streaming_llm<", ">h2o:grace=16<", ">full (reference)<", ">full:kv_dtype=f32<",
                             ">streaming_llm:merge=sim_weighted<"}) {
     EXPECT_NE(svg.find(label), std::string::npos) << label;
   }

@@ -158,16 +158,20 @@ TEST(PerturbBench, IdenticalSeedsGiveIdenticalJson) {
 TEST(PerturbBench, CamDropEqualsH2OPaperRule) {
   for (const Geometry g : {Geometry::kSpans, Geometry::kShift, Geometry::kPlanted}) {
     for (const eval::Feed feed : {eval::Feed::kPrefill, eval::Feed::kStream}) {
-      PerturbOptions o = small_options({"cam:merge=drop", "h2o:grace=0,decay=1", "h2o"}, g);
+      // cam:merge=drop is its H2O base with the same fields; the seed library's degenerate
+      // setting (grace 0, decay 1) written out on both sides.
+      PerturbOptions o =
+          small_options({"cam:grace=0,decay=1,merge=drop", "h2o:grace=0,decay=1", "h2o"}, g);
       o.feed = feed;
       const nlohmann::json doc = eval::run_perturb(o, "test");
       for (const std::int64_t b : o.budgets) {
-        const auto& cam = row_of(doc, "cam:merge=drop", 96, b);
+        const auto& cam = row_of(doc, "cam:grace=0,decay=1,merge=drop", 96, b);
         const auto& h2o = row_of(doc, "h2o:grace=0,decay=1", 96, b);
         EXPECT_EQ(cam["perturbation_per_seed"], h2o["perturbation_per_seed"]) << b;
         EXPECT_EQ(cam["kept_bytes"], h2o["kept_bytes"]);
         EXPECT_EQ(cam["merges"], 0);
-        // h2o's defaults (grace 16, decay 0.98) are a different rule: the check can fail.
+        // h2o's defaults (a recent window of half the budget, decay 0.98) are a different rule:
+        // the check can fail.
         EXPECT_NE(cam["perturbation_per_seed"], row_of(doc, "h2o", 96, b)["perturbation_per_seed"]);
       }
     }
@@ -224,15 +228,16 @@ TEST(PerturbBench, ValidatesEverythingBeforeRunning) {
   bad.seqs = {1 << 20};
   bad.seeds = 100;
   expect_error(plan(bad), ErrorCode::kInvalidArgument, {"GiB of synthetic K/V", "limit is 4 GiB"});
-  // h2o's default grace 16 + 4 sinks needs a budget above 20.
-  bad = small_options({"cam", "h2o"});
+  // A fixed grace of 16 + 4 sinks needs a budget above 20.
+  bad = small_options({"cam", "h2o:grace=16"});
   bad.budgets = {64, 16};
-  expect_error(plan(bad), ErrorCode::kInvalidConfig, {"--budget 16", "--method 'h2o'", "h2o_grace"});
+  expect_error(plan(bad), ErrorCode::kInvalidConfig,
+               {"--budget 16", "--method 'h2o:grace=16'", "h2o_grace"});
   bad = small_options({"cam:budgett=3"});
   expect_error(plan(bad), ErrorCode::kInvalidSpec, {"--method 'cam:budgett=3'", "unknown key"});
   bad = small_options({"nope"});
   expect_error(plan(bad), ErrorCode::kUnknownMethod, {"--method 'nope'", "known methods"});
-  bad = small_options({"cam", "cam:merge=sim_weighted"});
+  bad = small_options({"cam", "cam:merge=mean"});
   expect_error(plan(bad), ErrorCode::kInvalidArgument, {"same configuration"});
   bad = small_options({"cam:budget=8", "cam"});  // --budget overrides the spec's budget
   expect_error(plan(bad), ErrorCode::kInvalidArgument, {"same configuration"});
@@ -275,11 +280,17 @@ TEST(PerturbBench, PlotAndTables) {
                                        r["perturbation_std"].get<double>());
   EXPECT_NE(md.find(cell), std::string::npos) << cell << "\n" << md;
   EXPECT_NE(md.find("**Late-topic fraction**"), std::string::npos);
-  // Merges of the merging methods only: gated CaM under H2O's grace-0 rule never merges (its
-  // loser is the newest row, score 0, so the gate's probability is 0); ungated merges every
-  // evicted row. 2 heads x (96 - 24) and x (96 - 48) evictions.
+  // Merges of the merging methods only: gated CaM (the paper's window rule on H2O's defaults)
+  // merges some evicted rows, not all; ungated it merges every evicted row (the recent window
+  // keeps rows after each loser to spread it over). 2 heads x (96 - 24) and x (96 - 48)
+  // evictions.
   const std::string merges = md.substr(md.find("**Merges**"));
-  EXPECT_NE(merges.find("| `cam` | 0 / 144 | 0 / 96 |"), std::string::npos) << merges;
+  const std::string gated = merges.substr(merges.find("| `cam` |"));
+  const std::string gated_row = gated.substr(0, gated.find('\n'));
+  EXPECT_NE(gated_row.find(" / 144 |"), std::string::npos) << merges;
+  EXPECT_NE(gated_row.find(" / 96 |"), std::string::npos) << merges;
+  EXPECT_EQ(gated_row.find("| 0 / "), std::string::npos) << gated_row;
+  EXPECT_EQ(gated_row.find("| 144 / 144 |"), std::string::npos) << gated_row;
   EXPECT_NE(merges.find("| `cam:merge_gate=false` | 144 / 144 | 96 / 96 |"), std::string::npos);
   EXPECT_EQ(merges.substr(0, merges.find("**Late-topic")).find("tova"), std::string::npos);
   // full has no budget: one row, shown under every budget of its seq.

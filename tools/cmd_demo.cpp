@@ -19,6 +19,7 @@ struct DemoOptions {
   std::int64_t seq = 1024, budget = 64, heads = 4, head_dim = 64, probes = 32;
   std::uint64_t seed = 0;
   std::string geometry = "spans";
+  bool budget_given = false;  // --budget on the command line: it overrides the specs' budgets
 };
 
 void run_demo(const DemoOptions& o) {
@@ -45,13 +46,18 @@ void run_demo(const DemoOptions& o) {
 
   std::cout << fmt::format(
       "synthetic K/V: geometry {}, {} tokens fed one at a time, {} KV heads, head_dim {}, "
-      "budget {}\n\n",
-      o.geometry, o.seq, o.heads, o.head_dim, o.budget);
+      "budget {}{}\n\n",
+      o.geometry, o.seq, o.heads, o.head_dim, o.budget,
+      o.budget_given ? "" : " (where the spec gives none)");
   std::cout << fmt::format("{:<34} {:>9} {:>11} {:>11} {:>11} {:>7} {:>12} {:>10}\n", "method",
                            "kept/head", "kept bytes", "resident", "full bytes", "ratio",
                            "perturbation", "us/token");
   for (CacheConfig config : configs) {
-    if (has_token_budget(config)) {
+    // A spec's own budget (budget=B, different from the method's default) is kept unless
+    // --budget was given; every other method runs at --budget (default 64).
+    const bool spec_budget = has_token_budget(config) &&
+                             token_budget(config) != token_budget(CacheConfig(config.method()));
+    if (has_token_budget(config) && (o.budget_given || !spec_budget)) {
       try {
         config = with_token_budget(config, o.budget);
       } catch (const Error& e) {
@@ -102,14 +108,20 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--method", opts->methods,
                   "Method spec ID[:key=value,...]; repeatable (default: every registered method)");
   cmd->add_option("--seq", opts->seq, "Tokens to feed")->capture_default_str();
-  cmd->add_option("--budget", opts->budget, "Token budget per KV head")->capture_default_str();
+  cmd->add_option("--budget", opts->budget,
+                  "Token budget per KV head; overrides a budget given in a spec (budget=B), which "
+                  "is used otherwise")
+      ->capture_default_str();
   cmd->add_option("--heads", opts->heads, "KV heads")->capture_default_str();
   cmd->add_option("--head-dim", opts->head_dim, "Head dimension")->capture_default_str();
   cmd->add_option("--probes", opts->probes, "Probe queries per head")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Data seed")->capture_default_str();
   cmd->add_option("--geometry", opts->geometry, "spans | shift | stable | planted")
       ->capture_default_str();
-  cmd->callback([opts]() { run_demo(*opts); });
+  cmd->callback([opts, cmd]() {
+    opts->budget_given = cmd->count("--budget") > 0;
+    run_demo(*opts);
+  });
 }
 
 }  // namespace vq::cli

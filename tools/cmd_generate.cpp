@@ -40,10 +40,10 @@ void run_generate(const GenerateCliOptions& o) {
       r.decode_seconds > 0 ? static_cast<double>(r.n_decode) / r.decode_seconds : 0.0;
   std::cerr << fmt::format(
       "generate: {} tokens ({} prompt incl. BOS, {} decode steps{}); decode {:.0f} tok/s; "
-      "cache {}: {} rows/head kept, {} of {} bytes ({} resident)\n",
+      "cache {} (score source {}): {} rows/head kept, {} of {} bytes ({} resident)\n",
       r.ids.size(), r.n_prompt, r.n_decode, r.stopped ? ", stopped at a stop token" : "", tps,
-      g.method.spec(), r.cache.tokens_kept, r.cache.kept_bytes, r.cache.full_bytes,
-      r.cache.resident_bytes);
+      g.method.spec(), r.cache.score_source, r.cache.tokens_kept, r.cache.kept_bytes,
+      r.cache.full_bytes, r.cache.resident_bytes);
 }
 
 }  // namespace

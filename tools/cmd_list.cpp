@@ -28,7 +28,14 @@ void add_list_command(CLI::App& app) {
     std::cout << "paper: " << m.paper << "\n";
     std::cout << "disposition: " << m.disposition << "; score: " << m.score_signal
               << "; budget: " << m.budget_type << "\n";
-    std::cout << "deviations from the paper: " << m.deviations << "\n\n";
+    std::cout << "deviations from the paper: " << m.deviations << "\n";
+    if (!m.paper_config.empty()) std::cout << "paper configuration: " << m.paper_config << "\n";
+    if (!m.defaults_note.empty()) std::cout << "defaults: " << m.defaults_note << "\n";
+    if (!m.budget_rule.empty()) {
+      std::cout << "budget key: " << m.budget_rule << " (budget=B sets " << m.budget_field
+                << ", after the spec's other keys)\n";
+    }
+    std::cout << "\n";
     std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", "field", "type", "default",
                              "allowed", "doc");
     for (const auto& f : m.fields) {

@@ -25,7 +25,9 @@
 // Two ways to drive it:
 //  - Zero-copy, two phases (engines): view = begin_step(k, v); compute attention over the
 //    view's rows; end_step(&probs) (or end_step() with the proxy score source). The view points
-//    into cache storage and is valid until end_step().
+//    into cache storage and is valid until end_step(). With source=auto (the default) the
+//    first step decides: probabilities passed -> the papers' true-attention rules, none -> the
+//    key-as-query proxy, fixed until reset().
 //  - One call (reference-library semantics): rows = update(k, v) returns an owning fp32 copy
 //    and leaves the stored state at budget.
 #pragma once
@@ -158,6 +160,9 @@ struct CacheStats {
   std::int64_t resident_bytes = 0;
   std::int64_t evictions = 0;        // rows removed since reset, all heads (merged or dropped)
   std::int64_t merges = 0;           // of those, rows merged into a survivor
+  // The score source that ran: "none" (the method uses no attention), "proxy", "attention",
+  // "auto" (source=auto, no step yet); a ModelCache whose layers differ: "mixed".
+  const char* score_source = "none";
 };
 
 class LayerCache {
@@ -180,14 +185,20 @@ class LayerCache {
   // Phase 2. Scores, evicts, merges or quantizes so the stored state fits the budget.
   // `attention` (optional) holds the probabilities of this step's queries over the view's
   // rows; methods configured with the proxy source ignore it, methods with source=attention
-  // require it. Throws Error(kShapeMismatch) for a wrongly shaped attention input,
-  // kInvalidState without an open step.
+  // require it. source=auto (the default of every attention-scored method) is resolved by the
+  // first step with new rows: attention if that step passes probabilities, else proxy, and
+  // stays so until reset(); a later step that passes the other way throws
+  // Error(kInvalidArgument) naming `source` and leaves the step open (so an engine that passes
+  // probabilities every step gets the papers' rules, and update() gets the proxy). Throws
+  // Error(kShapeMismatch) for a wrongly shaped attention input, kInvalidState without an open
+  // step.
   void end_step(const AttentionRef* attention = nullptr);
 
   // begin_step + an owning copy of the view + end_step(). Reference-library semantics.
   KVRows update(const TensorRef& keys, const TensorRef& values);
 
-  // Forgets every token (shape stays fixed); the RNG counters restart.
+  // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
+  // unresolved again.
   void reset();
 
   // The rows stored between steps for (b, h), in order. Invalidated by the next step.
@@ -199,6 +210,8 @@ class LayerCache {
   bool step_open() const noexcept;
 
   CacheStats stats() const;
+  // The score source in force (CacheStats::score_source).
+  const char* score_source() const noexcept;
   std::int64_t tokens_seen() const noexcept;
   std::int64_t tokens_kept() const noexcept;  // (b=0, h=0)
   std::int64_t kept_bytes() const noexcept;

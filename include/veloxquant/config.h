@@ -7,6 +7,14 @@
 //   cam:budget=64,merge=drop   ==   cam:cam_budget=64,cam_merge=drop
 //
 // Spec grammar:  ID[:KEY=VALUE[,KEY=VALUE...]]   (no spaces; bool values: true/false/1/0)
+//
+// `budget` is a key of every method with a token budget: it names the method's budget field
+// (cam_budget, h2o_budget, ...) or, for streaming_llm, which has none, sets
+// stream_window_size = budget - stream_n_sink after the spec's other keys.
+//
+// Nothing is silently ignored: a field given a non-default value that has no effect in the
+// combination given (e.g. cam_merge_m with cam_target=nearest) is an error naming both fields.
+// A field at its default value is never an error, so spec(true) always parses back.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +81,8 @@ class CacheConfig {
   const FieldValue& get(std::string_view key) const;
 
   // Sets a field (type-checked; an int is accepted for a float field). Ranges and cross-field
-  // guards are checked by validate(), which every cache constructor calls.
+  // guards are checked by validate(), which every cache constructor calls. The key "budget" on a method without a field of that name (streaming_llm) goes
+  // through the method's budget setter (MethodInfo::set_budget).
   void set(std::string_view key, FieldValue value);
   // Parses `text` with the field's type, then set().
   void set_text(std::string_view key, std::string_view text);
@@ -81,6 +90,10 @@ class CacheConfig {
   // Checks every field's range and the method's cross-field guards. Throws Error(kInvalidConfig)
   // "[method] field must be in RANGE, got VALUE" naming the first offending field.
   void validate() const;
+
+  // Whether the field's value differs from the method's default (the "given" fields the
+  // no-effect guards look at). Unknown keys throw Error(kInvalidArgument).
+  bool is_set(std::string_view key) const;
 
   std::int64_t seed() const { return get_int("seed"); }
   DType kv_dtype() const;

@@ -29,6 +29,11 @@ struct MethodInfo {
   std::string score_signal;  // what ranks tokens
   std::string budget_type;   // uniform / none / ...
   std::string deviations;    // plain statement of where it departs from the paper
+  // The paper's own configuration as a spec string (README column "paper configuration"),
+  // followed by a short note where the spec cannot express all of it; "-" when not applicable.
+  std::string paper_config;
+  // Why the defaults are what they are (one or two sentences; `veloxquant list ID`).
+  std::string defaults_note;
   std::vector<FieldSpec> fields;
 
   // Cross-field guards; throws Error(kInvalidConfig). Ranges are checked before this runs.
@@ -37,6 +42,11 @@ struct MethodInfo {
   // sweeps such as `eval --budget`). Both null for methods without a token budget (full).
   std::int64_t (*get_budget)(const CacheConfig& config) = nullptr;
   void (*set_budget)(CacheConfig& config, std::int64_t budget) = nullptr;
+  // For a method whose budget is not a `<prefix>_budget` field (streaming_llm): the field
+  // `budget=` sets through set_budget ("stream_window_size") and the rule ("budget =
+  // stream_n_sink + stream_window_size", shown by `veloxquant list`). Empty otherwise.
+  std::string budget_field;
+  std::string budget_rule;
   // Whether the stored rows are exactly min(tokens seen, budget) after every step. False for
   // methods that evict in groups (chunkkv keeps between budget - chunk_size + 1 and budget).
   bool exact_budget = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
@@ -68,6 +69,11 @@ CacheStats ModelCache::stats() const {
     s.resident_bytes += ls.resident_bytes;
     s.evictions += ls.evictions;
     s.merges += ls.merges;
+    if (&l == &layers_.front()) {
+      s.score_source = ls.score_source;
+    } else if (std::string_view(s.score_source) != ls.score_source) {
+      s.score_source = "mixed";
+    }
   }
   s.compression_ratio =
       s.kept_bytes == 0 ? 1.0 : static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes);

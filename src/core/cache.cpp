@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "core/float_env.h"
 #include "core/kernels.h"
@@ -223,11 +224,28 @@ void LayerCache::end_step(const AttentionRef* attention) {
                       (a.data == nullptr ? " with no data" : ""));
     }
   }
+  if (st.step_new > 0 && policy_->source_unresolved()) {
+    policy_->resolve_source(attention != nullptr);
+    st.source_resolved = true;
+  }
   if (st.step_new > 0 && attention == nullptr && policy_->needs_attention()) {
     throw Error(ErrorCode::kInvalidArgument,
-                "[" + st.config.method() + "] source=attention needs this step's attention "
-                "probabilities: call end_step(&probs) (update() and end_step() pass none); the "
-                "step stays open");
+                "[" + st.config.method() + "] " +
+                    (st.source_resolved
+                         ? std::string("source=auto resolved to attention at this cache's first "
+                                       "step (it passed probabilities), and this step passes none: "
+                                       "pass them every step, or set source=proxy")
+                         : std::string("source=attention needs this step's attention "
+                                       "probabilities: call end_step(&probs) (update() and "
+                                       "end_step() pass none)")) +
+                    "; the step stays open");
+  }
+  if (st.step_new > 0 && attention != nullptr && st.source_resolved &&
+      std::string_view(policy_->source_name()) == "proxy") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + st.config.method() + "] source=auto resolved to proxy at this cache's first "
+                "step (it passed no probabilities), and this step passes them: pass none, or set "
+                "source=attention; the step stays open");
   }
   st.attention = attention;
   if (st.step_new > 0) policy_->end_step(st, attention);
@@ -239,9 +257,12 @@ void LayerCache::end_step(const AttentionRef* attention) {
 KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
   if (policy_->needs_attention() && keys.tokens() > 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                "[" + state_->config.method() + "] source=attention needs the attention "
-                "probabilities, which update() cannot take: use begin_step() and "
-                "end_step(&probs)");
+                "[" + state_->config.method() + "] " +
+                    (state_->source_resolved ? std::string("source=auto resolved to attention at "
+                                                           "this cache's first step, so it ")
+                                             : std::string("source=attention ")) +
+                    "needs the attention probabilities, which update() cannot take: use "
+                    "begin_step() and end_step(&probs)");
   }
   const StepView view = begin_step(keys, values);
   KVRows out;
@@ -287,6 +308,8 @@ void LayerCache::reset() {
   st.tokens_seen = 0;
   st.step_open = false;
   st.step_prev = st.step_new = 0;
+  st.source_resolved = false;
+  policy_->reset_source();
   policy_->on_reset(st);
 }
 
@@ -356,8 +379,11 @@ CacheStats LayerCache::stats() const {
   s.kept_bytes = kept_bytes();
   s.full_bytes = full_bytes();
   s.compression_ratio = compression_ratio();
+  s.score_source = policy_->source_name();
   return s;
 }
+
+const char* LayerCache::score_source() const noexcept { return policy_->source_name(); }
 
 std::int64_t LayerCache::budget() const noexcept { return policy_->budget(); }
 const CacheConfig& LayerCache::config() const noexcept { return state_->config; }

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "policies/fields.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -108,6 +109,11 @@ CacheConfig::CacheConfig(std::string_view method) : info_(&find_method(method)) 
   for (const auto& f : info_->fields) values_.emplace_back(f.name, f.default_value);
 }
 
+bool CacheConfig::is_set(std::string_view key) const {
+  const std::size_t i = index_of(key);
+  return values_[i].second != info_->fields[i].default_value;
+}
+
 std::string CacheConfig::resolve(std::string_view key) const {
   for (const auto& f : info_->fields) {
     if (f.name == key) return f.name;
@@ -164,6 +170,15 @@ DType CacheConfig::kv_dtype() const {
 }
 
 void CacheConfig::set(std::string_view key, FieldValue value) {
+  if (key == "budget" && resolve(key).empty() && info_->set_budget != nullptr) {
+    const auto* b = std::get_if<std::int64_t>(&value);
+    if (b == nullptr) {
+      throw Error(ErrorCode::kInvalidConfig,
+                  "[" + method_ + "] budget must be an integer, got " + value_text(value));
+    }
+    info_->set_budget(*this, *b);
+    return;
+  }
   const std::size_t i = index_of(key);
   const FieldSpec& f = info_->fields[i];
   bool ok = false;
@@ -185,6 +200,16 @@ void CacheConfig::set(std::string_view key, FieldValue value) {
 }
 
 void CacheConfig::set_text(std::string_view key, std::string_view text) {
+  if (key == "budget" && resolve(key).empty() && info_->set_budget != nullptr) {
+    std::int64_t b = 0;
+    const auto res = std::from_chars(text.data(), text.data() + text.size(), b);
+    if (text.empty() || res.ec != std::errc() || res.ptr != text.data() + text.size()) {
+      throw Error(ErrorCode::kInvalidSpec,
+                  "[" + method_ + "] budget must be an integer, got '" + std::string(text) + "'");
+    }
+    set(key, b);
+    return;
+  }
   const std::size_t i = index_of(key);
   set(info_->fields[i].name, info_->fields[i].parse(text, method_));
 }
@@ -237,6 +262,7 @@ void CacheConfig::validate() const {
                       "; lower residual_length or kivi_group_size, or raise the budget");
     }
   }
+  detail::check_no_effect(*this);
 }
 
 std::string CacheConfig::spec(bool all_fields) const {
@@ -268,6 +294,7 @@ CacheConfig CacheConfig::parse(std::string_view spec) {
     std::string_view rest = spec.substr(colon + 1);
     if (rest.empty()) throw bad("expected KEY=VALUE after ':'");
     std::set<std::string> seen;
+    std::string deferred_budget;
     while (true) {
       const std::size_t comma = rest.find(',');
       const std::string_view item = rest.substr(0, comma);
@@ -279,7 +306,17 @@ CacheConfig CacheConfig::parse(std::string_view spec) {
       const std::string_view key = item.substr(0, eq);
       const std::string_view value = item.substr(eq + 1);
       if (key.empty()) throw bad("empty key in '" + std::string(item) + "'");
-      const std::string name = config.resolve(key);
+      std::string name = config.resolve(key);
+      if (name.empty() && key == "budget" && config.info().set_budget != nullptr) {
+        // A method without a budget field (streaming_llm): applied after the other keys, since
+        // the setter reads them (window = budget - n_sink).
+        if (!deferred_budget.empty()) throw bad("key 'budget' is given more than once");
+        deferred_budget = std::string(value);
+        if (deferred_budget.empty()) deferred_budget = " ";  // parsed (and rejected) below
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+        continue;
+      }
       if (name.empty()) {
         std::string allowed;
         const std::string& prefix = config.info().prefix;
@@ -300,6 +337,16 @@ CacheConfig CacheConfig::parse(std::string_view spec) {
       config.set_text(name, value);
       if (comma == std::string_view::npos) break;
       rest = rest.substr(comma + 1);
+    }
+    if (!deferred_budget.empty()) {
+      const std::string& field = config.info().budget_field;
+      if (!field.empty() && seen.count(field) != 0) {
+        throw Error(ErrorCode::kInvalidSpec,
+                    "[" + config.method() + "] budget and " + field + " both set the budget (" +
+                        config.info().budget_rule + "): give one of them, in spec '" +
+                        std::string(spec) + "'");
+      }
+      config.set_text("budget", deferred_budget == " " ? std::string_view() : deferred_budget);
     }
   }
   config.validate();

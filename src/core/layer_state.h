@@ -46,6 +46,8 @@ struct LayerState {
   // The attention probabilities handed to end_step ([B, Hq, S, R], R = step_prev + step_new),
   // null when none were; valid only during end_step.
   const AttentionRef* attention = nullptr;
+  // source=auto was resolved by a step of this cache (reset() clears it).
+  bool source_resolved = false;
 
   std::int64_t n_heads_total() const noexcept { return static_cast<std::int64_t>(heads.size()); }
   std::int64_t kv_head_of(std::int64_t index) const noexcept { return index % shape.n_kv_heads; }

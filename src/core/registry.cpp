@@ -56,11 +56,13 @@ CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget) {
 
 std::string method_table_markdown() {
   std::string s =
-      "| id | disposition | score signal | budget | paper | deviations from the paper |\n"
-      "| --- | --- | --- | --- | --- | --- |\n";
+      "| id | disposition | score signal | budget | paper | paper configuration | deviations "
+      "from the paper |\n"
+      "| --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& m : registry()) {
     s += "| `" + m.id + "` | " + m.disposition + " | " + m.score_signal + " | " + m.budget_type +
-         " | " + m.paper + " | " + m.deviations + " |\n";
+         " | " + m.paper + " | " + (m.paper_config.empty() ? "-" : m.paper_config) + " | " +
+         m.deviations + " |\n";
   }
   return s;
 }

@@ -165,6 +165,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                          run.cache.kept_bytes >= run.cache.full_bytes,
                      run.nll};
     row.resident_bytes = run.cache.resident_bytes;
+    row.score_source = run.cache.score_source;
     if (p.is_reference) {
       ref_scored = scored;
       ref = std::move(run);
@@ -216,6 +217,7 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     x["evictions"] = row.evictions;
     x["merges"] = row.merges;
     x["keeps_all"] = row.keeps_all;
+    x["score_source"] = row.score_source;
     x["n_predictions"] = row.summary.n_predictions;
     x["text"] = r.options.text;
     x["tokens"] = r.n_tokens;

@@ -40,6 +40,7 @@ struct ModelEvalRow {
   bool keeps_all = false;
   std::vector<double> nll;  // [n_tokens - 1] per prediction, every position (--per-token)
   std::int64_t resident_bytes = 0;  // every byte the cache keeps (CacheStats), end of the text
+  std::string score_source = "none";  // the source that ran (CacheStats::score_source)
 };
 
 struct ModelEvalSkip {

@@ -1,28 +1,32 @@
-// cam: Cache Merging. Evicts H2O's loser (grace 0, decay 1) and, behind a probabilistic gate,
-// blends its value (and optionally key) into the most similar surviving row.
+// cam: Cache Merging. H2O evicts; the evicted row's value is merged into the rows that stay,
+// behind a probabilistic gate.
 //
 // Paper: Zhang et al., "CaM: Cache Merging for Memory-efficient LLMs Inference", ICML 2024.
 //
-// Rule (reference adaptation, proxy source): loser = H2O argmin with sinks protected.
-// Target = the non-sink survivor with the largest cos(k_loser, k_j) (none: drop). Gate:
+// Base: H2O (h2o.cpp) with cam_n_sink, cam_grace, cam_recent_ratio and cam_decay, defaults as
+// h2o's (recent window = floor(0.5 x (budget - n_sink)), decay 0.98), so the loser is H2O's
+// argmin with sinks and the recent window protected.
+// Default disposition, the paper's rule (cam_target=window, cam_merge=mean): the loser's value
+// is spread as v_e / m over the next m = cam_merge_m (32) kept rows after it, behind the gate
+// p = A[e] / mean(A over those rows), NaN -> 0, clamped to [0, 1], with A the cumulative mass
+// (cam_merge_attention=cumulative) or the current query's attention (current); merge iff
+// u < p, u from the counter RNG (seed, layer, kv head, counter), the counter advancing once per
+// evicted row while the gate is on and merge != drop. Keys, scores and positions stay.
+// The reference adaptation (cam_target=nearest, cam_merge=sim_weighted|mean): the target is the
+// non-sink survivor with the largest cos(k_loser, k_j) (none: drop); gate
 // p = clamp(score_loser / score_target, 0, 1) (score_target <= 0: p = 1 if score_loser > 0
-// else 0); merge iff u < p, u drawn from the counter RNG (seed, layer, kv head, counter),
-// the counter advancing once per over-budget step while the gate is on and merge != drop.
-// Merge: w = clip(cos, 0, 1) (sim_weighted) or 0.5 (mean); v_t = (1 - w) v_t + w v_e in fp32,
+// else 0); w = clip(cos, 0, 1) (sim_weighted) or 0.5 (mean); v_t = (1 - w) v_t + w v_e in fp32,
 // keys likewise only with merge_keys; score_t += score_e; pos_t = max(pos_t, pos_e).
-// cam_merge=drop is bit-for-bit h2o with grace 0, decay 1.
+// cam_merge=drop is bit-for-bit h2o with the same n_sink, grace, recent_ratio and decay. The
+// seed library's cam (H2O with grace 0, decay 1, nearest sim_weighted) is
+// cam:grace=0,decay=1,target=nearest,merge=sim_weighted; under it the loser is the newest row
+// at score 0, so the gate's p is 0 and nothing ever merges (the cache also freezes).
 //
-// Fields: cam_budget=512, cam_n_sink=4, cam_merge=sim_weighted, cam_merge_gate=true,
-// cam_merge_keys=false, seed, kv_dtype.
-// Paper-faithful variant: cam_target=window (with source=attention for true attention):
-// p = A[e] / mean(A over the next cam_merge_m kept rows), NaN -> 0, clamped to [0, 1], with A
-// the cumulative mass (cam_merge_attention=cumulative) or the current query's attention
-// (current); on a Bernoulli success from the counter RNG each of those m rows gains v_e / m.
-// Keys are never merged; scores and positions are left as they are.
-// Deviations from the paper (default, reference adaptation): cosine blend weight instead of
-// attention prominence; a single nearest survivor instead of a window of m local tokens (the
-// gate's target score stands in for the window mean); key-as-query proxy scores; no position
-// remapping after a merge.
+// Fields: cam_budget=512, cam_n_sink=4, cam_grace=-1, cam_recent_ratio=0.5, cam_decay=0.98,
+// cam_merge=mean, cam_merge_gate=true, cam_merge_keys=false, cam_target=window, cam_merge_m=32,
+// cam_merge_attention=cumulative, source=auto, gqa_reduce, quantize..., seed, kv_dtype.
+// Deviations from the paper: a recent window and 4 sinks protected by the base; with the proxy
+// source the incoming key stands in for the query; no position remapping after a merge.
 #include "policies/fields.h"
 #include "policies/h2o.h"
 #include "policies/methods.h"
@@ -32,11 +36,16 @@ namespace {
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
-  return std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"), 0, 1.0f,
+  return std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"),
+                                     recent_window(c, "cam"),
+                                     static_cast<float>(c.get_float("cam_decay")),
                                      merge_rule_from(c, "cam"), score_source_from(c));
 }
 
-void check(const CacheConfig& c) { require_less(c, "cam_n_sink", "cam_budget"); }
+void check(const CacheConfig& c) {
+  require_less(c, "cam_n_sink", "cam_budget");
+  check_recent_window(c, "cam");
+}
 
 }  // namespace
 
@@ -44,20 +53,22 @@ MethodInfo cam_method() {
   MethodInfo m;
   m.id = "cam";
   m.prefix = "cam";
-  m.summary = "CaM: H2O's loser merged into its most similar survivor behind a "
-              "probabilistic gate";
+  m.summary = "CaM: H2O's loser spread over the next kept rows behind a probabilistic gate "
+              "(target=nearest: blended into its most similar survivor)";
   m.paper = "Zhang et al., CaM: Cache Merging for Memory-efficient LLMs Inference, ICML 2024";
   m.disposition = "merge (gated)";
   m.score_signal = "cumulative attention mass";
   m.budget_type = "uniform";
-  m.deviations = "cosine blend into the single nearest survivor (target=window: the "
-                 "paper's window of m rows); proxy source by default";
+  m.deviations = "4 sinks, a recent window and decay 0.98 in the H2O base; key-as-query proxy "
+                 "when no attention is passed (source=auto); target=nearest is the reference "
+                 "library's cosine blend into one survivor";
   m.fields = {
       int_field("cam_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("cam_n_sink", 4, 0, kMaxTokens,
                 "leading rows never evicted and never merge targets"),
   };
-  add_merge_fields(m.fields, "cam", "sim_weighted");
+  add_mass_fields(m.fields, "cam");
+  add_merge_fields(m.fields, "cam", "mean", "window");
   add_source_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
@@ -65,6 +76,12 @@ MethodInfo cam_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("cam_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("cam_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`cam:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (H2O base as in the "
+      "paper's experiments; the window rule, v_e / m over the next m = 32 kept rows "
+      "behind p = A_e / mean(A))";
+  m.defaults_note = "the paper's rule (target=window: v_e / m over the next 32 kept rows behind p = "
+      "A_e / mean(A over them), cumulative mass as A) on H2O's defaults as the base "
+      "(recent window = half the non-sink budget, decay 0.98, 4 sinks)";
   return m;
 }
 

@@ -4,15 +4,18 @@
 // Long-Context LLM Inference", NeurIPS 2025.
 //
 // Rule: each row's token score is H2O's cumulative proxy mass (chunkkv_score=attn_mass;
-// grace/decay as in h2o, defaults 0 and 1) or minus its key norm (key_norm), summed over the
+// grace/decay as in h2o) or minus its key norm (key_norm), summed over the
 // KV heads of a batch row. Rows after the sinks form contiguous chunks of chunk_size in order
 // (the newest chunk may be short). Over budget, the chunk with the lowest mean score that
 // holds no protected (newest grace) row is evicted from every head, repeatedly until the
 // budget holds, so a layer keeps between budget - chunk_size + 1 and budget rows.
-// chunk_size = 1 on a single KV head is exactly h2o with grace 0, decay 1.
+// chunk_size = 1 on a single KV head is exactly h2o with the same n_sink, grace and decay.
+// The recent window defaults to floor(chunkkv_recent_ratio 0.5 x (budget - n_sink -
+// chunk_size + 1)) (grace = -1), so the guard n_sink + grace + chunk_size <= budget holds.
 //
 // Fields: chunkkv_budget=512, chunkkv_chunk_size=8 (paper recommends 10), chunkkv_n_sink=4,
-// chunkkv_score=attn_mass, chunkkv_grace=0, chunkkv_decay=1, chunkkv_merge=drop (+gate, keys),
+// chunkkv_score=attn_mass, chunkkv_grace=-1, chunkkv_recent_ratio=0.5, chunkkv_decay=0.98,
+// chunkkv_merge=drop (+gate, keys), source=auto,
 // quantize..., seed, kv_dtype.
 // Deviations from the paper: chunks are chosen at every step from the live rows rather than
 // once over the prompt; scores are key-as-query proxy mass.
@@ -32,10 +35,13 @@ class ChunkKVPolicy final : public H2OPolicy {
  public:
   explicit ChunkKVPolicy(const CacheConfig& c)
       : H2OPolicy(c.get_int("chunkkv_budget"), c.get_int("chunkkv_n_sink"),
-                  c.get_int("chunkkv_grace"), static_cast<float>(c.get_float("chunkkv_decay")),
+                  recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size"), static_cast<float>(c.get_float("chunkkv_decay")),
                   merge_rule_from(c, "chunkkv"), score_source_from(c)),
         chunk_(c.get_int("chunkkv_chunk_size")),
-        key_norm_(c.get_enum("chunkkv_score") == "key_norm") {}
+        key_norm_(c.get_enum("chunkkv_score") == "key_norm") {
+    // Key norms use no attention: nothing to resolve, "none" in result files.
+    if (key_norm_) source_.kind = source_.configured = ScoreSource::Kind::kNone;
+  }
 
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     const std::int64_t H = st.shape.n_kv_heads, D = st.shape.head_dim;
@@ -120,14 +126,15 @@ void check(const CacheConfig& c) {
     config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
                     "attention)");
   }
-  const std::int64_t n_sink = c.get_int("chunkkv_n_sink"), grace = c.get_int("chunkkv_grace"),
-                     chunk = c.get_int("chunkkv_chunk_size"), budget = c.get_int("chunkkv_budget");
-  if (n_sink + grace + chunk > budget) {
-    config_error(c, "chunkkv_n_sink + chunkkv_grace + chunkkv_chunk_size must be <= "
-                    "chunkkv_budget (" + std::to_string(budget) + "), got " +
-                        std::to_string(n_sink) + " + " + std::to_string(grace) + " + " +
-                        std::to_string(chunk) + " = " + std::to_string(n_sink + grace + chunk));
+  if (c.get_enum("chunkkv_score") == "key_norm") {
+    for (const char* f : {"chunkkv_decay", "source", "gqa_reduce"}) {
+      if (c.is_set(f)) {
+        config_error(c, std::string(f) + " has no effect with chunkkv_score=key_norm (key norms "
+                                         "use no attention)");
+      }
+    }
   }
+  check_recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size");
 }
 
 }  // namespace
@@ -144,7 +151,7 @@ MethodInfo chunkkv_method() {
   m.score_signal = "cumulative attention mass or key norm, pooled per chunk";
   m.budget_type = "uniform (budget - chunk_size + 1 to budget)";
   m.deviations = "chunks chosen at every step from the live rows (paper: once over the "
-                 "prompt); proxy source by default";
+                 "prompt); key-as-query proxy when no attention is passed (source=auto)";
   m.exact_budget = false;
   m.fields = {
       int_field("chunkkv_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
@@ -162,6 +169,10 @@ MethodInfo chunkkv_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("chunkkv_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("chunkkv_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`chunkkv:chunk_size=10,n_sink=0,decay=1,source=attention` (chunks of 10; the "
+      "paper selects chunks once at prefill)";
+  m.defaults_note = "H2O's defaults for the token scores (recent window = half the budget left "
+      "after the sinks and one chunk, decay 0.98) and chunks of 8";
   return m;
 }
 

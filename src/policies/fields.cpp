@@ -1,5 +1,6 @@
 #include "policies/fields.h"
 
+#include <cmath>
 #include <string>
 
 #include "veloxquant/errors.h"
@@ -57,16 +58,17 @@ void add_common_fields(std::vector<FieldSpec>& fields) {
 }
 
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
-                      const std::string& default_mode) {
+                      const std::string& default_mode, const std::string& default_target) {
   fields.push_back(enum_field(prefix + "_merge", default_mode, {"sim_weighted", "mean", "drop"},
                               "what happens to an evicted row: blend into the most similar "
-                              "survivor (cosine-weighted or 0.5), or drop it"));
+                              "survivor (cosine-weighted or 0.5), spread evenly over a window "
+                              "(mean with target=window), or drop it"));
   fields.push_back(bool_field(prefix + "_merge_gate", true,
                               "merge only with probability clamp(score_loser / score_target, "
                               "0, 1) (CaM's merge mask)"));
   fields.push_back(bool_field(prefix + "_merge_keys", false,
                               "blend keys as well as values when merging (nearest target only)"));
-  fields.push_back(enum_field(prefix + "_target", "nearest", {"nearest", "window"},
+  fields.push_back(enum_field(prefix + "_target", default_target, {"nearest", "window"},
                               "merge target: the most cosine-similar survivor, or add v_e / m to "
                               "each of the next m kept rows (CaM's paper rule; keys untouched)"));
   fields.push_back(int_field(prefix + "_merge_m", 32, 1, kMaxTokens,
@@ -77,9 +79,11 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
 }
 
 void add_source_fields(std::vector<FieldSpec>& fields) {
-  fields.push_back(enum_field("source", "proxy", {"proxy", "attention"},
-                              "scores from the incoming key as query (needs only K/V) or from the "
-                              "attention probabilities the engine passes to end_step"));
+  fields.push_back(enum_field("source", "auto", {"auto", "proxy", "attention"},
+                              "scores from the attention probabilities the engine passes to "
+                              "end_step (attention), from the incoming key as query (proxy, needs "
+                              "only K/V), or auto: attention if the cache's first step passes "
+                              "probabilities, else proxy, fixed for the cache's life"));
   fields.push_back(enum_field("gqa_reduce", "mean", {"mean", "max", "sum"},
                               "how a KV head folds the attention of its query heads"));
 }
@@ -96,11 +100,95 @@ void add_quantize_fields(std::vector<FieldSpec>& fields) {
                              "residual_length + kivi_group_size"));
 }
 
+void add_recent_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
+                       const std::string& grace_name, double ratio, const std::string& ratio_doc) {
+  fields.push_back(int_field(prefix + "_" + grace_name, -1, -1, kMaxTokens,
+                             "newest rows protected from eviction (the recent window); -1: "
+                             "recent_ratio of the budget left after the sinks"));
+  fields.push_back(float_field(prefix + "_recent_ratio", ratio, 0.0, 1.0, ratio_doc));
+}
+
+std::int64_t recent_window(const CacheConfig& c, const std::string& prefix,
+                           const std::string& grace_name, const std::string& reserve_field) {
+  const std::int64_t reserve = reserve_field.empty() ? 1 : c.get_int(reserve_field);
+  const std::int64_t grace = c.get_int(prefix + "_" + grace_name);
+  if (grace >= 0) return grace;
+  const std::int64_t room =
+      c.get_int(prefix + "_budget") - c.get_int(prefix + "_n_sink") - reserve + 1;
+  if (room <= 0) return 0;
+  return static_cast<std::int64_t>(
+      std::floor(c.get_float(prefix + "_recent_ratio") * static_cast<double>(room)));
+}
+
+void check_recent_window(const CacheConfig& c, const std::string& prefix,
+                         const std::string& grace_name, const std::string& reserve_field) {
+  const std::int64_t reserve = reserve_field.empty() ? 1 : c.get_int(reserve_field);
+  const std::string g = prefix + "_" + grace_name, r = prefix + "_recent_ratio";
+  const std::string b = prefix + "_budget", s = prefix + "_n_sink";
+  const std::int64_t grace = c.get_int(g);
+  if (grace >= 0 && c.is_set(r)) {
+    config_error(c, r + " has no effect with " + g + "=" + std::to_string(grace) +
+                        " (a fixed window); give one of them");
+  }
+  const std::int64_t window = recent_window(c, prefix, grace_name, reserve_field);
+  const std::int64_t budget = c.get_int(b), n_sink = c.get_int(s);
+  if (n_sink + window + reserve <= budget) return;
+  const std::string derived =
+      grace >= 0 ? ""
+                 : " (" + g + " = -1: floor(" + r + " " + value_text(c.get(r)) + " x (" + b +
+                       " - " + s + (reserve_field.empty() ? "" : " - " + reserve_field + " + 1") +
+                       ")) = " + std::to_string(window) + ")";
+  if (reserve_field.empty()) {
+    config_error(c, s + " + " + g + " must be < " + b + " (" + std::to_string(budget) +
+                        "), got " + std::to_string(n_sink) + " + " + std::to_string(window) +
+                        " = " + std::to_string(n_sink + window) + derived);
+  }
+  config_error(c, s + " + " + g + " + " + reserve_field + " must be <= " + b + " (" +
+                      std::to_string(budget) + "), got " + std::to_string(n_sink) + " + " +
+                      std::to_string(window) + " + " + std::to_string(reserve) + " = " +
+                      std::to_string(n_sink + window + reserve) + derived);
+}
+
 void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix) {
-  fields.push_back(int_field(prefix + "_grace", 0, 0, kMaxTokens,
-                             "newest rows protected from eviction (0: the paper's rule)"));
-  fields.push_back(float_field(prefix + "_decay", 1.0, 0.0, 1.0,
-                               "score <- score * decay + attention each step (1: the paper's rule)"));
+  add_recent_fields(fields, prefix, "grace", 0.5,
+                    "share of the non-sink budget kept as the recent window when grace = -1 "
+                    "(H2O: 0.5, recent rows and heavy hitters in equal shares)");
+  fields.push_back(float_field(prefix + "_decay", 0.98, 0.0, 1.0,
+                               "score <- score * decay + attention each step (H2O's paper: 1)"));
+}
+
+void check_no_effect(const CacheConfig& c) {
+  auto no_effect = [&](const std::string& field, const std::string& because) {
+    config_error(c, field + " has no effect with " + because);
+  };
+  const std::string p = c.info().prefix;
+  if (!p.empty() && c.has(p + "_merge")) {
+    const std::string mode = c.get_enum(p + "_merge");
+    const bool window = c.get_enum(p + "_target") == "window";
+    if (mode == "drop") {
+      for (const char* f : {"_merge_gate", "_merge_keys", "_target", "_merge_m", "_merge_attention"}) {
+        if (c.is_set(p + f)) no_effect(p + f, p + "_merge=drop (nothing is merged)");
+      }
+    } else if (window) {
+      if (c.get_bool(p + "_merge_keys")) {
+        no_effect(p + "_merge_keys=true", p + "_target=window (the window rule never merges keys)");
+      }
+      if (mode == "sim_weighted") {
+        no_effect(p + "_merge=sim_weighted",
+                  p + "_target=window (the window rule spreads v_e / m evenly: use " + p +
+                      "_merge=mean)");
+      }
+    } else if (c.is_set(p + "_merge_m")) {
+      no_effect(p + "_merge_m", p + "_target=nearest (m is the window's size)");
+    }
+    if (mode != "drop" && !c.get_bool(p + "_merge_gate") && c.is_set(p + "_merge_attention")) {
+      no_effect(p + "_merge_attention", p + "_merge_gate=false (no gate compares attention)");
+    }
+  }
+  if (c.has("source") && c.has("gqa_reduce") && c.get_enum("source") == "proxy" &&
+      c.is_set("gqa_reduce")) {
+    no_effect("gqa_reduce", "source=proxy (no query heads are folded)");
+  }
 }
 
 void config_error(const CacheConfig& config, const std::string& message) {

@@ -24,16 +24,43 @@ FieldSpec enum_field(std::string name, std::string def, std::vector<std::string>
 // seed and kv_dtype: every method has them.
 void add_common_fields(std::vector<FieldSpec>& fields);
 // <prefix>_merge, <prefix>_merge_gate, <prefix>_merge_keys: every eviction method has them.
+// default_target: "nearest" (the reference adaptation) or "window" (CaM's paper rule).
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
-                      const std::string& default_mode);
+                      const std::string& default_mode,
+                      const std::string& default_target = "nearest");
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);
 // quantize, kivi_group_size, residual_length: every method but kivi (which has its own).
 void add_quantize_fields(std::vector<FieldSpec>& fields);
-// <prefix>_grace (newest rows protected) and <prefix>_decay (score <- score * decay + attention)
-// for methods built on H2O's cumulative mass; defaults are the paper's rule (0, 1).
+// The recent window (newest rows protected from eviction): <prefix>_<grace_name>, default -1 =
+// derived from the budget, and <prefix>_recent_ratio (its share when derived):
+//   window = floor(recent_ratio * (budget - n_sink - reserve + 1))
+// where reserve is what else must fit: 1 (the row an eviction needs), or the value of
+// reserve_field (chunkkv: chunk_size). A derived window always satisfies
+// n_sink + window + reserve <= budget when recent_ratio < 1.
+void add_recent_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
+                       const std::string& grace_name, double ratio, const std::string& ratio_doc);
+// The window in force: the explicit <prefix>_<grace_name> if >= 0, else the derived one. Reads
+// <prefix>_budget and <prefix>_n_sink.
+std::int64_t recent_window(const CacheConfig& config, const std::string& prefix,
+                           const std::string& grace_name = "grace",
+                           const std::string& reserve_field = "");
+// Guards: an explicit recent_ratio beside an explicit window is an error (no effect), and
+// n_sink + window + reserve <= budget, the message naming the derivation when derived.
+void check_recent_window(const CacheConfig& config, const std::string& prefix,
+                         const std::string& grace_name = "grace",
+                         const std::string& reserve_field = "");
+// H2O's cumulative-mass fields, shared by every method built on it (h2o, pyramidkv, squeeze,
+// chunkkv, cam): <prefix>_grace = -1 with <prefix>_recent_ratio = 0.5 (H2O's equal split of the
+// budget between recent rows and heavy hitters) and <prefix>_decay = 0.98 (the reference
+// library's; 1 is the paper's, see methods.md and the README).
 void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix);
+
+// Nothing silently ignored (README "Method specs"): the merge, score-source and H2O fields of
+// a method, when set explicitly in a combination where they have no effect, are errors naming
+// both fields. Called by CacheConfig::validate() for every method after its own guards.
+void check_no_effect(const CacheConfig& config);
 
 // Throws Error(kInvalidConfig) "[method] message".
 [[noreturn]] void config_error(const CacheConfig& config, const std::string& message);

@@ -45,6 +45,7 @@ MethodInfo full_method() {
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.make_policy = &make;
+  m.paper_config = "-";
   return m;
 }
 

@@ -94,6 +94,10 @@ MethodInfo key_method(const std::string& id, bool diff) {
   add_merge_fields(m.fields, id, "drop");
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
+  m.paper_config = diff ? "- (the paper prunes the prompt once; a token-by-token spec cannot "
+                         "express it)"
+                       : "- (the paper prunes the prompt once by key norm; a token-by-token spec "
+                         "cannot express it)";
   m.make_policy = diff ? +[](const PolicyContext& ctx) -> std::unique_ptr<Policy> {
     return std::make_unique<KeyScorerPolicy>(ctx.config, "keydiff", true);
   } : +[](const PolicyContext& ctx) -> std::unique_ptr<Policy> {

@@ -3,17 +3,23 @@
 // Paper: Adnan et al., "Keyformer: KV Cache Reduction through Key Tokens Selection for
 // Efficient Generative Inference", MLSys 2024.
 //
-// Proxy rule: H2O accumulation without decay or grace (the first token starts at 1.0; each
+// Proxy rule: H2O accumulation without decay (the first token starts at 1.0; each
 // later token adds softmax(K_stored . k_t / sqrt(d)) to the stored rows' scores and is appended
 // at 0). Each token gets Gumbel noise g = -ln(-ln u) drawn once, when it arrives, from the
 // counter RNG (seed, layer, kv head, draw counter), and keeps it. Over budget: evict
 // argmin(score + tau * g) with sinks and the newest `recent` rows protected, where
-// tau = tau_init + min(t, T) (tau_end - tau_init) / T for the newest token's position t and
-// T = anneal_steps (tau = tau_init when T <= 0). tau = 0 is exactly h2o with grace 0, decay 1.
+// tau = tau_init + min(t, T) (tau_end - tau_init) / T, t = the decode steps (single-token
+// steps) before this step and T = anneal_steps (tau = tau_init when T <= 0), so a prompt read
+// in one chunk uses tau_init and tau rises with each generated token, as in the paper.
+// tau = 0 is exactly h2o with the same recent window (grace) and decay 1.
+// The recent window: keyformer_recent rows, or with -1 (default)
+// floor(keyformer_recent_ratio x (budget - n_sink)), ratio 0.3 as in the paper. The seed
+// library's recent = 0 freezes the cache on a real model (keyformer:recent=0, not a default).
 //
-// Fields: keyformer_budget=512, keyformer_n_sink=4, keyformer_recent=0, keyformer_tau_init=1,
-// keyformer_tau_end=1 (paper: rising to 2), keyformer_anneal_steps=0,
-// keyformer_merge=drop (+gate, keys), quantize..., seed, kv_dtype.
+// Fields: keyformer_budget=512, keyformer_n_sink=4, keyformer_tau_init=1,
+// keyformer_tau_end=1 (paper: rising to 2), keyformer_anneal_steps=0, keyformer_recent=-1,
+// keyformer_recent_ratio=0.3, keyformer_merge=drop (+gate, keys), source=auto, quantize...,
+// seed, kv_dtype.
 // Attention source (the paper's rule): each token's attention probabilities give its logits up
 // to a constant, x = ln a; every live row accumulates softmax((x + g) / tau) (tau = 0: the
 // one-hot argmax), with each key row's frozen noise g; eviction takes the argmin of the
@@ -35,12 +41,22 @@ class KeyformerPolicy final : public H2OPolicy {
  public:
   explicit KeyformerPolicy(const CacheConfig& c)
       : H2OPolicy(c.get_int("keyformer_budget"), c.get_int("keyformer_n_sink"),
-                  c.get_int("keyformer_recent"), 1.0f, merge_rule_from(c, "keyformer"),
+                  recent_window(c, "keyformer", "recent"), 1.0f, merge_rule_from(c, "keyformer"),
                   score_source_from(c)),
         tau_init_(c.get_float("keyformer_tau_init")), tau_end_(c.get_float("keyformer_tau_end")),
         anneal_(c.get_int("keyformer_anneal_steps")) {}
 
  protected:
+  // The temperature anneals over decode steps (single-token steps), as in the paper, where tau
+  // rises with each generated token: a step uses tau_at(number of earlier decode steps), so a
+  // prompt read in one chunk uses tau_init.
+  void end_step(LayerState& st, const AttentionRef* attention) override {
+    tau_ = tau_at(decode_steps_);
+    H2OPolicy::end_step(st, attention);
+    if (st.step_new == 1) ++decode_steps_;
+  }
+  void on_reset(LayerState& /*st*/) override { decode_steps_ = 0; }
+
   void on_token(HeadCtx& h, std::int64_t row) override {
     const double u = h.rng.uniform_open(h.hs.draws++);
     const float g = static_cast<float>(-std::log(-std::log(u)));
@@ -54,7 +70,7 @@ class KeyformerPolicy final : public H2OPolicy {
     push_row(h.hs, row, 0.0f, g);
     const std::int64_t n = h.n_live();
     const float* a = attention_row(h, row - h.st.step_prev);
-    const float tau = tau_at(row_position(h, n - 1));
+    const float tau = tau_;
     weights_.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
       const float x = std::log(a[h.hs.live[static_cast<std::size_t>(i)]]) + h.hs.aux[static_cast<std::size_t>(i)];
@@ -77,7 +93,7 @@ class KeyformerPolicy final : public H2OPolicy {
     const std::int64_t n = h.n_live();
     // Proxy variant: the frozen noise perturbs the accumulated mass at eviction time; the
     // attention variant has already put it into the accumulation.
-    const float tau = source_.attention() ? 0.0f : tau_at(row_position(h, n - 1));
+    const float tau = source_.attention() ? 0.0f : tau_;
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) {
       out[i] = (i < n_sink_ || i >= n - grace_) ? inf : h.hs.score[i] + tau * h.hs.aux[i];
@@ -85,10 +101,8 @@ class KeyformerPolicy final : public H2OPolicy {
   }
 
  private:
-  static double row_position(const HeadCtx& h, std::int64_t i) {
-    return h.rows().positions[h.hs.live[static_cast<std::size_t>(i)]];
-  }
-  float tau_at(double t) const {
+  float tau_at(std::int64_t steps) const {
+    const double t = static_cast<double>(steps);
     const double tau = anneal_ <= 0 ? tau_init_
                                     : tau_init_ + std::min<double>(t, static_cast<double>(anneal_)) *
                                                       (tau_end_ - tau_init_) /
@@ -98,6 +112,8 @@ class KeyformerPolicy final : public H2OPolicy {
 
   double tau_init_, tau_end_;
   std::int64_t anneal_;
+  std::int64_t decode_steps_ = 0;  // single-token steps this layer has completed
+  float tau_ = 0.0f;               // the temperature of the open step
 };
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
@@ -106,7 +122,16 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
 
 void check(const CacheConfig& c) {
   require_less(c, "keyformer_n_sink", "keyformer_budget");
-  require_sum_less(c, "keyformer_n_sink", "keyformer_recent", "keyformer_budget");
+  check_recent_window(c, "keyformer", "recent");
+  const bool constant = c.get_float("keyformer_tau_end") == c.get_float("keyformer_tau_init");
+  if (c.get_int("keyformer_anneal_steps") == 0 && !constant) {
+    config_error(c, "keyformer_tau_end has no effect with keyformer_anneal_steps=0 (tau stays "
+                    "keyformer_tau_init): set anneal_steps, or tau_end = tau_init");
+  }
+  if (c.get_int("keyformer_anneal_steps") > 0 && constant) {
+    config_error(c, "keyformer_anneal_steps has no effect with keyformer_tau_end = "
+                    "keyformer_tau_init (tau is constant)");
+  }
 }
 
 }  // namespace
@@ -127,13 +152,17 @@ MethodInfo keyformer_method() {
   m.fields = {
       int_field("keyformer_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
       int_field("keyformer_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      int_field("keyformer_recent", 0, 0, kMaxTokens, "newest rows protected from eviction"),
-      float_field("keyformer_tau_init", 1.0, 0.0, 1e6, "noise temperature at position 0"),
+      float_field("keyformer_tau_init", 1.0, 0.0, 1e6,
+                  "noise temperature for the prompt and the first decode step"),
       float_field("keyformer_tau_end", 1.0, 0.0, 1e6,
                   "noise temperature after anneal_steps (paper: 2)"),
       int_field("keyformer_anneal_steps", 0, 0, kMaxTokens,
-                "positions over which tau moves linearly from tau_init to tau_end (0: constant)"),
+                "decode steps (single-token steps) over which tau moves linearly from "
+                "tau_init to tau_end (0: constant tau_init)"),
   };
+  add_recent_fields(m.fields, "keyformer", "recent", 0.3,
+                    "share of the non-sink budget kept as the recent window when recent = -1 "
+                    "(the paper: 0.3)");
   add_merge_fields(m.fields, "keyformer", "drop");
   add_source_fields(m.fields);
   add_quantize_fields(m.fields);
@@ -142,6 +171,12 @@ MethodInfo keyformer_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("keyformer_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("keyformer_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`keyformer:n_sink=0,recent_ratio=0.3,tau_init=1,tau_end=2,anneal_steps=256,source=attention` "
+      "(anneal_steps = the tokens to generate, here 256; 30% recent window, tau "
+      "rising from 1 to 2)";
+  m.defaults_note = "the paper's 30% recent window (of the non-sink budget, so it scales with "
+      "budget=) and 4 sinks; a constant tau of 1 (the paper's rise to 2 needs the "
+      "generation length: anneal_steps)";
   return m;
 }
 

@@ -55,6 +55,8 @@ MethodInfo kivi_method() {
   add_common_fields(m.fields);
   m.check = &check;
   m.make_policy = &make;
+  m.paper_config = "`kivi:bit_width_inlier=2,kivi_group_size=32,residual_length=128` (the "
+      "defaults)";
   return m;
 }
 

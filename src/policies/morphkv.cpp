@@ -172,6 +172,7 @@ MethodInfo morphkv_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("morphkv_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("morphkv_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`morphkv:fusion=sum,source=attention` (or fusion=max, by task)";
   return m;
 }
 

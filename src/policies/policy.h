@@ -57,22 +57,34 @@ class Policy {
   virtual void end_step(LayerState& st, const AttentionRef* attention) = 0;
   // Called by LayerCache::reset() after the stores were cleared.
   virtual void on_reset(LayerState& /*st*/) {}
-  // Whether end_step needs the attention probabilities (source=attention).
+  // Whether end_step needs the attention probabilities (source=attention, or auto resolved to
+  // attention).
   virtual bool needs_attention() const noexcept { return false; }
   // Applies a decision of the layer group (LayerGroup::budgets) to this layer's stored rows,
   // outside any step. Called by the layer that completed the decision, on every layer.
   virtual void apply_group_decision(LayerState& /*st*/) {}
+  // source=auto: whether it is still unresolved, and resolving it (the cache calls this at the
+  // first step with new rows: attention when that step passes probabilities, else proxy).
+  virtual bool source_unresolved() const noexcept { return false; }
+  virtual void resolve_source(bool /*attention*/) {}
+  // Back to unresolved after reset() (the configured source is auto).
+  virtual void reset_source() {}
+  // "none" (the method uses no attention), "proxy", "attention" or "auto" (not yet resolved).
+  virtual const char* source_name() const noexcept { return "none"; }
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).
+// kNone: the method scores without attention (no `source` field); kAuto: resolved to kProxy or
+// kAttention by the cache's first step (configured stays kAuto so reset() can undo it).
 struct ScoreSource {
-  enum class Kind { kProxy, kAttention };
+  enum class Kind { kNone, kAuto, kProxy, kAttention };
   enum class Reduce { kMean, kMax, kSum };
-  Kind kind = Kind::kProxy;
+  Kind kind = Kind::kNone;
+  Kind configured = Kind::kNone;
   Reduce reduce = Reduce::kMean;
   bool attention() const noexcept { return kind == Kind::kAttention; }
 };
-// Reads `source` and `gqa_reduce` (proxy / mean when the method has no such fields).
+// Reads `source` and `gqa_reduce` (kNone / mean when the method has no such fields).
 ScoreSource score_source_from(const CacheConfig& config);
 
 // What happens to an evicted row (CaM's disposition, available to every eviction method).
@@ -135,6 +147,16 @@ class TokenPolicy : public Policy {
   std::int64_t budget() const noexcept override { return budget_; }
   void end_step(LayerState& st, const AttentionRef* attention) override;
   bool needs_attention() const noexcept override { return source_.attention(); }
+  bool source_unresolved() const noexcept override {
+    return source_.kind == ScoreSource::Kind::kAuto;
+  }
+  void resolve_source(bool attention) override {
+    if (source_.kind == ScoreSource::Kind::kAuto) {
+      source_.kind = attention ? ScoreSource::Kind::kAttention : ScoreSource::Kind::kProxy;
+    }
+  }
+  void reset_source() override { source_.kind = source_.configured; }
+  const char* source_name() const noexcept override;
 
  protected:
   // Appends physical row `row` (a new token) to h.hs.live with its initial score.

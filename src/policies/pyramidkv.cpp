@@ -8,12 +8,13 @@
 // rounding distributed over the layers so the mean is exactly C; a layer below the floor
 // n_sink + grace + 1 is raised to it and the rows come off the largest budgets (the check's
 // n_sink + grace < budget makes this always possible; see pyramid_budgets).
-// Within a layer: H2O (pyramid_grace, pyramid_decay; defaults 0 and 1, the paper's rule).
-// beta = 1 gives a flat schedule: exactly h2o with grace 0, decay 1.
+// Within a layer: H2O with h2o's defaults (pyramid_grace=-1: floor(pyramid_recent_ratio 0.5 x
+// (budget - n_sink)) of the mean budget; pyramid_decay=0.98). beta = 1 gives a flat schedule:
+// exactly h2o with the same n_sink, grace and decay.
 //
 // Fields: pyramid_budget=512 (average over layers), pyramid_n_sink=4, pyramid_beta=20,
-// pyramid_grace=0, pyramid_decay=1, pyramid_merge=drop (+gate, keys), quantize..., seed,
-// kv_dtype.
+// pyramid_grace=-1, pyramid_recent_ratio=0.5, pyramid_decay=0.98, pyramid_merge=drop (+gate,
+// keys), source=auto, quantize..., seed, kv_dtype.
 // Deviations from the paper: the paper selects prompt tokens once with SnapKV's observation
 // window; here H2O's cumulative mass (key-as-query proxy) ranks tokens at every step, and the
 // window is H2O's grace.
@@ -26,7 +27,7 @@ namespace vq::detail {
 namespace {
 
 std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
-  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = c.get_int("pyramid_grace");
+  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = recent_window(c, "pyramid");
   const auto budgets = pyramid_budgets(c.get_int("pyramid_budget"), shape.n_layers,
                                        c.get_float("pyramid_beta"), grace, n_sink + grace + 1);
   return budgets[static_cast<std::size_t>(shape.layer)];
@@ -35,23 +36,14 @@ std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   return std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
-                                     c.get_int("pyramid_grace"),
+                                     recent_window(c, "pyramid"),
                                      static_cast<float>(c.get_float("pyramid_decay")),
                                      merge_rule_from(c, "pyramid"), score_source_from(c));
 }
 
 void check(const CacheConfig& c) {
   require_less(c, "pyramid_n_sink", "pyramid_budget");
-  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = c.get_int("pyramid_grace"),
-                     budget = c.get_int("pyramid_budget");
-  if (!(n_sink + grace < budget)) {
-    // Every layer needs n_sink + grace + 1 rows: no schedule has a smaller mean.
-    config_error(c, "pyramid_n_sink + pyramid_grace must be < pyramid_budget (" +
-                        std::to_string(budget) + "), got " + std::to_string(n_sink) + " + " +
-                        std::to_string(grace) + " = " + std::to_string(n_sink + grace) +
-                        ": every layer needs at least n_sink + grace + 1 rows, so no per-layer "
-                        "schedule can have a mean of " + std::to_string(budget));
-  }
+  check_recent_window(c, "pyramid");
 }
 
 }  // namespace
@@ -67,7 +59,7 @@ MethodInfo pyramidkv_method() {
   m.score_signal = "cumulative attention mass";
   m.budget_type = "per-layer pyramid (mean = budget)";
   m.deviations = "H2O mass at every step instead of a one-off SnapKV selection at prefill; "
-                 "proxy source by default";
+                 "key-as-query proxy when no attention is passed (source=auto)";
   m.fields = {
       int_field("pyramid_budget", 512, 1, kMaxTokens,
                 "average rows kept per KV head over the layers, sinks included"),
@@ -84,6 +76,11 @@ MethodInfo pyramidkv_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("pyramid_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("pyramid_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`pyramidkv:beta=20,n_sink=0,decay=1,source=attention` (beta 20; the paper "
+      "selects rows once at prefill with SnapKV's window, replaced here by H2O's mass "
+      "at every step)";
+  m.defaults_note = "H2O's defaults within each layer (recent window = half the layer-mean non-sink "
+      "budget, decay 0.98, 4 sinks) under the paper's taper beta 20";
   return m;
 }
 

@@ -160,6 +160,8 @@ MethodInfo snapkv_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("snap_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("snap_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, "
+      "max pooling with kernel 7)";
   return m;
 }
 

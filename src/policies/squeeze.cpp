@@ -12,9 +12,9 @@
 // layer (H2O's ranking), so each layer keeps its own budget of prompt rows, as in the paper
 // (budgets decided from the prefill's signal before the prefill is cut). The budgets then
 // hold. The engine drives a step through every layer in order, so all layers report in the
-// same step. strength = 0 keeps every layer at C: then, fed token by token (or a prefill with
-// true attention), exactly h2o with grace 0, decay 1 (the squeeze_grace / squeeze_decay
-// defaults).
+// same step. strength = 0 keeps every layer at C: exactly h2o with the same n_sink, grace and
+// decay (defaults as h2o's: squeeze_grace=-1, the recent window floor(squeeze_recent_ratio 0.5
+// x (budget - n_sink)); squeeze_decay=0.98).
 // Proxy signal (no hidden states): the mean normalised entropy H(a) / ln(n) of the proxy
 // attention rows a; a layer whose attention is spread over many rows is more important.
 // Attention source: the paper's signal, 1 - the mean over the steps so far of
@@ -24,7 +24,8 @@
 // Layers coordinate through the ModelCache; a LayerCache built on its own keeps budget C.
 //
 // Fields: squeeze_budget=512 (average), squeeze_n_sink=4, squeeze_strength=1,
-// squeeze_fraction=0.3, squeeze_grace=0, squeeze_decay=1, squeeze_merge=drop (+gate, keys),
+// squeeze_fraction=0.3, squeeze_grace=-1, squeeze_recent_ratio=0.5, squeeze_decay=0.98,
+// squeeze_merge=drop (+gate, keys), source=auto,
 // quantize..., seed, kv_dtype.
 // Deviations from the paper: the paper's signal is the cosine similarity of the hidden state
 // before and after each attention block, measured by the engine over the prompt (a later
@@ -44,7 +45,7 @@ class SqueezePolicy final : public H2OPolicy {
  public:
   SqueezePolicy(const CacheConfig& c, const LayerShape& shape, std::shared_ptr<LayerGroup> group)
       : H2OPolicy(c.get_int("squeeze_budget"), c.get_int("squeeze_n_sink"),
-                  c.get_int("squeeze_grace"), static_cast<float>(c.get_float("squeeze_decay")),
+                  recent_window(c, "squeeze"), static_cast<float>(c.get_float("squeeze_decay")),
                   merge_rule_from(c, "squeeze"), score_source_from(c)),
         average_(c.get_int("squeeze_budget")), strength_(c.get_float("squeeze_strength")),
         fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {}
@@ -150,7 +151,7 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
 
 void check(const CacheConfig& c) {
   require_less(c, "squeeze_n_sink", "squeeze_budget");
-  require_sum_less(c, "squeeze_n_sink", "squeeze_grace", "squeeze_budget");
+  check_recent_window(c, "squeeze");
 }
 
 }  // namespace
@@ -186,6 +187,10 @@ MethodInfo squeeze_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("squeeze_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("squeeze_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`squeeze:strength=1,n_sink=0,decay=1,source=attention` (hidden-state cosine, 3 "
+      "k-means groups, H2O as the sequence-wise policy)";
+  m.defaults_note = "H2O's defaults within each layer (recent window = half the non-sink budget, "
+      "decay 0.98, 4 sinks) with the full reallocation";
   return m;
 }
 

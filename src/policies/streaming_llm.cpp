@@ -79,7 +79,11 @@ MethodInfo streaming_llm_method() {
     return c.get_int("stream_n_sink") + c.get_int("stream_window_size");
   };
   m.set_budget = &set_budget;
+  m.budget_field = "stream_window_size";
+  m.budget_rule = "budget = stream_n_sink + stream_window_size";
   m.make_policy = &make;
+  m.paper_config = "`streaming_llm:n_sink=4` (4 sink tokens and a recent window: the defaults)";
+  m.defaults_note = "the paper's 4 sinks; budget= sets the window to budget - n_sink";
   return m;
 }
 

@@ -45,9 +45,13 @@ MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix) {
 
 ScoreSource score_source_from(const CacheConfig& config) {
   ScoreSource s;
-  if (config.has("source") && config.get_enum("source") == "attention") {
-    s.kind = ScoreSource::Kind::kAttention;
+  if (config.has("source")) {
+    const std::string& k = config.get_enum("source");
+    s.kind = k == "attention" ? ScoreSource::Kind::kAttention
+             : k == "proxy"   ? ScoreSource::Kind::kProxy
+                              : ScoreSource::Kind::kAuto;
   }
+  s.configured = s.kind;
   if (config.has("gqa_reduce")) {
     const std::string& r = config.get_enum("gqa_reduce");
     s.reduce = r == "max" ? ScoreSource::Reduce::kMax
@@ -55,6 +59,16 @@ ScoreSource score_source_from(const CacheConfig& config) {
                             : ScoreSource::Reduce::kMean;
   }
   return s;
+}
+
+const char* TokenPolicy::source_name() const noexcept {
+  switch (source_.kind) {
+    case ScoreSource::Kind::kNone: return "none";
+    case ScoreSource::Kind::kAuto: return "auto";
+    case ScoreSource::Kind::kProxy: return "proxy";
+    case ScoreSource::Kind::kAttention: return "attention";
+  }
+  return "none";
 }
 
 void TokenPolicy::push_row(HeadState& hs, std::int64_t row, float score, float aux) {

@@ -131,6 +131,8 @@ MethodInfo tova_method() {
   m.get_budget = [](const CacheConfig& c) { return c.get_int("tova_budget"); };
   m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("tova_budget", b); };
   m.make_policy = &make;
+  m.paper_config = "`tova:n_sink=0,source=attention` (the last query's attention averaged over "
+      "every head, one index set per layer)";
   return m;
 }
 
