@@ -4,7 +4,8 @@
 # the variants the README discusses, at budgets 32, 64, 128 and 256 rows per KV head; each
 # attention-scored method twice, with the key-as-query proxy and with the engine's true
 # attention (source=attention). A third run reads TinyStories after a 256-token prefill, where
-# prefill-time methods (snapkv) compress. Writes results/eval/stories260K_<run>.{json,svg,txt}.
+# prefill-time methods (snapkv) compress and every method makes its prefill decision; its
+# summaries count the 255 decoded predictions. Writes results/eval/stories260K_<run>.{json,svg,txt}.
 # Expects a build (scripts/build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -27,9 +27,11 @@
 // squeeze_fraction=0.3, squeeze_grace=-1, squeeze_recent_ratio=0.5, squeeze_decay=0.98,
 // squeeze_merge=drop (+gate, keys), source=auto,
 // quantize..., seed, kv_dtype.
-// Deviations from the paper: the paper's signal is the cosine similarity of the hidden state
-// before and after each attention block, measured by the engine over the prompt (a later
-// source option); within a layer tokens are ranked by H2O's mass (key-as-query proxy).
+// Deviations from the paper: with the proxy source the layer signal is the proxy attention's
+// entropy, not the hidden-state cosine (which needs the engine: source=attention); within a
+// layer tokens are ranked by H2O's mass (the paper pairs the budgets with any token policy).
+// A merge gate comparing the current attention (merge_attention=current) uses the proxy at the
+// deferred cut of the layers that finished their step before the decision.
 #include <cmath>
 
 #include "policies/fields.h"
