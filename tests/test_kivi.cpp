@@ -148,16 +148,20 @@ TEST(KiviRequantize, MergedKeyInsideTheGridKeepsTheOtherCodes) {
 }
 
 TEST(KiviStore, ResidentBytesCountedFromTheLayoutByHand) {
-  // D = 4, G = 4, 2 bits, no residual, 16 rows -> 4 key groups, after a compaction (keep()
-  // reserves exactly). Containers: key and value codes 16 x 1 byte each; value scale and zero
-  // 16 rows x 1 group x 2 bytes each; key scale and zero 4 groups x 4 channels x 2 bytes each;
-  // key-group ids, slots, positions 16 x 4 bytes each; one fp32 input row 4 x 4 bytes.
+  // D = 4, G = 4, 2 bits, no residual: 16 rows -> 4 key groups; then row 15 is evicted and the
+  // store compacts (keep() reserves exactly). Containers for the 15 rows left: key and value
+  // codes 15 x 1 byte each; value scale and zero 15 rows x 1 group x 2 bytes each; key scale
+  // and zero 4 groups x 4 channels x 2 bytes each; key-group ids, slots, positions 15 x 4 bytes
+  // each; one fp32 input row 4 x 4 bytes.
   std::vector<float> k = test::randn(16 * 4, 90), v = test::randn(16 * 4, 91);
   auto s = fed(2, 4, 4, k, v);
-  const std::int64_t payload = 16 + 16 + 32 + 32 + 32 + 32;
+  std::vector<std::int64_t> first15(15);
+  for (std::int64_t i = 0; i < 15; ++i) first15[static_cast<std::size_t>(i)] = i;
+  s->keep(first15.data(), 15);
+  const std::int64_t payload = 15 + 15 + 30 + 30 + 32 + 32;
   EXPECT_EQ(s->bytes(), payload);
   EXPECT_EQ(s->allocated_bytes(), payload);
-  EXPECT_EQ(s->resident_bytes(), payload + 3 * 64 + 16);
+  EXPECT_EQ(s->resident_bytes(), payload + 3 * 60 + 16);
 }
 
 TEST(KiviCache, NoRowIsHeldTwice) {
