@@ -191,3 +191,55 @@ TEST(KiviCache, NoRowIsHeldTwice) {
 
 }  // namespace
 }  // namespace vq
+
+namespace vq {
+namespace {
+
+TEST(QuantizeOption, ABudgetInsideTheFp16ResidualIsAnErrorNamingTheFields) {
+  // The tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
+  // oldest group is quantized; a budget below residual_length + kivi_group_size never leaves it.
+  test::expect_error([] { CacheConfig::parse("h2o:budget=63,quantize=kivi2"); },
+                     ErrorCode::kInvalidConfig,
+                     {"[h2o] quantize=kivi2 would never quantize a row", "budget (63)",
+                      "residual_length (32)", "kivi_group_size (32) = 64"});
+  test::expect_error(
+      [] { CacheConfig::parse("tova:budget=100,quantize=kivi4,residual_length=80,kivi_group_size=32"); },
+      ErrorCode::kInvalidConfig, {"budget (100)", "residual_length (80)", "= 112"});
+  // The budget sweep (eval --budget) goes through the same validation.
+  test::expect_error(
+      [] { with_token_budget(CacheConfig::parse("h2o:budget=256,quantize=kivi2"), 32); },
+      ErrorCode::kInvalidConfig, {"would never quantize a row"});
+  EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=64,quantize=kivi2"));
+  EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=32,quantize=none"));
+}
+
+TEST(QuantizeOption, ChangesTheBytesAtTheSmallestBudgetItAccepts) {
+  // h2o at budget 64 (residual 32, group 32). After 64 tokens nothing was evicted and the tail
+  // reached 64 = residual + group rows, so its oldest 32 rows were packed. Per head, by hand:
+  // plain fp16 64 rows x 64 x 2 x 2 = 16384 bytes; quantized 32 rows x (16 + 16 code bytes + 2
+  // value groups x 4 parameter bytes) + 1 key group x 64 channels x 4 + 32 fp16 rows x 256 =
+  // 1280 + 256 + 8192 = 9728 bytes.
+  const std::int64_t H = 2, D = 64;
+  test::KV kv(1, H, 300, D, 21);
+  LayerCache plain = test::make_cache("h2o:budget=64", H, D);
+  LayerCache quant = test::make_cache("h2o:budget=64,quantize=kivi2", H, D);
+  auto feed = [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      for (LayerCache* c : {&plain, &quant}) {
+        c->begin_step(kv.keys(t, 1), kv.values(t, 1));
+        c->end_step();
+      }
+    }
+  };
+  feed(0, 64);
+  EXPECT_EQ(plain.kept_bytes(), H * 16384);
+  EXPECT_EQ(quant.kept_bytes(), H * 9728);
+  // Evicting: the tail never holds 64 rows after a step, so at least one row stays packed.
+  feed(64, 300);
+  EXPECT_EQ(quant.tokens_kept(), 64);
+  EXPECT_EQ(plain.kept_bytes(), H * 16384);
+  EXPECT_LT(quant.kept_bytes(), plain.kept_bytes());
+}
+
+}  // namespace
+}  // namespace vq
