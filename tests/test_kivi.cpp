@@ -148,16 +148,20 @@ TEST(KiviRequantize, MergedKeyInsideTheGridKeepsTheOtherCodes) {
 }
 
 TEST(KiviStore, ResidentBytesCountedFromTheLayoutByHand) {
-  // D = 4, G = 4, 2 bits, no residual, 16 rows -> 4 key groups, after a compaction (keep()
-  // reserves exactly). Containers: key and value codes 16 x 1 byte each; value scale and zero
-  // 16 rows x 1 group x 2 bytes each; key scale and zero 4 groups x 4 channels x 2 bytes each;
-  // key-group ids, slots, positions 16 x 4 bytes each; one fp32 input row 4 x 4 bytes.
+  // D = 4, G = 4, 2 bits, no residual: 16 rows -> 4 key groups; then row 15 is evicted and the
+  // store compacts (keep() reserves exactly). Containers for the 15 rows left: key and value
+  // codes 15 x 1 byte each; value scale and zero 15 rows x 1 group x 2 bytes each; key scale
+  // and zero 4 groups x 4 channels x 2 bytes each; key-group ids, slots, positions 15 x 4 bytes
+  // each; one fp32 input row 4 x 4 bytes.
   std::vector<float> k = test::randn(16 * 4, 90), v = test::randn(16 * 4, 91);
   auto s = fed(2, 4, 4, k, v);
-  const std::int64_t payload = 16 + 16 + 32 + 32 + 32 + 32;
+  std::vector<std::int64_t> first15(15);
+  for (std::int64_t i = 0; i < 15; ++i) first15[static_cast<std::size_t>(i)] = i;
+  s->keep(first15.data(), 15);
+  const std::int64_t payload = 15 + 15 + 30 + 30 + 32 + 32;
   EXPECT_EQ(s->bytes(), payload);
   EXPECT_EQ(s->allocated_bytes(), payload);
-  EXPECT_EQ(s->resident_bytes(), payload + 3 * 64 + 16);
+  EXPECT_EQ(s->resident_bytes(), payload + 3 * 60 + 16);
 }
 
 TEST(KiviCache, NoRowIsHeldTwice) {
@@ -183,6 +187,58 @@ TEST(KiviCache, NoRowIsHeldTwice) {
   EXPECT_EQ(s.kept_bytes, H * (896 * (32 + 8) + 28 * 64 * 4 + 128 * 4 * D));
   EXPECT_LT(s.resident_bytes, s.full_bytes / 2);
   EXPECT_GE(s.resident_bytes, s.allocated_bytes);
+}
+
+}  // namespace
+}  // namespace vq
+
+namespace vq {
+namespace {
+
+TEST(QuantizeOption, ABudgetInsideTheFp16ResidualIsAnErrorNamingTheFields) {
+  // The tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
+  // oldest group is quantized; a budget below residual_length + kivi_group_size never leaves it.
+  test::expect_error([] { CacheConfig::parse("h2o:budget=63,quantize=kivi2"); },
+                     ErrorCode::kInvalidConfig,
+                     {"[h2o] quantize=kivi2 would never quantize a row", "budget (63)",
+                      "residual_length (32)", "kivi_group_size (32) = 64"});
+  test::expect_error(
+      [] { CacheConfig::parse("tova:budget=100,quantize=kivi4,residual_length=80,kivi_group_size=32"); },
+      ErrorCode::kInvalidConfig, {"budget (100)", "residual_length (80)", "= 112"});
+  // The budget sweep (eval --budget) goes through the same validation.
+  test::expect_error(
+      [] { with_token_budget(CacheConfig::parse("h2o:budget=256,quantize=kivi2"), 32); },
+      ErrorCode::kInvalidConfig, {"would never quantize a row"});
+  EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=64,quantize=kivi2"));
+  EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=32,quantize=none"));
+}
+
+TEST(QuantizeOption, ChangesTheBytesAtTheSmallestBudgetItAccepts) {
+  // h2o at budget 64 (residual 32, group 32). After 64 tokens nothing was evicted and the tail
+  // reached 64 = residual + group rows, so its oldest 32 rows were packed. Per head, by hand:
+  // plain fp16 64 rows x 64 x 2 x 2 = 16384 bytes; quantized 32 rows x (16 + 16 code bytes + 2
+  // value groups x 4 parameter bytes) + 1 key group x 64 channels x 4 + 32 fp16 rows x 256 =
+  // 1280 + 256 + 8192 = 9728 bytes.
+  const std::int64_t H = 2, D = 64;
+  test::KV kv(1, H, 300, D, 21);
+  LayerCache plain = test::make_cache("h2o:budget=64", H, D);
+  LayerCache quant = test::make_cache("h2o:budget=64,quantize=kivi2", H, D);
+  auto feed = [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      for (LayerCache* c : {&plain, &quant}) {
+        c->begin_step(kv.keys(t, 1), kv.values(t, 1));
+        c->end_step();
+      }
+    }
+  };
+  feed(0, 64);
+  EXPECT_EQ(plain.kept_bytes(), H * 16384);
+  EXPECT_EQ(quant.kept_bytes(), H * 9728);
+  // Evicting: the tail never holds 64 rows after a step, so at least one row stays packed.
+  feed(64, 300);
+  EXPECT_EQ(quant.tokens_kept(), 64);
+  EXPECT_EQ(plain.kept_bytes(), H * 16384);
+  EXPECT_LT(quant.kept_bytes(), plain.kept_bytes());
 }
 
 }  // namespace

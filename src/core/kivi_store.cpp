@@ -77,11 +77,11 @@ std::uint16_t half_up(float x) noexcept {
   return h;
 }
 
-// Grows v to n elements; capacity grows by a quarter (not doubled), so containers hold little
+// Grows v to n elements; capacity grows by an eighth (not doubled), so containers hold little
 // slack.
 template <typename T>
 void grow(std::vector<T>& v, std::size_t n) {
-  if (n > v.capacity()) v.reserve(n + n / 4);
+  if (n > v.capacity()) v.reserve(n + n / 8);
   v.resize(n);
 }
 
@@ -227,16 +227,14 @@ class KiviStore final : public RowStore, public PackedRows {
   }
 
   void settle(const std::int64_t* live, std::int64_t n) override {
-    // The live tail rows, oldest first, are the live rows without a quantized slot.
-    std::vector<std::int64_t> tail;
-    std::int64_t n_quantized = 0;
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (slot_[static_cast<std::size_t>(live[j])] < 0) {
-        tail.push_back(live[j]);
-      } else {
-        ++n_quantized;
-      }
-    }
+    // The live tail rows, oldest first, are the live rows without a quantized slot. Physical
+    // rows are always the quantized rows followed by the tail rows (the tail's oldest rows are
+    // the ones quantized; appends go to the end), and `live` is increasing: the tail is a
+    // suffix of `live`.
+    const std::int64_t* split = std::partition_point(
+        live, live + n, [&](std::int64_t r) { return slot_[static_cast<std::size_t>(r)] >= 0; });
+    const std::vector<std::int64_t> tail(split, live + n);
+    const std::int64_t n_quantized = split - live;
     if (n_quantized < live_quantized_) regroup(live, n);  // quantized rows were evicted
     live_quantized_ = n_quantized;
     std::size_t first = 0;
@@ -312,6 +310,25 @@ class KiviStore final : public RowStore, public PackedRows {
     // All rows kept (strictly increasing indices: the identity) and no dead tail slots: no copy.
     if (n == size() && dead_tail_ == 0) return;
     dead_tail_ = 0;
+    if (n == size()) {
+      // All rows kept, some tail rows were quantized: only the tail moves (in place, towards
+      // the front; tail slots are in physical order).
+      const std::size_t row_bytes = static_cast<std::size_t>(D_ * tail_size_);
+      std::int32_t next = 0;
+      for (std::int32_t& s : slot_) {
+        if (s >= 0) continue;
+        const std::size_t from = static_cast<std::size_t>(-s - 1);
+        if (from != static_cast<std::size_t>(next)) {
+          std::memmove(tk_.data() + next * row_bytes, tk_.data() + from * row_bytes, row_bytes);
+          std::memmove(tv_.data() + next * row_bytes, tv_.data() + from * row_bytes, row_bytes);
+        }
+        s = -next - 1;
+        ++next;
+      }
+      tk_.resize(static_cast<std::size_t>(next) * row_bytes);
+      tv_.resize(tk_.size());
+      return;
+    }
     std::int64_t n_q = 0;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t r = idx[j];
