@@ -8,7 +8,8 @@
 //     (uncapped); only afterwards is the stored state cut to the budget.
 //  3. Storage is fp16 by default (kv_dtype=f32 keeps fp32); all scoring and blending is fp32.
 //  4. The tokens of a chunk are decided one at a time: feeding S tokens in one step gives the
-//     same stored state as S steps of one token.
+//     same stored state as S steps of one token (keyformer with anneal_steps > 0 excepted:
+//     its temperature advances with decode, i.e. single-token, steps).
 //  5. Ties go to the lowest index; NaN scores never win a keep.
 //  6. Deterministic: randomness comes from a counter RNG keyed by (seed, layer, kv head, draw
 //     counter); the same config and inputs give bit-identical state.
