@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "veloxquant/builder.h"
 
 namespace vq {
 namespace {
@@ -89,6 +90,32 @@ TEST(DerivedWindow, TheWindowProtectsTheNewestRows) {
     std::int64_t recent = 0;
     for (std::int64_t i = 0; i < r.n_rows; ++i) recent += r.positions[i] > t - 6 ? 1 : 0;
     EXPECT_EQ(recent, std::min<std::int64_t>(t + 1, 6)) << "after token " << t;
+  }
+}
+
+// The family's exact reductions hold on the defaults too: both sides derive the same window
+// (by hand: floor(0.5 x (24 - 4)) = 10; chunkkv with chunk_size 1: floor(0.5 x (24 - 4 - 1 + 1))
+// = 10; keyformer: floor(0.3 x (24 - 4)) = 6) and use the same decay.
+TEST(DefaultReductions, FamilyMembersReduceToH2OWithTheSameDefaults) {
+  KV kv(1, 1, 150, 16, 41);
+  auto same = [&](const std::string& a, const std::string& b) {
+    LayerCache x = test::make_cache(a), y = test::make_cache(b);
+    test::feed(x, kv, 1);
+    test::feed(y, kv, 1);
+    EXPECT_TRUE(test::snapshot(x, 1, 1) == test::snapshot(y, 1, 1)) << a << " vs " << b;
+  };
+  same("chunkkv:budget=24,chunk_size=1", "h2o:budget=24");
+  same("keyformer:budget=24,tau_init=0,tau_end=0", "h2o:budget=24,grace=6,decay=1");
+  same("cam:budget=24,merge=drop", "h2o:budget=24");
+  ModelCache p(CacheConfig::parse("pyramidkv:budget=24,beta=1"), ModelShape{3, 1, 16, 0});
+  ModelCache s(CacheConfig::parse("squeeze:budget=24,strength=0"), ModelShape{3, 1, 16, 0});
+  ModelCache h(CacheConfig::parse("h2o:budget=24"), ModelShape{3, 1, 16, 0});
+  for (std::int64_t l = 0; l < 3; ++l) {
+    test::feed(p.layer(l), kv, 1);
+    test::feed(s.layer(l), kv, 1);
+    test::feed(h.layer(l), kv, 1);
+    EXPECT_TRUE(test::snapshot(p.layer(l), 1, 1) == test::snapshot(h.layer(l), 1, 1)) << l;
+    EXPECT_TRUE(test::snapshot(s.layer(l), 1, 1) == test::snapshot(h.layer(l), 1, 1)) << l;
   }
 }
 
