@@ -174,6 +174,7 @@ TEST(NoEffect, CombinationsThatDoNothingNameTheirFields) {
            {"keyformer:anneal_steps=50", "keyformer_anneal_steps has no effect"},
            {"chunkkv:score=key_norm,decay=0.5",
             "chunkkv_decay has no effect with chunkkv_score=key_norm"},
+           {"morphkv:window=1,fusion=max", "morphkv_fusion has no effect with morphkv_window=1"},
            {"chunkkv:score=key_norm,source=proxy",
             "source has no effect with chunkkv_score=key_norm"},
        }) {
