@@ -231,6 +231,22 @@ TEST(SourceAuto, ResolvesAtTheFirstStepAndMatchesTheExplicitSource) {
   EXPECT_STREQ(test::make_cache("chunkkv:score=key_norm").score_source(), "none");
 }
 
+TEST(SourceAuto, EveryMethodWithoutProbabilitiesRunsTheProxy) {
+  KV kv(1, 2, 70, 8, 35);
+  for (const auto& m : registry()) {
+    const CacheConfig probe(m.id);
+    if (!probe.has("source") || !has_token_budget(probe)) continue;
+    LayerCache a(with_token_budget(probe, 40), LayerShape{2, 8, 2, 0, 1});
+    CacheConfig explicit_proxy = with_token_budget(probe, 40);
+    explicit_proxy.set("source", std::string("proxy"));
+    LayerCache b(explicit_proxy, LayerShape{2, 8, 2, 0, 1});
+    test::feed(a, kv, 5);
+    test::feed(b, kv, 5);
+    EXPECT_STREQ(a.stats().score_source, "proxy") << m.id;
+    EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << m.id;
+  }
+}
+
 TEST(SourceAuto, ASwitchLaterIsAnErrorNamingTheSourceAndResetUnresolves) {
   KV kv(1, 2, 12, 8, 32);
   LayerCache c = test::make_cache("h2o:budget=8");
