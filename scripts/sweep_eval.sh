@@ -23,8 +23,8 @@ for id in $("$bin" list | awk '{print $1}'); do
   if "$bin" list "$id" | grep -q '^source '; then methods+=(--method "$id:source=attention"); fi
 done
 methods+=(--method "h2o:grace=0,decay=1,source=attention"
-          --method "cam:source=attention,target=window"
-          --method "cam:source=attention,target=window,merge_attention=current")
+          --method "cam:source=attention,merge_attention=cumulative"
+          --method "cam:source=attention,target=nearest,merge=sim_weighted")
 # The methods whose defaults are H2O's paper rule (no recent window: pyramidkv, squeeze, chunkkv,
 # keyformer) on H2O's usable base (grace 16, decay 0.98, as h2o's defaults), with both sources,
 # and CaM's merging on that base.

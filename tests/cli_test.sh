@@ -139,6 +139,8 @@ else
   echo "FAIL generate greedy: exit $rc, stdout differs from run.c's or no stats on stderr"; head -5 "$tmp/gen.out" "$tmp/gen.err"
   fails=$((fails + 1))
 fi
+check "generate takes budget= and reports the score source" 0 "cache h2o:h2o_budget=16 \(score source attention\): 16 rows/head" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method h2o:budget=16
+check "generate streaming_llm budget=" 0 "cache streaming_llm:stream_window_size=12 \(score source none\)" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method streaming_llm:budget=16
 check "generate needs --model" 2 "--model is required" -- "$bin" generate --prompt hi
 check "generate missing model" 2 "nope.bin.*cannot open" -- "$bin" generate --model "$tmp/nope.bin"
 head -c 1000 "$data/stories260K.bin" >"$tmp/trunc.bin"

@@ -121,7 +121,7 @@ TEST(CamWindow, GateDrawsFromTheCounterRng) {
   int merged = 0;
   for (int seed = 0; seed < 20; ++seed) {
     LayerCache c = make("cam:source=attention,target=window,merge_m=2,budget=4,n_sink=1,"
-                        "kv_dtype=f32,grace=0,decay=1,seed=" + std::to_string(seed), 1, 1, 4);
+                        "kv_dtype=f32,grace=0,decay=1,merge_attention=cumulative,seed=" + std::to_string(seed), 1, 1, 4);
     run_steps(c, kv, 1, kCamSteps);
     const bool expect = CounterRng(static_cast<std::uint64_t>(seed), 0, 0).uniform(0) < p;
     EXPECT_EQ(c.stats().merges, expect ? 1 : 0) << "seed " << seed;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "veloxquant/builder.h"
 
 namespace vq {
 namespace {
@@ -92,6 +93,32 @@ TEST(DerivedWindow, TheWindowProtectsTheNewestRows) {
   }
 }
 
+// The family's exact reductions hold on the defaults too: both sides derive the same window
+// (by hand: floor(0.5 x (24 - 4)) = 10; chunkkv with chunk_size 1: floor(0.5 x (24 - 4 - 1 + 1))
+// = 10; keyformer: floor(0.3 x (24 - 4)) = 6) and use the same decay.
+TEST(DefaultReductions, FamilyMembersReduceToH2OWithTheSameDefaults) {
+  KV kv(1, 1, 150, 16, 41);
+  auto same = [&](const std::string& a, const std::string& b) {
+    LayerCache x = test::make_cache(a), y = test::make_cache(b);
+    test::feed(x, kv, 1);
+    test::feed(y, kv, 1);
+    EXPECT_TRUE(test::snapshot(x, 1, 1) == test::snapshot(y, 1, 1)) << a << " vs " << b;
+  };
+  same("chunkkv:budget=24,chunk_size=1", "h2o:budget=24");
+  same("keyformer:budget=24,tau_init=0,tau_end=0", "h2o:budget=24,grace=6,decay=1");
+  same("cam:budget=24,merge=drop", "h2o:budget=24");
+  ModelCache p(CacheConfig::parse("pyramidkv:budget=24,beta=1"), ModelShape{3, 1, 16, 0});
+  ModelCache s(CacheConfig::parse("squeeze:budget=24,strength=0"), ModelShape{3, 1, 16, 0});
+  ModelCache h(CacheConfig::parse("h2o:budget=24"), ModelShape{3, 1, 16, 0});
+  for (std::int64_t l = 0; l < 3; ++l) {
+    test::feed(p.layer(l), kv, 1);
+    test::feed(s.layer(l), kv, 1);
+    test::feed(h.layer(l), kv, 1);
+    EXPECT_TRUE(test::snapshot(p.layer(l), 1, 1) == test::snapshot(h.layer(l), 1, 1)) << l;
+    EXPECT_TRUE(test::snapshot(s.layer(l), 1, 1) == test::snapshot(h.layer(l), 1, 1)) << l;
+  }
+}
+
 // --- one budget key -----------------------------------------------------------------------
 
 TEST(BudgetKey, EveryMethodWithABudgetTakesBudget) {
@@ -147,6 +174,7 @@ TEST(NoEffect, CombinationsThatDoNothingNameTheirFields) {
            {"keyformer:anneal_steps=50", "keyformer_anneal_steps has no effect"},
            {"chunkkv:score=key_norm,decay=0.5",
             "chunkkv_decay has no effect with chunkkv_score=key_norm"},
+           {"morphkv:window=1,fusion=max", "morphkv_fusion has no effect with morphkv_window=1"},
            {"chunkkv:score=key_norm,source=proxy",
             "source has no effect with chunkkv_score=key_norm"},
        }) {
@@ -201,6 +229,22 @@ TEST(SourceAuto, ResolvesAtTheFirstStepAndMatchesTheExplicitSource) {
   // Methods that use no attention say so.
   EXPECT_STREQ(test::make_cache("streaming_llm").score_source(), "none");
   EXPECT_STREQ(test::make_cache("chunkkv:score=key_norm").score_source(), "none");
+}
+
+TEST(SourceAuto, EveryMethodWithoutProbabilitiesRunsTheProxy) {
+  KV kv(1, 2, 70, 8, 35);
+  for (const auto& m : registry()) {
+    const CacheConfig probe(m.id);
+    if (!probe.has("source") || !has_token_budget(probe)) continue;
+    LayerCache a(with_token_budget(probe, 40), LayerShape{2, 8, 2, 0, 1});
+    CacheConfig explicit_proxy = with_token_budget(probe, 40);
+    explicit_proxy.set("source", std::string("proxy"));
+    LayerCache b(explicit_proxy, LayerShape{2, 8, 2, 0, 1});
+    test::feed(a, kv, 5);
+    test::feed(b, kv, 5);
+    EXPECT_STREQ(a.stats().score_source, "proxy") << m.id;
+    EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << m.id;
+  }
 }
 
 TEST(SourceAuto, ASwitchLaterIsAnErrorNamingTheSourceAndResetUnresolves) {

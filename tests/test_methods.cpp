@@ -116,6 +116,8 @@ TEST(MorphKV, MatchesTheReferenceRuleForEveryFusion) {
   const char* names[] = {"mean", "sum", "max"};
   for (int fusion = 0; fusion < 3; ++fusion) {
     for (int window : {1, 3, 8}) {
+      // One query has nothing to fuse: a fusion other than the default is rejected then.
+      if (window == 1 && fusion != 0) continue;
       KV kv = peaked_kv(2, 90, 16, 60 + window, 2.0f);
       LayerCache c = test::make_cache("morphkv:budget=16,n_sink=2,window=" +
                                       std::to_string(window) + ",fusion=" + names[fusion]);

@@ -8,10 +8,11 @@
 //     (uncapped); only afterwards is the stored state cut to the budget.
 //  3. Storage is fp16 by default (kv_dtype=f32 keeps fp32); all scoring and blending is fp32.
 //  4. With the proxy source the tokens of a chunk are decided one at a time: feeding S tokens in
-//     one step gives the same stored state as S steps of one token (snapkv, and squeeze in a
-//     ModelCache, aside). With source=attention a multi-token step (a prefill chunk) is one
-//     decision made with the whole chunk's attention, as the papers decide a prompt (README,
-//     contract 4).
+//     one step gives the same stored state as S steps of one token (snapkv, squeeze in a
+//     ModelCache, and keyformer with anneal_steps > 0 aside: its temperature advances with
+//     decode, i.e. single-token, steps). With source=attention a multi-token step (a prefill
+//     chunk) is one decision made with the whole chunk's attention, as the papers decide a
+//     prompt (README, contract 4).
 //  5. Ties go to the lowest index; NaN scores never win a keep.
 //  6. Deterministic: randomness comes from a counter RNG keyed by (seed, layer, kv head, draw
 //     counter); the same config and inputs give bit-identical state.

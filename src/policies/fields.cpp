@@ -58,7 +58,8 @@ void add_common_fields(std::vector<FieldSpec>& fields) {
 }
 
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
-                      const std::string& default_mode, const std::string& default_target) {
+                      const std::string& default_mode, const std::string& default_target,
+                      const std::string& default_gate_attention) {
   fields.push_back(enum_field(prefix + "_merge", default_mode, {"sim_weighted", "mean", "drop"},
                               "what happens to an evicted row: blend into the most similar "
                               "survivor (cosine-weighted or 0.5), spread evenly over a window "
@@ -73,7 +74,8 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                               "each of the next m kept rows (CaM's paper rule; keys untouched)"));
   fields.push_back(int_field(prefix + "_merge_m", 32, 1, kMaxTokens,
                              "m: kept rows after the loser that share it (target=window)"));
-  fields.push_back(enum_field(prefix + "_merge_attention", "cumulative", {"cumulative", "current"},
+  fields.push_back(enum_field(prefix + "_merge_attention", default_gate_attention,
+                              {"cumulative", "current"},
                               "what the gate compares: the method's own (cumulative) scores, or "
                               "the current query's attention"));
 }

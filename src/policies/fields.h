@@ -24,10 +24,12 @@ FieldSpec enum_field(std::string name, std::string def, std::vector<std::string>
 // seed and kv_dtype: every method has them.
 void add_common_fields(std::vector<FieldSpec>& fields);
 // <prefix>_merge, <prefix>_merge_gate, <prefix>_merge_keys: every eviction method has them.
-// default_target: "nearest" (the reference adaptation) or "window" (CaM's paper rule).
+// default_target: "nearest" (the reference adaptation) or "window" (CaM's paper rule);
+// default_gate_attention: what the gate compares, "cumulative" or "current".
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
                       const std::string& default_mode,
-                      const std::string& default_target = "nearest");
+                      const std::string& default_target = "nearest",
+                      const std::string& default_gate_attention = "cumulative");
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);

@@ -138,6 +138,10 @@ void check(const CacheConfig& c) {
   require_less(c, "morphkv_n_sink", "morphkv_budget");
   require_at_most(c, "morphkv_window", "morphkv_budget");
   require_sum_less(c, "morphkv_n_sink", "morphkv_window", "morphkv_budget");
+  if (c.get_int("morphkv_window") == 1 && c.is_set("morphkv_fusion")) {
+    config_error(c, "morphkv_fusion has no effect with morphkv_window=1 (one query, nothing to "
+                    "fuse)");
+  }
 }
 
 }  // namespace
