@@ -89,7 +89,7 @@ check_bad "json under a file" "cannot write '$tmp/a_file/x.json': '$tmp/a_file' 
 check_bad "json is a directory" "cannot write '$tmp': it is a directory" -- --method cam --json "$tmp"
 check_bad "plot under a file" "cannot write '$tmp/a_file/x.svg'" -- --method cam --json "$bad_json" --plot "$tmp/a_file/x.svg"
 check_bad "json = plot" "--json and --plot name the same file" -- --method cam --json "$bad_json" --plot "$bad_json"
-check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, table" -- "$bin" bench nope
+check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, decode, table" -- "$bin" bench nope
 
 # A small run writes the JSON and the plot; the same command again gives the same file apart
 # from timing fields (one key per line in the JSON).
