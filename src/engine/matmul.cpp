@@ -215,12 +215,9 @@ void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) n
     matmul_rows(isa, out, x, w, S, 0, w.rows);
     return;
   }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt)
-#endif
-  for (std::int64_t u = 0; u < units; ++u) {
-    matmul_rows(isa, out, x, w, S, u * kUnit, std::min(w.rows, (u + 1) * kUnit));
-  }
+  parallel_for(units, nt, [&](std::int64_t u0, std::int64_t u1) {
+    matmul_rows(isa, out, x, w, S, u0 * kUnit, std::min(w.rows, u1 * kUnit));
+  });
 }
 
 void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept {

@@ -61,17 +61,11 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
   auto* data = static_cast<std::uint8_t*>(b.own_bytes(m.bytes()));
   m.data = data;
   const std::int64_t rb = m.row_bytes();
-  const int nt = threads();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-  {
+  parallel_for(rows, threads(), [&](std::int64_t r0, std::int64_t r1) {
     std::vector<float> tmp(static_cast<std::size_t>(cols));
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-    for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < cols; ++j) tmp[static_cast<std::size_t>(j)] = uniform(key, i * cols + j, a);
+    for (std::int64_t i = r0; i < r1; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j)
+        tmp[static_cast<std::size_t>(j)] = uniform(key, i * cols + j, a);
       std::uint8_t* row = data + i * rb;
       switch (type) {
         case WeightType::kF32: std::memcpy(row, tmp.data(), static_cast<std::size_t>(rb)); break;
@@ -88,8 +82,7 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
           break;
       }
     }
-  }
-  (void)nt;
+  });
   return m;
 }
 

@@ -156,26 +156,24 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
   // One KV head per thread at a time: a head's G query heads, all S tokens, its own scratch
   // row; the heads write disjoint parts of att and att_out.
-  const int nt = threads();
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && Hkv > 1 && S * R * D * G >= 4096)
-#endif
-  for (std::int64_t g = 0; g < Hkv; ++g) {
-    const HeadRows& hr = view.head(0, g);
-    float* scratch = s_.row.data() + g * D;
-    for (std::int64_t t = 0; t < S; ++t) {
-      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
-      // every row (masked by position), softmax, weighted sum of the values.
-      const float* q = s_.q.data() + t * qd + g * G * D;
-      float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
-      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
-                            scores, S * R, scratch);
-      for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
-      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
-                            R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
+  const int nt = S * R * D * G >= 4096 ? threads() : 1;
+  parallel_for(Hkv, nt, [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      const HeadRows& hr = view.head(0, g);
+      float* scratch = s_.row.data() + g * D;
+      for (std::int64_t t = 0; t < S; ++t) {
+        // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+        // every row (masked by position), softmax, weighted sum of the values.
+        const float* q = s_.q.data() + t * qd + g * G * D;
+        float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
+        ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
+                                scores, S * R, scratch);
+        for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
+        ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
+                              R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
+      }
     }
-  }
-  (void)nt;
+  });
   laps.mark(times_.attention);
   // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the caller
   // closes the step with them once the layer's similarity signal is known.

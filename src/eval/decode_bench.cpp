@@ -152,16 +152,17 @@ double measure_read_bandwidth(std::int64_t mib, int threads, int repeats) {
   std::uint64_t sink = 0;
   for (int rep = 0; rep < repeats; ++rep) {
     const auto t0 = Clock::now();
+    std::vector<std::uint64_t> part(sz(threads), 0);
+    engine::parallel_for(threads, threads, [&](std::int64_t t0_, std::int64_t t1_) {
+      for (std::int64_t t = t0_; t < t1_; ++t) {
+        const std::int64_t b = n * t / threads, e = n * (t + 1) / threads;
+        std::uint64_t s = 0;
+        for (std::int64_t i = b; i < e; ++i) s += buf[sz(i)];
+        part[sz(t)] = s;
+      }
+    });
     std::uint64_t total = 0;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
-#endif
-    for (int t = 0; t < threads; ++t) {
-      const std::int64_t b = n * t / threads, e = n * (t + 1) / threads;
-      std::uint64_t s = 0;
-      for (std::int64_t i = b; i < e; ++i) s += buf[sz(i)];
-      total += s;
-    }
+    for (const std::uint64_t p : part) total += p;
     const double secs = seconds_since(t0);
     sink += total;
     best = std::max(best, static_cast<double>(n * 8) / secs);
