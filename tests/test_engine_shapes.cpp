@@ -21,7 +21,8 @@ std::vector<float> logits_of(const Model& m, const std::string& method) {
   engine::Transformer tf(m, 72, 128);
   std::vector<std::int32_t> toks(72);
   for (std::size_t i = 0; i < toks.size(); ++i)
-    toks[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(m.config().vocab_size));
+    toks[i] = static_cast<std::int32_t>((i * 7919 + 13) %
+                                        static_cast<std::size_t>(m.config().vocab_size));
   const std::int64_t V = m.config().vocab_size;
   const float* l = tf.forward(toks.data(), 72, cache, engine::Logits::kLast);
   std::vector<float> out(l, l + V);
@@ -74,8 +75,12 @@ TEST(EngineShapes, RandomWeightsDoNotDependOnTheThreadCount) {
   const Model c = engine::make_random_model("llama-110m", {4, WeightType::kBF16, 1});
   engine::set_threads(saved);
   const auto& wa = a.weights().layers[0].w_down;
-  EXPECT_EQ(std::memcmp(wa.data, b.weights().layers[0].w_down.data, static_cast<std::size_t>(wa.bytes())), 0);
-  EXPECT_NE(std::memcmp(wa.data, c.weights().layers[0].w_down.data, static_cast<std::size_t>(wa.bytes())), 0)
+  EXPECT_EQ(
+      std::memcmp(wa.data, b.weights().layers[0].w_down.data, static_cast<std::size_t>(wa.bytes())),
+      0);
+  EXPECT_NE(
+      std::memcmp(wa.data, c.weights().layers[0].w_down.data, static_cast<std::size_t>(wa.bytes())),
+      0)
       << "another seed, other weights";
 }
 
@@ -117,10 +122,10 @@ TEST(EngineShapes, Bf16CheckpointRoundTripsAndIsReadInPlace) {
   // The file's matrices are used in place: the model owns only its fp32 norm vectors.
   EXPECT_EQ(back.owned_bytes(), (2 * 2 + 1) * 768 * 4);
   EXPECT_EQ(logits_of(m, "full"), logits_of(back, "full"));
-  EXPECT_THROW(engine::write_hf_checkpoint(
-                   engine::make_random_model("llama-110m", {2, WeightType::kQ8_0, 1}),
-                   dir.path.string()),
-               Error);
+  EXPECT_THROW(
+      engine::write_hf_checkpoint(
+          engine::make_random_model("llama-110m", {2, WeightType::kQ8_0, 1}), dir.path.string()),
+      Error);
 }
 
 }  // namespace

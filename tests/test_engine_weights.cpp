@@ -84,7 +84,8 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
       for (const std::int64_t rows : {1, 3, 4, 5, 9, 37}) {
         for (const std::int64_t S : {1, 2}) {
           const Typed t = make_typed(type, rows, cols, 100 + static_cast<std::uint64_t>(cols));
-          const auto x = test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
+          const auto x =
+              test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
           for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
             if (!engine::isa_supported(isa)) continue;
             std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
@@ -143,7 +144,8 @@ TEST(EngineWeights, Q8_0BlockLayoutIsGgufs) {
   std::uint8_t raw[34];
   raw[0] = 0x00;  // 0x3800 = fp16 0.5
   raw[1] = 0x38;
-  for (int j = 0; j < 32; ++j) raw[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(j - 16));
+  for (int j = 0; j < 32; ++j)
+    raw[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(j - 16));
   raw[2 + 31] = 0x80;  // -128
   const WeightMatrix m{WeightType::kQ8_0, 1, 32, raw};
   EXPECT_EQ(m.row_bytes(), 34);
@@ -154,7 +156,8 @@ TEST(EngineWeights, Q8_0BlockLayoutIsGgufs) {
 
   // The quantizer: max |x| = 127 * 0.25 gives d = 0.25 (exact in fp16) and q = x / 0.25.
   float x[32];
-  for (int j = 0; j < 32; ++j) x[j] = 0.25f * static_cast<float>(j * 8 - 127 > 127 ? 127 : j * 8 - 127);
+  for (int j = 0; j < 32; ++j)
+    x[j] = 0.25f * static_cast<float>(j * 8 - 127 > 127 ? 127 : j * 8 - 127);
   BlockQ8_0 b{};
   engine::quantize_row_q8_0(x, &b, 32);
   EXPECT_EQ(b.d, 0x3400);  // fp16 0.25

@@ -19,10 +19,14 @@ namespace vq::engine {
 
 const char* to_string(WeightType type) noexcept {
   switch (type) {
-    case WeightType::kF32: return "f32";
-    case WeightType::kF16: return "f16";
-    case WeightType::kBF16: return "bf16";
-    case WeightType::kQ8_0: return "q8_0";
+    case WeightType::kF32:
+      return "f32";
+    case WeightType::kF16:
+      return "f16";
+    case WeightType::kBF16:
+      return "bf16";
+    case WeightType::kQ8_0:
+      return "q8_0";
   }
   return "?";
 }
@@ -84,7 +88,8 @@ void rows_scalar(float* out, const float* x, const WeightMatrix& w, std::int64_t
                  std::int64_t begin, std::int64_t end) noexcept {
   for (std::int64_t i = begin; i < end; ++i) {
     const std::uint8_t* row = w.row(i);
-    for (std::int64_t s = 0; s < S; ++s) out[s * w.rows + i] = dot_scalar<T>(row, x + s * w.cols, w.cols);
+    for (std::int64_t s = 0; s < S; ++s)
+      out[s * w.rows + i] = dot_scalar<T>(row, x + s * w.cols, w.cols);
   }
 }
 
@@ -187,20 +192,28 @@ void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std
 #ifdef VQ_MATMUL_X86
   if (isa == Isa::kAvx2) {
     switch (w.type) {
-      case WeightType::kF32: return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
-      case WeightType::kF16: return rows_avx2<WeightType::kF16>(out, x, w, S, begin, end);
-      case WeightType::kBF16: return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
-      case WeightType::kQ8_0: return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
+      case WeightType::kF32:
+        return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
+      case WeightType::kF16:
+        return rows_avx2<WeightType::kF16>(out, x, w, S, begin, end);
+      case WeightType::kBF16:
+        return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
+      case WeightType::kQ8_0:
+        return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
     }
   }
 #else
   (void)isa;
 #endif
   switch (w.type) {
-    case WeightType::kF32: return rows_scalar<WeightType::kF32>(out, x, w, S, begin, end);
-    case WeightType::kF16: return rows_scalar<WeightType::kF16>(out, x, w, S, begin, end);
-    case WeightType::kBF16: return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
-    case WeightType::kQ8_0: return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
+    case WeightType::kF32:
+      return rows_scalar<WeightType::kF32>(out, x, w, S, begin, end);
+    case WeightType::kF16:
+      return rows_scalar<WeightType::kF16>(out, x, w, S, begin, end);
+    case WeightType::kBF16:
+      return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
+    case WeightType::kQ8_0:
+      return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
   }
 }
 
@@ -224,10 +237,18 @@ void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept 
   const std::uint8_t* row = w.row(i);
   for (std::int64_t j = 0; j < w.cols; ++j) {
     switch (w.type) {
-      case WeightType::kF32: out[j] = element<WeightType::kF32>(row, j); break;
-      case WeightType::kF16: out[j] = element<WeightType::kF16>(row, j); break;
-      case WeightType::kBF16: out[j] = element<WeightType::kBF16>(row, j); break;
-      case WeightType::kQ8_0: out[j] = element<WeightType::kQ8_0>(row, j); break;
+      case WeightType::kF32:
+        out[j] = element<WeightType::kF32>(row, j);
+        break;
+      case WeightType::kF16:
+        out[j] = element<WeightType::kF16>(row, j);
+        break;
+      case WeightType::kBF16:
+        out[j] = element<WeightType::kBF16>(row, j);
+        break;
+      case WeightType::kQ8_0:
+        out[j] = element<WeightType::kQ8_0>(row, j);
+        break;
     }
   }
 }
@@ -236,7 +257,8 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* out, std::int64_t n) noexcept 
   for (std::int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
     const float* xb = x + b * kQ8_0BlockSize;
     float amax = 0.0f;
-    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j) amax = std::max(amax, xb[j] < 0 ? -xb[j] : xb[j]);
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j)
+      amax = std::max(amax, xb[j] < 0 ? -xb[j] : xb[j]);
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = float_to_half(d);

@@ -62,10 +62,10 @@ struct LayerWeights {
 };
 
 struct Weights {
-  WeightMatrix token_embedding;      // [vocab_size][dim] (a row is read per token)
-  std::vector<LayerWeights> layers;  // [n_layers]
+  WeightMatrix token_embedding;       // [vocab_size][dim] (a row is read per token)
+  std::vector<LayerWeights> layers;   // [n_layers]
   const float* final_norm = nullptr;  // [dim] fp32
-  WeightMatrix classifier;           // [vocab_size][dim]
+  WeightMatrix classifier;            // [vocab_size][dim]
 };
 
 class Model {

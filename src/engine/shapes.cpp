@@ -18,8 +18,8 @@ namespace {
 
 ModelConfig shape_config(std::int64_t dim, std::int64_t hidden, std::int64_t layers,
                          std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                         std::int64_t vocab, double theta, float eps, bool tied,
-                         std::int32_t bos, std::int32_t eos) {
+                         std::int64_t vocab, double theta, float eps, bool tied, std::int32_t bos,
+                         std::int32_t eos) {
   ModelConfig c;
   c.format = "random";
   c.dim = dim;
@@ -68,7 +68,9 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
         tmp[static_cast<std::size_t>(j)] = uniform(key, i * cols + j, a);
       std::uint8_t* row = data + i * rb;
       switch (type) {
-        case WeightType::kF32: std::memcpy(row, tmp.data(), static_cast<std::size_t>(rb)); break;
+        case WeightType::kF32:
+          std::memcpy(row, tmp.data(), static_cast<std::size_t>(rb));
+          break;
         case WeightType::kF16:
         case WeightType::kBF16:
           for (std::int64_t j = 0; j < cols; ++j) {
@@ -100,8 +102,8 @@ const float* ones(ModelBuilder& b, std::int64_t n) {
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
-      {"llama-110m", shape_config(768, 2048, 12, 12, 12, 64, 32000, 10000.0, 1e-5f, true, 1, 2),
-       12, "llama2.c stories110M's shape (tied classifier)"},
+      {"llama-110m", shape_config(768, 2048, 12, 12, 12, 64, 32000, 10000.0, 1e-5f, true, 1, 2), 12,
+       "llama2.c stories110M's shape (tied classifier)"},
       {"llama-3.2-1b",
        shape_config(2048, 8192, 16, 32, 8, 64, 128256, 500000.0, 1e-5f, true, 128000, 128001), 16,
        "Llama 3.2 1B's shape; plain RoPE (the published model's llama3 RoPE scaling is not "
@@ -110,9 +112,9 @@ const std::vector<NamedShape>& named_shapes() {
        shape_config(896, 4864, 24, 14, 2, 64, 151936, 1000000.0, 1e-6f, true, -1, 151643), 24,
        "Qwen2.5 0.5B's shape as a Llama model: no q/k/v biases (the published model has them)"},
       {"llama-3-8b",
-       shape_config(4096, 14336, 32, 32, 8, 128, 128256, 500000.0, 1e-5f, false, 128000, 128001),
-       2, "Llama 3 8B's shape restricted to its first 2 of 32 layers by default (memory); "
-          "head_dim 128"},
+       shape_config(4096, 14336, 32, 32, 8, 128, 128256, 500000.0, 1e-5f, false, 128000, 128001), 2,
+       "Llama 3 8B's shape restricted to its first 2 of 32 layers by default (memory); "
+       "head_dim 128"},
   };
   return shapes;
 }
@@ -131,9 +133,9 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
   const NamedShape& shape = find_shape(name);
   const std::int64_t layers = o.n_layers == 0 ? shape.default_layers : o.n_layers;
   if (layers < 1 || layers > shape.config.n_layers) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "[shape] layers must be in [1, " + std::to_string(shape.config.n_layers) +
-                    "] for " + name + ", got " + std::to_string(layers));
+    throw Error(ErrorCode::kInvalidArgument, "[shape] layers must be in [1, " +
+                                                 std::to_string(shape.config.n_layers) + "] for " +
+                                                 name + ", got " + std::to_string(layers));
   }
   if (o.type == WeightType::kQ8_0 &&
       (shape.config.dim % kQ8_0BlockSize != 0 || shape.config.hidden_dim % kQ8_0BlockSize != 0 ||
@@ -177,10 +179,14 @@ namespace {
 
 const char* st_dtype(WeightType t) {
   switch (t) {
-    case WeightType::kF32: return "F32";
-    case WeightType::kF16: return "F16";
-    case WeightType::kBF16: return "BF16";
-    case WeightType::kQ8_0: break;
+    case WeightType::kF32:
+      return "F32";
+    case WeightType::kF16:
+      return "F16";
+    case WeightType::kBF16:
+      return "BF16";
+    case WeightType::kQ8_0:
+      break;
   }
   return nullptr;
 }
@@ -232,7 +238,8 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
     return true;
   };
   bool norms_typed = type != WeightType::kF32 && norm_exact(w.final_norm);
-  for (const LayerWeights& l : w.layers) norms_typed = norms_typed && norm_exact(l.attn_norm) && norm_exact(l.ffn_norm);
+  for (const LayerWeights& l : w.layers)
+    norms_typed = norms_typed && norm_exact(l.attn_norm) && norm_exact(l.ffn_norm);
   const WeightType norm_type = norms_typed ? type : WeightType::kF32;
 
   struct Entry {
@@ -275,7 +282,9 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   header["__metadata__"] = {{"format", "pt"}, {"generator", "veloxquant make-model"}};
   std::int64_t offset = 0;
   for (const Entry& e : entries) {
-    header[e.name] = {{"dtype", st_dtype(e.type)}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.bytes}}};
+    header[e.name] = {{"dtype", st_dtype(e.type)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes}}};
     offset += e.bytes;
   }
   std::string text = header.dump();
@@ -301,7 +310,8 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
           std::memcpy(buf.data() + 2 * i, &h, 2);
         }
       }
-      out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+      out.write(reinterpret_cast<const char*>(buf.data()),
+                static_cast<std::streamsize>(buf.size()));
     }
   });
 
@@ -325,10 +335,13 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   cj["tie_word_embeddings"] = c.tied_classifier;
   if (c.bos_id >= 0) cj["bos_token_id"] = c.bos_id;
   if (c.eos_id >= 0) cj["eos_token_id"] = c.eos_id;
-  cj["torch_dtype"] = type == WeightType::kBF16 ? "bfloat16" : type == WeightType::kF16 ? "float16" : "float32";
+  cj["torch_dtype"] = type == WeightType::kBF16  ? "bfloat16"
+                      : type == WeightType::kF16 ? "float16"
+                                                 : "float32";
   const std::string cfg = cj.dump(2) + "\n";
-  write_atomic((fs::path(dir) / "config.json").string(),
-               [&](std::ofstream& out) { out.write(cfg.data(), static_cast<std::streamsize>(cfg.size())); });
+  write_atomic((fs::path(dir) / "config.json").string(), [&](std::ofstream& out) {
+    out.write(cfg.data(), static_cast<std::streamsize>(cfg.size()));
+  });
 }
 
 }  // namespace vq::engine

@@ -21,9 +21,9 @@ namespace vq::engine {
 
 struct NamedShape {
   std::string name;
-  ModelConfig config;         // format "random"; weights_dtype set by make_random_model
+  ModelConfig config;           // format "random"; weights_dtype set by make_random_model
   std::int64_t default_layers;  // layers built when not asked otherwise (< n_layers: restricted)
-  std::string note;           // how it differs from the published model
+  std::string note;             // how it differs from the published model
 };
 
 // Every named shape, in a fixed order.

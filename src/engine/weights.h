@@ -25,18 +25,21 @@ const char* to_string(WeightType type) noexcept;
 
 inline constexpr std::int64_t kQ8_0BlockSize = 32;  // weights per block
 struct BlockQ8_0 {
-  std::uint16_t d;     // fp16 scale
-  std::int8_t q[32];   // quants
+  std::uint16_t d;    // fp16 scale
+  std::int8_t q[32];  // quants
 };
 static_assert(sizeof(BlockQ8_0) == 34, "GGUF block_q8_0 is 34 bytes with no padding");
 
 // Bytes of one row of `cols` weights of `type` (Q8_0: cols must be a multiple of 32).
 inline std::int64_t weight_row_bytes(WeightType type, std::int64_t cols) noexcept {
   switch (type) {
-    case WeightType::kF32: return 4 * cols;
+    case WeightType::kF32:
+      return 4 * cols;
     case WeightType::kF16:
-    case WeightType::kBF16: return 2 * cols;
-    case WeightType::kQ8_0: return cols / kQ8_0BlockSize * static_cast<std::int64_t>(sizeof(BlockQ8_0));
+    case WeightType::kBF16:
+      return 2 * cols;
+    case WeightType::kQ8_0:
+      return cols / kQ8_0BlockSize * static_cast<std::int64_t>(sizeof(BlockQ8_0));
   }
   return 0;
 }

@@ -1,12 +1,12 @@
 #include "eval/decode_bench.h"
 
+#include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fmt/format.h>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -68,9 +68,9 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
       const std::int64_t S = std::min(chunk, n - p0);
       for (std::int64_t h = 0; h < Hkv; ++h) {
         for (std::int64_t t = 0; t < S; ++t) {
-          const std::uint64_t key =
-              mix(seed ^ mix((static_cast<std::uint64_t>(l) << 40) ^
-                             (static_cast<std::uint64_t>(p0 + t) << 8) ^ static_cast<std::uint64_t>(h)));
+          const std::uint64_t key = mix(seed ^ mix((static_cast<std::uint64_t>(l) << 40) ^
+                                                   (static_cast<std::uint64_t>(p0 + t) << 8) ^
+                                                   static_cast<std::uint64_t>(h)));
           float* kr = k.data() + (h * S + t) * D;
           float* vr = v.data() + (h * S + t) * D;
           for (std::int64_t d = 0; d < D; ++d) {
@@ -172,21 +172,24 @@ double measure_read_bandwidth(std::int64_t mib, int threads, int repeats) {
 }
 
 void validate_decode_options(const DecodeBenchOptions& o) {
-  if (o.shape.empty() == o.model_path.empty()) bad("give exactly one of --shape NAME and --model PATH");
+  if (o.shape.empty() == o.model_path.empty())
+    bad("give exactly one of --shape NAME and --model PATH");
   if (!o.shape.empty()) (void)engine::find_shape(o.shape);
   if (o.contexts.empty()) bad("--context needs at least one value");
   for (const std::int64_t n : o.contexts)
     if (n < 1) bad("--context values must be >= 1, got " + std::to_string(n));
   if (o.methods.empty()) bad("--method needs at least one spec");
   for (const std::string& m : o.methods) (void)method_config(m, o.budget);
-  if (o.budget < 0) bad("--budget must be >= 0 (0: the specs' own), got " + std::to_string(o.budget));
+  if (o.budget < 0)
+    bad("--budget must be >= 0 (0: the specs' own), got " + std::to_string(o.budget));
   if (o.threads.empty()) bad("--threads needs at least one value");
   for (const int t : o.threads)
     if (t < 1) bad("--threads values must be >= 1, got " + std::to_string(t));
   if (o.steps < 1) bad("--steps must be >= 1, got " + std::to_string(o.steps));
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.fill_chunk < 1) bad("--fill-chunk must be >= 1, got " + std::to_string(o.fill_chunk));
-  if (o.bandwidth_mib < 16) bad("--bandwidth-mib must be >= 16, got " + std::to_string(o.bandwidth_mib));
+  if (o.bandwidth_mib < 16)
+    bad("--bandwidth-mib must be >= 16, got " + std::to_string(o.bandwidth_mib));
 }
 
 nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& command,
@@ -233,8 +236,9 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
   for (const int t : o.threads) {
     bandwidth[t] = measure_read_bandwidth(o.bandwidth_mib, t);
     if (progress) {
-      progress({0, 0, fmt::format("[decode] read bandwidth at {} thread(s): {:.2f} GB/s", t,
-                                  bandwidth[t] / 1e9)});
+      progress({0, 0,
+                fmt::format("[decode] read bandwidth at {} thread(s): {:.2f} GB/s", t,
+                            bandwidth[t] / 1e9)});
     }
   }
   nlohmann::json bw = nlohmann::json::object();

@@ -18,20 +18,20 @@
 namespace vq::eval {
 
 struct DecodeBenchOptions {
-  std::string shape;       // a named shape (engine/shapes.h), or
-  std::string model_path;  // a checkpoint; exactly one of the two
+  std::string shape;        // a named shape (engine/shapes.h), or
+  std::string model_path;   // a checkpoint; exactly one of the two
   std::int64_t layers = 0;  // shape: layers to build (0: the shape's default)
   std::uint64_t seed = 1;   // shape weights and synthetic K/V
   engine::WeightType weight_type = engine::WeightType::kBF16;  // shape weights
-  std::vector<std::int64_t> contexts;  // N, each >= 1
-  std::vector<std::string> methods;    // specs; the budget applies to those with a token budget
-  std::int64_t budget = 2048;          // 0: keep each spec's own budget
-  std::vector<int> threads;            // thread counts, each >= 1
-  std::int64_t steps = 16;             // timed decode steps
-  std::int64_t warmup = 2;             // untimed decode steps first
-  std::int64_t fill_chunk = 256;       // positions per synthetic fill step
-  bool prefill_real = false;           // fill by running the model over N tokens
-  std::int64_t bandwidth_mib = 512;    // buffer for the bandwidth measurement
+  std::vector<std::int64_t> contexts;                          // N, each >= 1
+  std::vector<std::string> methods;  // specs; the budget applies to those with a token budget
+  std::int64_t budget = 2048;        // 0: keep each spec's own budget
+  std::vector<int> threads;          // thread counts, each >= 1
+  std::int64_t steps = 16;           // timed decode steps
+  std::int64_t warmup = 2;           // untimed decode steps first
+  std::int64_t fill_chunk = 256;     // positions per synthetic fill step
+  bool prefill_real = false;         // fill by running the model over N tokens
+  std::int64_t bandwidth_mib = 512;  // buffer for the bandwidth measurement
 };
 
 struct DecodeProgress {
