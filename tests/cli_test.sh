@@ -33,7 +33,7 @@ for id in full streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
 check "help" 0 "list" -- "$bin" --help
-for cmd in list demo bench "bench perturb" "bench table" generate eval; do
+for cmd in list demo bench "bench perturb" "bench table" "bench decode" make-model generate eval; do
   # shellcheck disable=SC2086
   check "$cmd --help" 0 "Usage|Options" -- "$bin" $cmd --help
 done
@@ -91,7 +91,36 @@ check_bad "json under a file" "cannot write '$tmp/a_file/x.json': '$tmp/a_file' 
 check_bad "json is a directory" "cannot write '$tmp': it is a directory" -- --method cam --json "$tmp"
 check_bad "plot under a file" "cannot write '$tmp/a_file/x.svg'" -- --method cam --json "$bad_json" --plot "$tmp/a_file/x.svg"
 check_bad "json = plot" "--json and --plot name the same file" -- --method cam --json "$bad_json" --plot "$bad_json"
-check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, table" -- "$bin" bench nope
+# bench decode and make-model: a tiny run, and clear errors that write nothing.
+bd_json=$tmp/decode/d.json
+check "bench decode runs" 0 "wrote .*d.json" -- "$bin" bench decode --shape llama-110m --layers 1 \
+  --context 16,40 --method full --method h2o --budget 24 --steps 2 --warmup 1 --threads 1,2 \
+  --bandwidth-mib 16 --quiet --json "$bd_json" --plot "$tmp/decode/d.svg"
+check "bench decode json" 0 '"kind": "decode"' -- cat "$bd_json"
+check "bench decode kept rows" 0 '"kept_rows": 24.0' -- cat "$bd_json"
+check "bench decode plot" 0 "<svg" -- cat "$tmp/decode/d.svg"
+check "bench decode both models" 2 "exactly one of --shape NAME and --model PATH" -- \
+  "$bin" bench decode --shape llama-110m --model x --context 8 --method full --json "$tmp/nd/x.json"
+check "bench decode unknown shape" 2 "unknown model shape 'gpt-9'; known: llama-110m" -- \
+  "$bin" bench decode --shape gpt-9 --context 8 --method full --json "$tmp/nd/x.json"
+check "bench decode bad context" 2 "--context expects comma-separated integers >= 1" -- \
+  "$bin" bench decode --shape llama-110m --context 0 --method full --json "$tmp/nd/x.json"
+check "bench decode too long" 2 "exceeds the model's seq_len 131072" -- \
+  "$bin" bench decode --shape llama-110m --layers 1 --context 131072 --method full --bandwidth-mib 16 --json "$tmp/nd/x.json"
+check "bench decode bad weights" 2 "--weights must be one of f32, f16, bf16, q8_0, got 'int4'" -- \
+  "$bin" bench decode --shape llama-110m --weights int4 --context 8 --method full
+if [ -e "$tmp/nd" ]; then echo "FAIL bench decode errors wrote $tmp/nd"; fails=$((fails + 1)); fi
+check "make-model list" 0 "llama-3.2-1b +layers 16" -- "$bin" make-model --list
+check "make-model q8_0" 2 "q8_0 has no safetensors type" -- \
+  "$bin" make-model --shape llama-110m --dtype q8_0 --out "$tmp/nd"
+check "make-model layers" 2 "layers must be in \[1, 12\] for llama-110m, got 13" -- \
+  "$bin" make-model --shape llama-110m --layers 13 --out "$tmp/nd"
+check "make-model writes" 0 "wrote .*config.json" -- \
+  "$bin" make-model --shape llama-110m --layers 1 --out "$tmp/mm"
+check "make-model loads" 0 "full +16 +1 " -- \
+  "$bin" bench decode --model "$tmp/mm" --context 16 --method full --steps 1 --threads 1 \
+  --bandwidth-mib 16 --quiet
+check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, decode, table" -- "$bin" bench nope
 
 # A small run writes the JSON and the plot; the same command again gives the same file apart
 # from timing fields (one key per line in the JSON).

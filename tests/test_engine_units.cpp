@@ -43,7 +43,7 @@ TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
   // scores = dot in ops::dot's order, masked by position; values = four partial sums by row
   // index mod 4, combined (s0 + s2) + (s1 + s3).
   for (const std::int64_t D : {8, 16, 12, 64}) {
-    for (const std::int64_t R : {1, 7, 8, 13, 40}) {
+    for (const std::int64_t R : {1, 7, 8, 13, 40, 150}) {
       for (const DType dtype : {DType::kF32, DType::kF16}) {
         for (const std::int64_t nq : {1, 2, 3, 4, 6}) {
           const std::int64_t stride = D + 3, pos = R - 3;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/weights.h"
 #include "veloxquant/config.h"
 
 namespace vq::cli {
@@ -16,6 +17,14 @@ void add_demo_command(CLI::App& app);
 void add_bench_command(CLI::App& app, int argc, const char* const* argv);
 void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_make_model_command(CLI::App& app);
+
+// --threads N on a command (0, the default: every core the process may use), and applying it
+// to the engine (throws Error(kInvalidArgument) for N < 0).
+void add_threads_option(CLI::App* cmd, int& threads);
+void apply_threads(int threads);
+// f32 | f16 | bf16 | q8_0 (engine/weights.h), throws Error(kInvalidArgument) naming the flag.
+engine::WeightType parse_weight_type(const std::string& text, const std::string& flag);
 
 // Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
 // the flag.

@@ -1,6 +1,7 @@
 // `veloxquant bench ...`: benchmarks that write result files.
 //   bench perturb  the model-free perturbation benchmark (src/eval/perturb_bench.h)
 //   bench table    markdown tables of perturb result files (the README's tables)
+//   bench decode   decode speed at real model shapes and long contexts (src/eval/decode_bench.h)
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -12,8 +13,10 @@
 #include <sstream>
 
 #include "cli.h"
+#include "eval/decode_bench.h"
 #include "eval/perturb_bench.h"
 #include "eval/results.h"
+#include "engine/parallel.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -104,6 +107,48 @@ void run_bench_perturb(const PerturbArgs& a) {
             << "\nwrote " << a.json << (a.plot.empty() ? "" : " and " + a.plot) << "\n";
 }
 
+struct DecodeArgs {
+  eval::DecodeBenchOptions o;
+  std::string contexts = "2048", threads = "0", weights = "bf16";
+  std::string json, plot;
+  bool quiet = false;
+  std::vector<std::string> argv;
+};
+
+void run_bench_decode(DecodeArgs& a) {
+  eval::DecodeBenchOptions& o = a.o;
+  o.contexts = parse_int_list(a.contexts, "--context", 1);
+  o.threads.clear();
+  for (const std::int64_t t : parse_int_list(a.threads, "--threads", 0))
+    o.threads.push_back(t == 0 ? engine::available_cores() : static_cast<int>(t));
+  o.weight_type = parse_weight_type(a.weights, "--weights");
+  eval::validate_decode_options(o);
+  if (!a.json.empty()) eval::check_creatable(a.json);
+  if (!a.plot.empty()) eval::check_creatable(a.plot);
+  const nlohmann::json doc = eval::run_decode_bench(
+      o, eval::command_line(a.argv), [&](const eval::DecodeProgress& p) {
+        if (!a.quiet) std::cerr << p.line << "\n";
+      });
+  const std::string svg = a.plot.empty() ? std::string() : eval::decode_plot_svg(doc);
+  if (!a.json.empty()) eval::write_file_atomic(a.json, doc.dump(2) + "\n");
+  if (!a.plot.empty()) eval::write_file_atomic(a.plot, svg);
+  std::cout << fmt::format("{:<28} {:>7} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n",
+                           "method", "context", "thr", "ms/token", "tok/s", "weights", "attn",
+                           "cache", "vs full", "xBW bound");
+  for (const auto& r : doc["rows"]) {
+    std::cout << fmt::format(
+        "{:<28} {:>7} {:>4} {:>9.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8} {:>9.2f}\n",
+        r["method_arg"].get<std::string>(), r["context"].get<std::int64_t>(),
+        r["threads"].get<int>(), r["ms_per_token"].get<double>(), r["tokens_per_s"].get<double>(),
+        r["weights_ms"].get<double>(), r["attention_ms"].get<double>(),
+        r["cache_ms"].get<double>(),
+        r["speedup_vs_full"].is_number() ? fmt::format("{:.2f}x", r["speedup_vs_full"].get<double>())
+                                         : std::string("-"),
+        r["bandwidth_ratio"].get<double>());
+  }
+  if (!a.json.empty()) std::cout << "wrote " << a.json << (a.plot.empty() ? "" : " and " + a.plot) << "\n";
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -121,8 +166,8 @@ nlohmann::json read_json_file(const std::string& path) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb) "
-                                            "and tables of them (bench table)");
+  auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb, "
+                                            "bench decode) and tables of them (bench table)");
   bench->require_subcommand(1);
 
   auto a = std::make_shared<PerturbArgs>();
@@ -156,6 +201,42 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   perturb->add_option("--plot", a->plot, "SVG plot of the results");
   perturb->add_flag("--quiet", a->quiet, "No progress lines on stderr");
   perturb->callback([a]() { run_bench_perturb(*a); });
+
+  auto d = std::make_shared<DecodeArgs>();
+  d->argv.assign(argv, argv + argc);
+  auto* decode = bench->add_subcommand(
+      "decode",
+      "Decode speed at real model shapes and long contexts: fill every layer's cache with N "
+      "positions (synthetic K/V, or --prefill-real), then time greedy decode steps through the "
+      "real forward, split into weights, attention and cache work");
+  decode->add_option("--shape", d->o.shape, "Named shape with random weights (make-model --list)");
+  decode->add_option("--model", d->o.model_path, "Or a checkpoint (llama2.c .bin or HF directory)");
+  decode->add_option("--layers", d->o.layers, "Shape: layers to build (0 = the shape's default)")
+      ->capture_default_str();
+  decode->add_option("--weights", d->weights, "Shape: weight type f32, f16, bf16 or q8_0")
+      ->capture_default_str();
+  decode->add_option("--seed", d->o.seed, "Shape weights and synthetic K/V seed")
+      ->capture_default_str();
+  decode->add_option("--context", d->contexts, "Contexts N, comma-separated")->capture_default_str();
+  decode->add_option("--method", d->o.methods, "Method spec; repeatable")->required();
+  decode->add_option("--budget", d->o.budget,
+                     "Token budget for methods that have one (0 = each spec's own)")
+      ->capture_default_str();
+  decode->add_option("--threads", d->threads, "Thread counts, comma-separated (0 = every core)")
+      ->capture_default_str();
+  decode->add_option("--steps", d->o.steps, "Timed decode steps")->capture_default_str();
+  decode->add_option("--warmup", d->o.warmup, "Untimed decode steps first")->capture_default_str();
+  decode->add_option("--fill-chunk", d->o.fill_chunk, "Positions per synthetic fill step")
+      ->capture_default_str();
+  decode->add_flag("--prefill-real", d->o.prefill_real,
+                   "Fill by running the model over N tokens (slow at long contexts)");
+  decode->add_option("--bandwidth-mib", d->o.bandwidth_mib,
+                     "Buffer size for the read-bandwidth measurement")
+      ->capture_default_str();
+  decode->add_option("--json", d->json, "Result file (veloxquant.results/1, kind decode)");
+  decode->add_option("--plot", d->plot, "SVG plot: ms/token against context per method");
+  decode->add_flag("--quiet", d->quiet, "No progress lines on stderr");
+  decode->callback([d]() { run_bench_decode(*d); });
 
   auto files = std::make_shared<std::vector<std::string>>();
   auto* table = bench->add_subcommand(

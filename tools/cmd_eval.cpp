@@ -13,10 +13,12 @@ struct EvalCliOptions {
   eval::ModelEvalOptions eval;
   std::string budgets = "32,64,128,256";
   std::string json, plot, per_token;
+  int threads = 0;
   std::vector<std::string> args;  // the command line, for the result file
 };
 
 void run_eval(EvalCliOptions& o) {
+  apply_threads(o.threads);
   o.eval.budgets = parse_int_list(o.budgets, "--budget", 1);
   // Fail on unwritable outputs before the (long) run, not after.
   if (!o.json.empty()) eval::check_writable(o.json);
@@ -75,6 +77,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--reference", o->eval.reference,
                   "The run every other one is compared with (first row)")
       ->capture_default_str();
+  add_threads_option(cmd, o->threads);
   cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval) here");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of perplexity and KL against the budget");
   cmd->add_option("--per-token", o->per_token,

@@ -18,9 +18,11 @@ struct GenerateCliOptions {
   std::int64_t steps = 256;
   float temperature = 0.0f, top_p = 0.9f;
   std::uint64_t seed = 42;
+  int threads = 0;
 };
 
 void run_generate(const GenerateCliOptions& o) {
+  apply_threads(o.threads);
   engine::GenerateOptions g;
   g.method = CacheConfig::parse(o.method);  // validate flags before loading anything
   g.prompt = o.prompt;
@@ -71,6 +73,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "xorshift RNG seed (nonzero)")->capture_default_str();
   cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
       ->capture_default_str();
+  add_threads_option(cmd, o->threads);
   cmd->callback([o]() { run_generate(*o); });
 }
 

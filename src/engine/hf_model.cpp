@@ -73,50 +73,57 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return out + "]";
 }
 
-// Turns safetensors entries into fp32 weight pointers: in place when aligned fp32, otherwise
-// converted once into a buffer the model owns.
+// Turns safetensors entries into weights: matrices keep their stored type and are read in
+// place (copied, same type, into a buffer the model owns only when the offset is not aligned
+// for the type); norm vectors are converted once to fp32.
 class TensorLoader {
  public:
   TensorLoader(const SafetensorsFile& st, ModelBuilder& b) : st_(st), b_(b) {}
 
-  const float* get(const SafeTensor* t, const std::vector<std::int64_t>& shape) {
-    if (t->shape != shape) {
-      file_error(st_.path(), "tensor '" + t->name + "' has shape " + shape_text(t->shape) +
-                                 ", expected " + shape_text(shape) + " from config.json");
-    }
-    if (const auto it = done_.find(t->name); it != done_.end()) return it->second;
-    const std::int64_t n = t->numel();
-    const std::uint8_t* src = st_.data(*t);
-    const float* out = nullptr;
-    if (t->dtype == "F32") {
-      if (reinterpret_cast<std::uintptr_t>(src) % alignof(float) == 0) {
-        out = reinterpret_cast<const float*>(src);
-      } else {
-        float* dst = b_.own(n);
-        std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
-        out = dst;
-      }
-    } else if (t->dtype == "F16" || t->dtype == "BF16") {
-      float* dst = b_.own(n);
-      const bool bf16 = t->dtype == "BF16";
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::uint16_t bits;
-        std::memcpy(&bits, src + 2 * i, 2);
-        if (bf16) {
-          const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
-          std::memcpy(dst + i, &wide, 4);
-        } else {
-          dst[i] = half_to_float(bits);
-        }
-      }
-      out = dst;
-    } else {
-      file_error(st_.path(),
-                 "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
+  WeightMatrix matrix(const SafeTensor* t, std::int64_t rows, std::int64_t cols) {
+    check(t, {rows, cols});
+    WeightType type = WeightType::kF32;
+    if (t->dtype == "F16") {
+      type = WeightType::kF16;
+    } else if (t->dtype == "BF16") {
+      type = WeightType::kBF16;
+    } else if (t->dtype != "F32") {
+      unsupported(t);
     }
     dtypes_[t->dtype] = true;
-    done_[t->name] = out;
-    return out;
+    if (const auto it = matrices_.find(t->name); it != matrices_.end()) return it->second;
+    const std::uint8_t* src = st_.data(*t);
+    const void* data = src;
+    const std::size_t align = type == WeightType::kF32 ? 4 : 2;
+    if (reinterpret_cast<std::uintptr_t>(src) % align != 0) {
+      const std::int64_t bytes = t->end - t->begin;
+      void* dst = b_.own_bytes(bytes);
+      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      data = dst;
+    }
+    const WeightMatrix m{type, rows, cols, data};
+    matrices_[t->name] = m;
+    return m;
+  }
+
+  const float* vector(const SafeTensor* t, std::int64_t n) {
+    check(t, {n});
+    dtypes_[t->dtype] = true;
+    const std::uint8_t* src = st_.data(*t);
+    if (t->dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % alignof(float) == 0)
+      return reinterpret_cast<const float*>(src);
+    if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") unsupported(t);
+    float* dst = b_.own(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (t->dtype == "F32") {
+        std::memcpy(dst + i, src + 4 * i, 4);
+        continue;
+      }
+      std::uint16_t bits;
+      std::memcpy(&bits, src + 2 * i, 2);
+      dst[i] = t->dtype == "BF16" ? bf16_to_float(bits) : half_to_float(bits);
+    }
+    return dst;
   }
 
   std::string dtype_summary() const {
@@ -128,7 +135,18 @@ class TensorLoader {
  private:
   const SafetensorsFile& st_;
   ModelBuilder& b_;
-  std::map<std::string, const float*> done_;
+  std::map<std::string, WeightMatrix> matrices_;
+
+  void check(const SafeTensor* t, const std::vector<std::int64_t>& shape) const {
+    if (t->shape != shape) {
+      file_error(st_.path(), "tensor '" + t->name + "' has shape " + shape_text(t->shape) +
+                                 ", expected " + shape_text(shape) + " from config.json");
+    }
+  }
+  [[noreturn]] void unsupported(const SafeTensor* t) const {
+    file_error(st_.path(),
+               "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
+  }
   std::map<std::string, bool> dtypes_;
 };
 
@@ -237,22 +255,22 @@ Model Model::load_hf(const std::string& path) {
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   Weights& w = b.weights();
   const SafeTensor* embed = need("model.embed_tokens.weight");
-  w.token_embedding = load.get(embed, {c.vocab_size, dim});
+  w.token_embedding = load.matrix(embed, c.vocab_size, dim);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
   for (std::int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[static_cast<std::size_t>(i)];
-    l.attn_norm = load.get(need(p + "input_layernorm.weight"), {dim});
-    l.wq = load.get(need(p + "self_attn.q_proj.weight"), {qd, dim});
-    l.wk = load.get(need(p + "self_attn.k_proj.weight"), {kvd, dim});
-    l.wv = load.get(need(p + "self_attn.v_proj.weight"), {kvd, dim});
-    l.wo = load.get(need(p + "self_attn.o_proj.weight"), {dim, qd});
-    l.ffn_norm = load.get(need(p + "post_attention_layernorm.weight"), {dim});
-    l.w_gate = load.get(need(p + "mlp.gate_proj.weight"), {hid, dim});
-    l.w_up = load.get(need(p + "mlp.up_proj.weight"), {hid, dim});
-    l.w_down = load.get(need(p + "mlp.down_proj.weight"), {dim, hid});
+    l.attn_norm = load.vector(need(p + "input_layernorm.weight"), dim);
+    l.wq = load.matrix(need(p + "self_attn.q_proj.weight"), qd, dim);
+    l.wk = load.matrix(need(p + "self_attn.k_proj.weight"), kvd, dim);
+    l.wv = load.matrix(need(p + "self_attn.v_proj.weight"), kvd, dim);
+    l.wo = load.matrix(need(p + "self_attn.o_proj.weight"), dim, qd);
+    l.ffn_norm = load.vector(need(p + "post_attention_layernorm.weight"), dim);
+    l.w_gate = load.matrix(need(p + "mlp.gate_proj.weight"), hid, dim);
+    l.w_up = load.matrix(need(p + "mlp.up_proj.weight"), hid, dim);
+    l.w_down = load.matrix(need(p + "mlp.down_proj.weight"), dim, hid);
   }
-  w.final_norm = load.get(need("model.norm.weight"), {dim});
+  w.final_norm = load.vector(need("model.norm.weight"), dim);
   const SafeTensor* head = find("lm_head.weight");
   if (head == nullptr) {
     if (tie_flag_false) {
@@ -262,7 +280,7 @@ Model Model::load_hf(const std::string& path) {
     }
     head = embed;
   }
-  w.classifier = load.get(head, {c.vocab_size, dim});
+  w.classifier = load.matrix(head, c.vocab_size, dim);
   c.tied_classifier = head == embed;
   c.weights_dtype = load.dtype_summary();
 

@@ -31,6 +31,15 @@ std::int64_t Model::owned_bytes() const noexcept {
   return total;
 }
 
+std::int64_t Model::matrix_bytes() const noexcept {
+  std::int64_t total = weights_.classifier.bytes();
+  for (const LayerWeights& l : weights_.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      total += m->bytes();
+  }
+  return total + weights_.token_embedding.row_bytes();
+}
+
 void validate_shape(const std::string& path, const ModelConfig& c,
                     std::string (*name)(const char* field)) {
   auto positive = [&](const char* field, std::int64_t v, std::int64_t max) {
@@ -155,21 +164,24 @@ Model Model::load_llama2c(const std::string& path) {
     p += n;
     return t;
   };
+  auto matrix = [&take](std::int64_t rows, std::int64_t cols) {
+    return WeightMatrix{WeightType::kF32, rows, cols, take(rows * cols)};
+  };
   Weights& w = b.weights();
-  w.token_embedding = take(c.vocab_size * dim);
+  w.token_embedding = matrix(c.vocab_size, dim);
   w.layers.resize(static_cast<std::size_t>(L));
   for (auto& l : w.layers) l.attn_norm = take(dim);
-  for (auto& l : w.layers) l.wq = take(qd * dim);
-  for (auto& l : w.layers) l.wk = take(kvd * dim);
-  for (auto& l : w.layers) l.wv = take(kvd * dim);
-  for (auto& l : w.layers) l.wo = take(dim * qd);
+  for (auto& l : w.layers) l.wq = matrix(qd, dim);
+  for (auto& l : w.layers) l.wk = matrix(kvd, dim);
+  for (auto& l : w.layers) l.wv = matrix(kvd, dim);
+  for (auto& l : w.layers) l.wo = matrix(dim, qd);
   for (auto& l : w.layers) l.ffn_norm = take(dim);
-  for (auto& l : w.layers) l.w_gate = take(hid * dim);
-  for (auto& l : w.layers) l.w_down = take(dim * hid);
-  for (auto& l : w.layers) l.w_up = take(hid * dim);
+  for (auto& l : w.layers) l.w_gate = matrix(hid, dim);
+  for (auto& l : w.layers) l.w_down = matrix(dim, hid);
+  for (auto& l : w.layers) l.w_up = matrix(hid, dim);
   w.final_norm = take(dim);
   take(c.seq_len * c.head_dim);  // freq_cis_real and freq_cis_imag (legacy, unused)
-  w.classifier = c.tied_classifier ? w.token_embedding : take(c.vocab_size * dim);
+  w.classifier = c.tied_classifier ? w.token_embedding : matrix(c.vocab_size, dim);
 
   const std::string dir = std::filesystem::path(path).parent_path().string();
   b.set_paths(path, dir.empty() ? "." : dir);

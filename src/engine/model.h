@@ -1,16 +1,19 @@
 // A Llama-architecture model: its configuration and its weights, loaded from a llama2.c
 // checkpoint or a Hugging Face Llama checkpoint (config.json + model.safetensors).
 //
-// Weights are read in place from a read-only memory mapping wherever the file stores aligned
-// fp32; F16 and BF16 tensors (and fp32 tensors at an unaligned offset) are converted once, at
-// load time, into fp32 buffers the Model owns. Every weight pointer below is fp32, row-major
-// [out][in], valid for the Model's lifetime (moving a Model keeps them valid).
+// Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0; engine/weights.h) and
+// are read in place from the read-only memory mapping; only a tensor at an offset its type
+// cannot be read from is copied (same type) into a buffer the Model owns. Norm vectors are
+// small and always fp32 (converted once when stored otherwise). Every pointer is valid for the
+// Model's lifetime (moving a Model keeps them valid); matrices are row-major [out][in].
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "engine/weights.h"
 
 namespace vq::engine {
 
@@ -47,22 +50,22 @@ struct ModelConfig {
 };
 
 struct LayerWeights {
-  const float* attn_norm = nullptr;  // [dim]
-  const float* wq = nullptr;         // [q_dim][dim]
-  const float* wk = nullptr;         // [kv_dim][dim]
-  const float* wv = nullptr;         // [kv_dim][dim]
-  const float* wo = nullptr;         // [dim][q_dim]
-  const float* ffn_norm = nullptr;   // [dim]
-  const float* w_gate = nullptr;     // [hidden_dim][dim]  (llama2.c w1)
-  const float* w_up = nullptr;       // [hidden_dim][dim]  (llama2.c w3)
-  const float* w_down = nullptr;     // [dim][hidden_dim]  (llama2.c w2)
+  const float* attn_norm = nullptr;  // [dim] fp32
+  WeightMatrix wq;                   // [q_dim][dim]
+  WeightMatrix wk;                   // [kv_dim][dim]
+  WeightMatrix wv;                   // [kv_dim][dim]
+  WeightMatrix wo;                   // [dim][q_dim]
+  const float* ffn_norm = nullptr;   // [dim] fp32
+  WeightMatrix w_gate;               // [hidden_dim][dim]  (llama2.c w1)
+  WeightMatrix w_up;                 // [hidden_dim][dim]  (llama2.c w3)
+  WeightMatrix w_down;               // [dim][hidden_dim]  (llama2.c w2)
 };
 
 struct Weights {
-  const float* token_embedding = nullptr;  // [vocab_size][dim]
-  std::vector<LayerWeights> layers;        // [n_layers]
-  const float* final_norm = nullptr;       // [dim]
-  const float* classifier = nullptr;       // [vocab_size][dim]
+  WeightMatrix token_embedding;       // [vocab_size][dim] (a row is read per token)
+  std::vector<LayerWeights> layers;   // [n_layers]
+  const float* final_norm = nullptr;  // [dim] fp32
+  WeightMatrix classifier;            // [vocab_size][dim]
 };
 
 class Model {
@@ -85,8 +88,12 @@ class Model {
   // The checkpoint file (llama2.c .bin or model.safetensors) and, for HF, config.json.
   const std::string& path() const noexcept { return path_; }
   const std::string& directory() const noexcept { return directory_; }
-  // Bytes of fp32 buffers this Model owns (converted tensors); 0 when every weight is mapped.
+  // Bytes of buffers this Model owns (converted norms, copied or generated tensors); 0 when
+  // every weight is mapped in place.
   std::int64_t owned_bytes() const noexcept;
+  // Bytes of weight matrices a forward step reads per token: every layer matrix and the
+  // classifier (the embedding contributes one row; counted once when tied).
+  std::int64_t matrix_bytes() const noexcept;
 
  private:
   Model();
@@ -95,7 +102,7 @@ class Model {
   Weights weights_;
   std::string path_, directory_;
   std::unique_ptr<MappedFile> file_;
-  std::vector<std::unique_ptr<float[]>> owned_;
+  std::vector<std::unique_ptr<std::uint8_t[]>> owned_;
   std::vector<std::int64_t> owned_sizes_;
 };
 

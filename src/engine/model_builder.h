@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -29,10 +30,18 @@ struct ModelBuilder {
     model.directory_ = std::move(directory);
   }
   void set_file(std::unique_ptr<MappedFile> f) { model.file_ = std::move(f); }
-  // A new owned fp32 buffer of n floats (converted weights).
+  // A new owned fp32 buffer of n floats (converted weights), zero-initialised.
   float* own(std::int64_t n) {
-    model.owned_.push_back(std::make_unique<float[]>(static_cast<std::size_t>(n)));
-    model.owned_sizes_.push_back(n * 4);
+    void* p = own_bytes(n * 4);
+    std::memset(p, 0, static_cast<std::size_t>(n) * 4);
+    return static_cast<float*>(p);
+  }
+  // A new owned buffer of `bytes` bytes (16-byte aligned, uninitialised): copied or generated
+  // tensors of any weight type.
+  void* own_bytes(std::int64_t bytes) {
+    model.owned_.push_back(
+        std::unique_ptr<std::uint8_t[]>(new std::uint8_t[static_cast<std::size_t>(bytes)]));
+    model.owned_sizes_.push_back(bytes);
     return model.owned_.back().get();
   }
   Model finish() { return std::move(model); }

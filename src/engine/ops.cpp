@@ -274,22 +274,42 @@ template <int NQ>
 void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std::uint8_t* base,
                   DType dtype, std::int64_t row_bytes, const std::int32_t* positions,
                   std::int64_t n_rows, std::int64_t pos, float* out) noexcept {
-  for (std::int64_t c = 0; c < D / 8; ++c) {
-    __m256 part[NQ][4];
+  // Rows in blocks of kBlock, each block's rows read for every 8-lane chunk while they are in
+  // L1; the partial sums live in `acc` between blocks. Every partial sum still adds its rows in
+  // increasing r, so blocking does not change a result.
+  constexpr std::int64_t kBlock = 64;
+  const std::int64_t C = D / 8;  // <= 32 (simd_rows)
+  alignas(32) float acc[32][NQ][4][8];
+  for (std::int64_t c = 0; c < C; ++c) {
     for (int j = 0; j < NQ; ++j) {
-      for (int k = 0; k < 4; ++k) part[j][k] = _mm256_setzero_ps();
+      for (int k = 0; k < 4; ++k) _mm256_store_ps(acc[c][j][k], _mm256_setzero_ps());
     }
-    for (std::int64_t r = 0; r < n_rows; ++r) {
-      if (positions[r] > pos) continue;
-      const __m256 v = load8(base + r * row_bytes, dtype, 8 * c);
+  }
+  for (std::int64_t r0 = 0; r0 < n_rows; r0 += kBlock) {
+    const std::int64_t r1 = std::min(n_rows, r0 + kBlock);
+    for (std::int64_t c = 0; c < C; ++c) {
+      __m256 part[NQ][4];
       for (int j = 0; j < NQ; ++j) {
-        part[j][r & 3] =
-            _mm256_add_ps(part[j][r & 3], _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r]), v));
+        for (int k = 0; k < 4; ++k) part[j][k] = _mm256_load_ps(acc[c][j][k]);
+      }
+      for (std::int64_t r = r0; r < r1; ++r) {
+        if (positions[r] > pos) continue;
+        const __m256 v = load8(base + r * row_bytes, dtype, 8 * c);
+        for (int j = 0; j < NQ; ++j) {
+          part[j][r & 3] =
+              _mm256_add_ps(part[j][r & 3], _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r]), v));
+        }
+      }
+      for (int j = 0; j < NQ; ++j) {
+        for (int k = 0; k < 4; ++k) _mm256_store_ps(acc[c][j][k], part[j][k]);
       }
     }
+  }
+  for (std::int64_t c = 0; c < C; ++c) {
     for (int j = 0; j < NQ; ++j) {
-      const __m256 sum = _mm256_add_ps(_mm256_add_ps(part[j][0], part[j][2]),
-                                       _mm256_add_ps(part[j][1], part[j][3]));
+      const __m256 sum =
+          _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(acc[c][j][0]), _mm256_load_ps(acc[c][j][2])),
+                        _mm256_add_ps(_mm256_load_ps(acc[c][j][1]), _mm256_load_ps(acc[c][j][3])));
       _mm256_storeu_ps(out + j * D + 8 * c, sum);
     }
   }

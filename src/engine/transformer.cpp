@@ -1,12 +1,15 @@
 #include "engine/transformer.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
 
 #include "core/kernels.h"
+#include "engine/matmul.h"
 #include "engine/ops.h"
+#include "engine/parallel.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -23,13 +26,18 @@ ModelShape model_shape(const ModelConfig& c) {
   return ModelShape{c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
 }
 
-RunState::RunState(const ModelConfig& c, std::int64_t chunk)
-    : max_chunk(chunk), max_rows(c.seq_len) {
-  if (chunk < 1 || chunk > c.seq_len) {
-    bad_argument("max_chunk must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
-                 std::to_string(chunk));
+RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
+    : max_chunk(chunk), max_rows(rows == 0 ? c.seq_len : rows) {
+  if (max_rows < 1 || max_rows > c.seq_len) {
+    bad_argument("max_rows must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
+                 std::to_string(rows));
   }
-  const std::int64_t S = chunk, R = c.seq_len, D = c.head_dim, half = D / 2;
+  if (chunk < 1 || chunk > max_rows) {
+    bad_argument("max_chunk must be in [1, " +
+                 (max_rows == c.seq_len ? "seq_len = " : std::string("max_rows = ")) +
+                 std::to_string(max_rows) + "], got " + std::to_string(chunk));
+  }
+  const std::int64_t S = chunk, R = max_rows, D = c.head_dim, half = D / 2;
   x.resize(sz(S * c.dim));
   xb.resize(sz(S * c.dim));
   xb2.resize(sz(S * c.dim));
@@ -38,7 +46,9 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk)
   v.resize(sz(S * c.kv_dim()));
   att_out.resize(sz(S * c.q_dim()));
   att.resize(sz(c.n_heads * S * R));
-  row.resize(sz(D));
+  row.resize(sz(c.n_kv_heads * D));
+  packed_k.resize(sz(c.n_kv_heads));
+  packed_v.resize(sz(c.n_kv_heads));
   hb.resize(sz(S * c.hidden_dim));
   hb2.resize(sz(S * c.hidden_dim));
   logits.resize(sz(S * c.vocab_size));
@@ -69,10 +79,28 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk)
   }
 }
 
-Transformer::Transformer(const Model& model, std::int64_t max_chunk)
-    : model_(&model), s_(model.config(), max_chunk) {}
+Transformer::Transformer(const Model& model, std::int64_t max_chunk, std::int64_t max_rows)
+    : model_(&model), s_(model.config(), max_chunk, max_rows) {}
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since the previous mark to a StepTimes bucket (nothing when timing is off).
+class Laps {
+ public:
+  explicit Laps(bool on) : on_(on), last_(on ? Clock::now() : Clock::time_point{}) {}
+  void mark(double& bucket) {
+    if (!on_) return;
+    const Clock::time_point now = Clock::now();
+    bucket += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  Clock::time_point last_;
+};
 
 // Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + s.
 void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
@@ -111,7 +139,9 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
     t->stride[1] = D;
     t->stride[2] = Hkv * D;
   }
+  Laps laps(timing_);
   const StepView view = cache.begin_step(kref, vref);
+  laps.mark(times_.cache);
   const std::int64_t R = view.n_rows();
   if (R > s_.max_rows || view.n_new() != S) {
     try {
@@ -126,22 +156,30 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
 
   float* att = s_.att.data();                            // [Hq][S][R]
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
-  for (std::int64_t g = 0; g < Hkv; ++g) {
-    // A quantized cache's head is read once per step into a scratch shared by all heads and
-    // layers (one head's rows); plain heads are read in place.
-    const HeadRows hr = dequantized(view.head(0, g), s_.packed_k, s_.packed_v);
-    for (std::int64_t t = 0; t < S; ++t) {
-      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
-      // every row (masked by position), softmax, weighted sum of the values.
-      const float* q = s_.q.data() + t * qd + g * G * D;
-      float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
-      ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
-                            scores, S * R, s_.row.data());
-      for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
-      ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
-                            R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, s_.row.data());
+  // One KV head per thread at a time: a head's G query heads, all S tokens, its own scratch
+  // row; the heads write disjoint parts of att and att_out.
+  const int nt = S * R * D * G >= 4096 ? threads() : 1;
+  parallel_for(Hkv, nt, [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      // A quantized cache's head is read once per step into this head's scratch (one layer's
+      // rows in all, shared by every layer); plain heads are read in place.
+      const HeadRows hr = dequantized(view.head(0, g), s_.packed_k[static_cast<std::size_t>(g)],
+                                      s_.packed_v[static_cast<std::size_t>(g)]);
+      float* scratch = s_.row.data() + g * D;
+      for (std::int64_t t = 0; t < S; ++t) {
+        // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+        // every row (masked by position), softmax, weighted sum of the values.
+        const float* q = s_.q.data() + t * qd + g * G * D;
+        float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
+        ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
+                                scores, S * R, scratch);
+        for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
+        ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
+                              R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
+      }
     }
-  }
+  });
+  laps.mark(times_.attention);
   // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the caller
   // closes the step with them once the layer's similarity signal is known.
   return AttentionRef{att, 1, Hq, S, R};
@@ -168,7 +206,12 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     bad_argument("position " + std::to_string(pos0 + S - 1) +
                  " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
   }
-  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  if (pos0 + S > s_.max_rows) {
+    bad_argument("position " + std::to_string(pos0 + S - 1) +
+                 " is past this transformer's max_rows (" + std::to_string(s_.max_rows) + ")");
+  }
+  Laps laps(timing_);
+  const std::int64_t dim = c.dim, hid = c.hidden_dim;
   float* x = s_.x.data();
   float* xb = s_.xb.data();
   float* xb2 = s_.xb2.data();
@@ -180,8 +223,7 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
       bad_argument("token id " + std::to_string(tok) + " is outside the vocabulary [0, " +
                    std::to_string(c.vocab_size) + ")");
     }
-    std::memcpy(x + t * dim, w.token_embedding + static_cast<std::int64_t>(tok) * dim,
-                sz(dim) * sizeof(float));
+    dequantize_row(w.token_embedding, tok, x + t * dim);
   }
 
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
@@ -190,13 +232,18 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     // Attention block: norm, projections, RoPE, attention over the cache, output projection.
     for (std::int64_t t = 0; t < S; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
-    ops::matmul(s_.q.data(), xb, lw.wq, S, dim, qd);
-    ops::matmul(s_.k.data(), xb, lw.wk, S, dim, kvd);
-    ops::matmul(s_.v.data(), xb, lw.wv, S, dim, kvd);
+    laps.mark(times_.other);
+    matmul(s_.q.data(), xb, lw.wq, S);
+    matmul(s_.k.data(), xb, lw.wk, S);
+    matmul(s_.v.data(), xb, lw.wv, S);
+    laps.mark(times_.matmul);
     rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
     rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
-    const AttentionRef probs = attention(l, S, pos0, cache.layer(l));
-    ops::matmul(xb2, s_.att_out.data(), lw.wo, S, qd, dim);
+    laps.mark(times_.attention);
+    const AttentionRef probs = attention(l, S, pos0, cache.layer(l));  // times itself
+    laps = Laps(timing_);
+    matmul(xb2, s_.att_out.data(), lw.wo, S);
+    laps.mark(times_.matmul);
 
     // Residual add, and how far the attention turned the hidden state (cosine, mean over S).
     double cos_sum = 0.0;
@@ -210,16 +257,22 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
     // SqueezeAttention's signal goes to the cache before the layer's step closes; then the cache
     // gets this step's attention probabilities and applies its budget.
+    laps.mark(times_.other);
     cache.observe_layer_similarity(l, cos_sum / static_cast<double>(S));
     cache.layer(l).end_step(&probs);
+    laps.mark(times_.cache);
 
     // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
     for (std::int64_t t = 0; t < S; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
-    ops::matmul(s_.hb.data(), xb, lw.w_gate, S, dim, hid);
-    ops::matmul(s_.hb2.data(), xb, lw.w_up, S, dim, hid);
+    laps.mark(times_.other);
+    matmul(s_.hb.data(), xb, lw.w_gate, S);
+    matmul(s_.hb2.data(), xb, lw.w_up, S);
+    laps.mark(times_.matmul);
     ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
-    ops::matmul(xb, s_.hb.data(), lw.w_down, S, hid, dim);
+    laps.mark(times_.other);
+    matmul(xb, s_.hb.data(), lw.w_down, S);
+    laps.mark(times_.matmul);
     for (std::int64_t i = 0; i < S * dim; ++i) x[i] += xb[i];
   }
 
@@ -227,7 +280,10 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
   const std::int64_t first = which == Logits::kAll ? 0 : S - 1;
   for (std::int64_t t = first; t < S; ++t)
     ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
-  ops::matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first, dim, c.vocab_size);
+  laps.mark(times_.other);
+  matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first);
+  laps.mark(times_.matmul);
+  if (timing_) ++times_.steps;
   return s_.logits.data();
 }
 

@@ -1,0 +1,384 @@
+#include "eval/decode_bench.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "engine/matmul.h"
+#include "engine/model.h"
+#include "engine/parallel.h"
+#include "engine/shapes.h"
+#include "engine/transformer.h"
+#include "eval/plot.h"
+#include "eval/results.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+
+namespace vq::eval {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void bad(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "bench decode: " + msg);
+}
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// Counter RNG (splitmix64's finaliser) for the synthetic K/V: uniform in [-1, 1).
+inline std::uint64_t mix(std::uint64_t z) noexcept {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+inline float unit(std::uint64_t key) noexcept {
+  return static_cast<float>(mix(key) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+CacheConfig method_config(const std::string& spec, std::int64_t budget) {
+  CacheConfig c = CacheConfig::parse(spec);
+  if (budget > 0 && has_token_budget(c)) c = with_token_budget(c, budget);
+  return c;
+}
+
+// Fills every layer of `cache` with n positions of synthetic K/V ([1, Hkv, C, D] fp32 chunks,
+// uniform in [-1, 1) keyed by (seed, layer, position, head, d)). Every step passes uniform
+// attention probabilities over each query's visible rows, as an engine passes its own, so
+// source=auto resolves to attention as it does in the decode steps that follow.
+void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_t n,
+                    std::int64_t chunk, std::uint64_t seed) {
+  const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim, Hq = c.n_heads, G = Hq / Hkv;
+  std::vector<float> k(sz(Hkv * chunk * D)), v(k.size()), probs;
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    LayerCache& lc = cache.layer(l);
+    for (std::int64_t p0 = 0; p0 < n; p0 += chunk) {
+      const std::int64_t S = std::min(chunk, n - p0);
+      for (std::int64_t h = 0; h < Hkv; ++h) {
+        for (std::int64_t t = 0; t < S; ++t) {
+          const std::uint64_t key = mix(seed ^ mix((static_cast<std::uint64_t>(l) << 40) ^
+                                                   (static_cast<std::uint64_t>(p0 + t) << 8) ^
+                                                   static_cast<std::uint64_t>(h)));
+          float* kr = k.data() + (h * S + t) * D;
+          float* vr = v.data() + (h * S + t) * D;
+          for (std::int64_t d = 0; d < D; ++d) {
+            kr[d] = unit(key + 2 * static_cast<std::uint64_t>(d));
+            vr[d] = unit(key + 2 * static_cast<std::uint64_t>(d) + 1);
+          }
+        }
+      }
+      const StepView view = lc.begin_step(TensorRef::f32(k.data(), 1, Hkv, S, D),
+                                          TensorRef::f32(v.data(), 1, Hkv, S, D));
+      const std::int64_t R = view.n_rows();
+      probs.assign(sz(Hq * S * R), 0.0f);
+      for (std::int64_t q = 0; q < Hq; ++q) {
+        const HeadRows& hr = view.head(0, q / G);
+        for (std::int64_t t = 0; t < S; ++t) {
+          std::int64_t visible = 0;
+          for (std::int64_t r = 0; r < R; ++r) visible += hr.positions[r] <= p0 + t ? 1 : 0;
+          float* row = probs.data() + (q * S + t) * R;
+          for (std::int64_t r = 0; r < R; ++r)
+            row[r] = hr.positions[r] <= p0 + t ? 1.0f / static_cast<float>(visible) : 0.0f;
+        }
+      }
+      const AttentionRef att{probs.data(), 1, Hq, S, R};
+      lc.end_step(&att);
+    }
+  }
+}
+
+std::int32_t argmax(const float* x, std::int64_t n) {
+  std::int64_t best = 0;
+  for (std::int64_t i = 1; i < n; ++i) best = x[i] > x[best] ? i : best;
+  return static_cast<std::int32_t>(best);
+}
+
+nlohmann::json config_json(const engine::ModelConfig& c, const engine::Model& m) {
+  return {{"dim", c.dim},
+          {"hidden_dim", c.hidden_dim},
+          {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},
+          {"n_kv_heads", c.n_kv_heads},
+          {"head_dim", c.head_dim},
+          {"vocab_size", c.vocab_size},
+          {"weights_dtype", c.weights_dtype},
+          {"n_params", c.n_params()},
+          {"matrix_bytes", m.matrix_bytes()},
+          {"owned_bytes", m.owned_bytes()}};
+}
+
+}  // namespace
+
+std::int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<std::int64_t>(ru.ru_maxrss) * 1024;
+}
+
+std::int64_t current_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  std::int64_t pages = 0, resident = 0;
+  if (!(in >> pages >> resident)) return 0;
+  return resident * static_cast<std::int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+double measure_read_bandwidth(std::int64_t mib, int threads, int repeats) {
+  const std::int64_t n = mib * 1024 * 1024 / 8;
+  std::unique_ptr<std::uint64_t[]> buf(new std::uint64_t[sz(n)]);
+  for (std::int64_t i = 0; i < n; ++i) buf[sz(i)] = static_cast<std::uint64_t>(i);
+  double best = 0;
+  std::uint64_t sink = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto t0 = Clock::now();
+    std::vector<std::uint64_t> part(sz(threads), 0);
+    engine::parallel_for(threads, threads, [&](std::int64_t t0_, std::int64_t t1_) {
+      for (std::int64_t t = t0_; t < t1_; ++t) {
+        const std::int64_t b = n * t / threads, e = n * (t + 1) / threads;
+        std::uint64_t s = 0;
+        for (std::int64_t i = b; i < e; ++i) s += buf[sz(i)];
+        part[sz(t)] = s;
+      }
+    });
+    std::uint64_t total = 0;
+    for (const std::uint64_t p : part) total += p;
+    const double secs = seconds_since(t0);
+    sink += total;
+    best = std::max(best, static_cast<double>(n * 8) / secs);
+  }
+  if (sink == 1) best += 0;  // keeps the sums observable
+  return best;
+}
+
+void validate_decode_options(const DecodeBenchOptions& o) {
+  if (o.shape.empty() == o.model_path.empty())
+    bad("give exactly one of --shape NAME and --model PATH");
+  if (!o.shape.empty()) (void)engine::find_shape(o.shape);
+  if (o.contexts.empty()) bad("--context needs at least one value");
+  for (const std::int64_t n : o.contexts)
+    if (n < 1) bad("--context values must be >= 1, got " + std::to_string(n));
+  if (o.methods.empty()) bad("--method needs at least one spec");
+  for (const std::string& m : o.methods) (void)method_config(m, o.budget);
+  if (o.budget < 0)
+    bad("--budget must be >= 0 (0: the specs' own), got " + std::to_string(o.budget));
+  if (o.threads.empty()) bad("--threads needs at least one value");
+  for (const int t : o.threads)
+    if (t < 1) bad("--threads values must be >= 1, got " + std::to_string(t));
+  if (o.steps < 1) bad("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
+  if (o.fill_chunk < 1) bad("--fill-chunk must be >= 1, got " + std::to_string(o.fill_chunk));
+  if (o.bandwidth_mib < 16)
+    bad("--bandwidth-mib must be >= 16, got " + std::to_string(o.bandwidth_mib));
+}
+
+nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& command,
+                                const std::function<void(const DecodeProgress&)>& progress) {
+  validate_decode_options(o);
+  const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
+  engine::set_threads(max_threads);
+  const auto t_load = Clock::now();
+  const engine::Model model =
+      o.shape.empty() ? engine::Model::load(o.model_path)
+                      : engine::make_random_model(o.shape, {o.seed, o.weight_type, o.layers});
+  const double load_s = seconds_since(t_load);
+  const engine::ModelConfig& c = model.config();
+  const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  const std::int64_t rows_needed = max_ctx + o.warmup + o.steps + 1;
+  if (rows_needed > c.seq_len) {
+    bad("context " + std::to_string(max_ctx) + " + " + std::to_string(o.warmup + o.steps + 1) +
+        " decode positions exceeds the model's seq_len " + std::to_string(c.seq_len));
+  }
+
+  nlohmann::json settings;
+  settings["model"] = o.shape.empty() ? o.model_path : "shape:" + o.shape;
+  if (!o.shape.empty()) {
+    settings["shape_note"] = engine::find_shape(o.shape).note;
+    settings["seed"] = o.seed;
+  }
+  settings["model_config"] = config_json(c, model);
+  settings["contexts"] = o.contexts;
+  settings["methods"] = o.methods;
+  settings["budget"] = o.budget;
+  settings["threads"] = o.threads;
+  settings["steps"] = o.steps;
+  settings["warmup"] = o.warmup;
+  settings["fill"] = o.prefill_real ? "prefill" : "synthetic";
+  settings["fill_chunk"] = o.fill_chunk;
+  settings["model_load_ms"] = load_s * 1e3;
+  settings["matmul_isa"] = engine::to_string(engine::best_isa());
+
+  // Bandwidth, once per thread count, before the runs (same process, same buffers' size).
+  std::map<int, double> bandwidth;
+  for (const int t : o.threads) {
+    bandwidth[t] = measure_read_bandwidth(o.bandwidth_mib, t);
+    if (progress) {
+      progress({0, 0,
+                fmt::format("[decode] read bandwidth at {} thread(s): {:.2f} GB/s", t,
+                            bandwidth[t] / 1e9)});
+    }
+  }
+  nlohmann::json bw = nlohmann::json::object();
+  for (const auto& [t, b] : bandwidth) bw[std::to_string(t)] = b / 1e9;
+  settings["read_bandwidth_gbs"] = bw;
+  settings["bandwidth_mib"] = o.bandwidth_mib;
+
+  nlohmann::json doc = results_envelope("decode", command, settings);
+  const std::size_t total = o.threads.size() * o.contexts.size() * o.methods.size();
+  std::size_t index = 0;
+  std::vector<std::int32_t> prompt;
+  for (const int nt : o.threads) {
+    engine::set_threads(nt);
+    for (const std::int64_t n : o.contexts) {
+      // Every method's cache is filled first; then the timed steps alternate between the
+      // methods (one step each, round robin), so load from other processes falls on all of
+      // them alike and the ratios within a context are fair.
+      struct Run {
+        CacheConfig cfg;
+        std::string spec;
+        std::unique_ptr<ModelCache> cache;
+        std::unique_ptr<engine::Transformer> tf;
+        std::int32_t token = 0;
+        double fill_s = 0;
+        std::vector<double> step_s;
+      };
+      std::vector<Run> runs;
+      for (const std::string& spec : o.methods) {
+        Run r{method_config(spec, o.budget), spec, nullptr, nullptr, 0, 0, {}};
+        r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+        r.tf = std::make_unique<engine::Transformer>(
+            model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
+        const auto t_fill = Clock::now();
+        r.token = c.bos_id >= 0 ? c.bos_id : 0;
+        if (o.prefill_real) {
+          // n tokens, deterministic and spread over the vocabulary, in chunks of 64.
+          prompt.resize(sz(n));
+          for (std::int64_t i = 0; i < n; ++i)
+            prompt[sz(i)] = static_cast<std::int32_t>(mix(o.seed + static_cast<std::uint64_t>(i)) %
+                                                      static_cast<std::uint64_t>(c.vocab_size));
+          const float* logits = nullptr;
+          for (std::int64_t p = 0; p < n; p += 64) {
+            const std::int64_t S = std::min<std::int64_t>(64, n - p);
+            logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
+          }
+          r.token = argmax(logits, c.vocab_size);
+        } else {
+          synthetic_fill(*r.cache, c, n, o.fill_chunk, o.seed);
+        }
+        r.fill_s = seconds_since(t_fill);
+        for (std::int64_t i = 0; i < o.warmup; ++i)
+          r.token =
+              argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
+        r.tf->set_timing(true);
+        r.tf->reset_times();
+        if (progress) {
+          progress({index, total,
+                    fmt::format("[decode] threads {} context {} {}: filled in {:.1f} s", nt, n,
+                                spec, r.fill_s)});
+        }
+        runs.push_back(std::move(r));
+      }
+      for (std::int64_t i = 0; i < o.steps; ++i) {
+        for (Run& r : runs) {
+          const auto t0 = Clock::now();
+          r.token =
+              argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
+          r.step_s.push_back(seconds_since(t0));
+        }
+      }
+      std::optional<double> full_ms;
+      for (Run& r : runs) {
+        ++index;
+        std::vector<double> sorted = r.step_s;
+        std::sort(sorted.begin(), sorted.end());
+        const std::size_t m = sorted.size();
+        const double median = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
+        double sum = 0;
+        for (const double t : r.step_s) sum += t;
+        const engine::StepTimes& st = r.tf->times();
+        const CacheStats cs = r.cache->stats();
+        const double steps = static_cast<double>(o.steps);
+        const double ms = median * 1e3;
+        const std::int64_t bytes_read = model.matrix_bytes() + cs.kept_bytes;
+        const double bound_ms = static_cast<double>(bytes_read) / bandwidth[nt] * 1e3;
+        if (r.cfg.method() == "full" && !full_ms) full_ms = ms;
+        std::int64_t kept_rows = 0;
+        for (std::int64_t l = 0; l < c.n_layers; ++l) kept_rows += r.cache->layer(l).tokens_kept();
+
+        nlohmann::json row = method_json(r.cfg);
+        row["method_arg"] = r.spec;
+        row["context"] = n;
+        row["threads"] = nt;
+        row["tokens_per_s"] = 1e3 / ms;
+        row["ms_per_token"] = ms;
+        row["mean_ms_per_token"] = sum / steps * 1e3;
+        row["weights_ms"] = st.matmul / steps * 1e3;
+        row["attention_ms"] = st.attention / steps * 1e3;
+        row["cache_ms"] = st.cache / steps * 1e3;
+        row["other_ms"] = st.other / steps * 1e3;
+        row["cache_share"] = st.total() > 0 ? st.cache / st.total() : 0.0;
+        row["kept_rows"] = static_cast<double>(kept_rows) / static_cast<double>(c.n_layers);
+        row["kept_bytes"] = cs.kept_bytes;
+        row["resident_bytes"] = cs.resident_bytes;
+        row["full_bytes"] = cs.full_bytes;
+        row["compression_ratio"] = cs.compression_ratio;
+        row["bytes_read_per_token"] = bytes_read;
+        row["bandwidth_bound_ms"] = bound_ms;
+        row["bandwidth_ratio"] = ms / bound_ms;
+        row["speedup_vs_full"] = full_ms ? nlohmann::json(*full_ms / ms) : nlohmann::json();
+        row["fill_ms"] = r.fill_s * 1e3;
+        row["peak_rss_bytes"] = peak_rss_bytes();
+        row["rss_bytes"] = current_rss_bytes();
+        doc["rows"].push_back(row);
+        if (progress) {
+          progress(
+              {index, total,
+               fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
+                           "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
+                           "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
+                           index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
+                           st.attention / steps * 1e3, st.cache / steps * 1e3,
+                           static_cast<double>(kept_rows) / static_cast<double>(c.n_layers),
+                           ms / bound_ms, static_cast<double>(current_rss_bytes()) / (1 << 30))});
+        }
+      }
+    }
+  }
+  engine::set_threads(max_threads);
+  return doc;
+}
+
+std::string decode_plot_svg(const nlohmann::json& doc) {
+  const bool several = doc["settings"]["threads"].size() > 1;
+  std::map<std::string, Series> series;
+  std::vector<std::string> order;
+  for (const auto& r : doc["rows"]) {
+    std::string label = r["method_arg"].get<std::string>();
+    if (several) label += fmt::format(" ({} thr)", r["threads"].get<int>());
+    if (!series.count(label)) {
+      order.push_back(label);
+      series[label].label = label;
+    }
+    series[label].x.push_back(static_cast<double>(r["context"].get<std::int64_t>()));
+    series[label].y.push_back(r["ms_per_token"].get<double>());
+  }
+  Panel p;
+  p.title = doc["settings"]["model"].get<std::string>();
+  p.x_label = "context (positions in the cache before decoding)";
+  p.y_label = "ms per decoded token";
+  p.log_x = true;
+  for (const auto& l : order) p.series.push_back(series[l]);
+  return line_plot_svg("veloxquant bench decode: ms/token vs context", {p}, 1);
+}
+
+}  // namespace vq::eval

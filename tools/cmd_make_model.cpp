@@ -1,0 +1,105 @@
+// `veloxquant make-model`: a named model shape with deterministic random weights, written as a
+// Hugging Face checkpoint (config.json + model.safetensors) the engine and other engines load.
+// Also home of the shared --threads option.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "cli.h"
+#include "engine/model.h"
+#include "engine/parallel.h"
+#include "engine/shapes.h"
+#include "veloxquant/errors.h"
+
+namespace vq::cli {
+
+void add_threads_option(CLI::App* cmd, int& threads) {
+  cmd->add_option("--threads", threads,
+                  "Engine threads (matmul rows, attention heads); 0 = every core. Results are "
+                  "bit-identical for every count")
+      ->capture_default_str();
+}
+
+void apply_threads(int threads) {
+  if (threads < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--threads must be >= 0 (0 = every core), got " + std::to_string(threads));
+  }
+  engine::set_threads(threads == 0 ? engine::available_cores() : threads);
+}
+
+engine::WeightType parse_weight_type(const std::string& s, const std::string& flag) {
+  if (s == "f32") return engine::WeightType::kF32;
+  if (s == "f16") return engine::WeightType::kF16;
+  if (s == "bf16") return engine::WeightType::kBF16;
+  if (s == "q8_0") return engine::WeightType::kQ8_0;
+  throw Error(ErrorCode::kInvalidArgument,
+              flag + " must be one of f32, f16, bf16, q8_0, got '" + s + "'");
+}
+
+namespace {
+
+struct MakeModelOptions {
+  std::string shape, out, dtype = "bf16";
+  std::int64_t layers = 0;
+  std::uint64_t seed = 1;
+  int threads = 0;
+  bool list = false;
+};
+
+void run_make_model(const MakeModelOptions& o) {
+  if (o.list || o.shape.empty()) {
+    for (const engine::NamedShape& s : engine::named_shapes()) {
+      const engine::ModelConfig& c = s.config;
+      std::cout << fmt::format(
+          "{:<14} layers {:>2} (default {:>2}), dim {:>4}, heads {:>2}/{:<2} kv, head_dim {:>3}, "
+          "ffn {:>5}, vocab {:>6}: {}\n",
+          s.name, c.n_layers, s.default_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
+          c.hidden_dim, c.vocab_size, s.note);
+    }
+    if (!o.list) {
+      throw Error(ErrorCode::kInvalidArgument, "make-model: --shape NAME is required (above)");
+    }
+    return;
+  }
+  if (o.out.empty()) throw Error(ErrorCode::kInvalidArgument, "make-model: --out DIR is required");
+  const engine::WeightType type = parse_weight_type(o.dtype, "--dtype");
+  if (type == engine::WeightType::kQ8_0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--dtype q8_0 has no safetensors type; write f32, f16 or bf16");
+  }
+  apply_threads(o.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  const engine::Model m = engine::make_random_model(o.shape, {o.seed, type, o.layers});
+  const auto t1 = std::chrono::steady_clock::now();
+  engine::write_hf_checkpoint(m, o.out);
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::cerr << fmt::format(
+      "make-model: {} ({} layers, {:.3f} B parameters, {}) seed {}: generated in {:.1f} s, "
+      "wrote {}/config.json and model.safetensors in {:.1f} s\n",
+      o.shape, m.config().n_layers, static_cast<double>(m.config().n_params()) / 1e9, o.dtype,
+      o.seed, secs(t0, t1), o.out, secs(t1, t2));
+}
+
+}  // namespace
+
+void add_make_model_command(CLI::App& app) {
+  auto o = std::make_shared<MakeModelOptions>();
+  auto* cmd = app.add_subcommand(
+      "make-model",
+      "Write a named model shape with deterministic random weights as a Hugging Face Llama "
+      "checkpoint (config.json + model.safetensors) that this engine and others load");
+  cmd->add_option("--shape", o->shape, "Shape name (--list shows them)");
+  cmd->add_option("--out", o->out, "Output directory (created when missing)");
+  cmd->add_option("--dtype", o->dtype, "Weight type: bf16, f16 or f32")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Layers to build (0 = the shape's default)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+  cmd->add_flag("--list", o->list, "List the shapes");
+  add_threads_option(cmd, o->threads);
+  cmd->callback([o]() { run_make_model(*o); });
+}
+
+}  // namespace vq::cli
