@@ -16,6 +16,7 @@ void add_demo_command(CLI::App& app);
 void add_bench_command(CLI::App& app, int argc, const char* const* argv);
 void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_convert_command(CLI::App& app);
 
 // Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
 // the flag.

@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   vq::cli::add_bench_command(app, argc, argv);
   vq::cli::add_generate_command(app);
   vq::cli::add_eval_command(app);
+  vq::cli::add_convert_command(app);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

@@ -1,0 +1,85 @@
+// vq_crosscheck: the VeloxQuant side of scripts/crosscheck_llamacpp.sh, with the same modes and
+// output as llamacpp_driver.c so the script can diff them line by line:
+//   vq_crosscheck tokenize MODEL TEXT_FILE       ids of the text (the model's tokenizer, BOS added)
+//   vq_crosscheck greedy   MODEL STEPS [KV]      BOS, then argmax until STEPS positions or EOS
+//   vq_crosscheck nll      MODEL TEXT_FILE N [KV] per-token -ln p(next) of the first N tokens,
+//                                                then "mean M over P predictions"
+// KV is the full cache's storage: f32 (default) or f16.
+#include <cstdio>
+#include <string>
+
+#include "engine/evaluate.h"
+#include "engine/mapped_file.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "engine/transformer.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/config.h"
+#include "veloxquant/errors.h"
+
+namespace {
+
+vq::CacheConfig full_cache(const char* kv) {
+  return vq::CacheConfig::parse(std::string("full:kv_dtype=") + kv);
+}
+
+int run(int argc, char** argv) {
+  const std::string mode = argv[1];
+  const vq::engine::Model model = vq::engine::Model::load(argv[2]);
+  const auto tokenizer = vq::engine::load_tokenizer("", model);
+  if (mode == "tokenize" && argc >= 4) {
+    const std::string text = vq::engine::read_text_file(argv[3]);
+    for (const std::int32_t id : tokenizer->encode(text, true)) std::printf("%d\n", id);
+    return 0;
+  }
+  if (mode == "greedy" && argc >= 4) {
+    const std::int64_t steps = std::stoll(argv[3]);
+    const vq::CacheConfig method = full_cache(argc >= 5 ? argv[4] : "f32");
+    const auto& c = model.config();
+    vq::engine::Transformer tf(model);
+    vq::ModelCache cache = vq::KVCacheBuilder::for_model(
+        method, vq::ModelShape{c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads});
+    std::int32_t tok = c.bos_id;
+    std::printf("%d\n", tok);
+    for (std::int64_t pos = 0; pos + 1 < steps; ++pos) {
+      const float* logits = tf.forward(&tok, 1, cache, vq::engine::Logits::kLast);
+      std::int32_t best = 0;
+      for (std::int32_t v = 1; v < c.vocab_size; ++v) best = logits[v] > logits[best] ? v : best;
+      tok = best;
+      std::printf("%d\n", tok);
+      if (tok == c.eos_id) break;
+    }
+    return 0;
+  }
+  if (mode == "nll" && argc >= 5) {
+    const std::string text = vq::engine::read_text_file(argv[3]);
+    const auto ids = vq::engine::encode_first(*tokenizer, text, std::stoll(argv[4]), true);
+    const vq::engine::ForcedRun r =
+        vq::engine::run_forced(model, ids, full_cache(argc >= 6 ? argv[5] : "f32"));
+    double total = 0;
+    for (const double x : r.nll) {
+      std::printf("%.9f\n", x);
+      total += x;
+    }
+    std::printf("mean %.9f over %zu predictions\n", total / static_cast<double>(r.nll.size()),
+                r.nll.size());
+    return 0;
+  }
+  std::fprintf(stderr, "vq_crosscheck: unknown mode or missing arguments (see the source)\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: vq_crosscheck tokenize|greedy|nll MODEL ...\n");
+    return 2;
+  }
+  try {
+    return run(argc, argv);
+  } catch (const vq::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
