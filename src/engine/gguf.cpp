@@ -12,19 +12,32 @@ namespace vq::engine {
 
 const char* to_string(GgufType type) noexcept {
   switch (type) {
-    case GgufType::kU8: return "uint8";
-    case GgufType::kI8: return "int8";
-    case GgufType::kU16: return "uint16";
-    case GgufType::kI16: return "int16";
-    case GgufType::kU32: return "uint32";
-    case GgufType::kI32: return "int32";
-    case GgufType::kF32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kU64: return "uint64";
-    case GgufType::kI64: return "int64";
-    case GgufType::kF64: return "float64";
+    case GgufType::kU8:
+      return "uint8";
+    case GgufType::kI8:
+      return "int8";
+    case GgufType::kU16:
+      return "uint16";
+    case GgufType::kI16:
+      return "int16";
+    case GgufType::kU32:
+      return "uint32";
+    case GgufType::kI32:
+      return "int32";
+    case GgufType::kF32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kU64:
+      return "uint64";
+    case GgufType::kI64:
+      return "int64";
+    case GgufType::kF64:
+      return "float64";
   }
   return "unknown";
 }
@@ -38,8 +51,10 @@ bool GgufValue::is_integer() const noexcept {
     case GgufType::kU32:
     case GgufType::kI32:
     case GgufType::kU64:
-    case GgufType::kI64: return true;
-    default: return false;
+    case GgufType::kI64:
+      return true;
+    default:
+      return false;
   }
 }
 bool GgufValue::is_float() const noexcept {
@@ -141,8 +156,9 @@ class GgufParser {
     at_ = 4;
     g.version_ = u32("the version");
     if (g.version_ == 1) {
-      fail("GGUF version 1 is not supported (32-bit counts; re-convert the model); expected "
-           "version 2 or 3");
+      fail(
+          "GGUF version 1 is not supported (32-bit counts; re-convert the model); expected "
+          "version 2 or 3");
     }
     if (g.version_ != 2 && g.version_ != 3) {
       fail("unknown GGUF version: expected 2 or 3, found " + std::to_string(g.version_) +
@@ -229,10 +245,10 @@ class GgufParser {
     for (GgufTensor& t : g.tensors_) {
       const auto bytes = static_cast<std::uint64_t>(t.n_bytes);
       if (t.offset > data_size || bytes > data_size - t.offset) {
-        fail("tensor '" + t.name + "' (" + type_info(t.type).name + " " + t.shape_text() +
-             ", " + std::to_string(bytes) + " bytes at data offset " + std::to_string(t.offset) +
-             ") ends past the end of the file: the data section has " +
-             std::to_string(data_size) + " bytes");
+        fail("tensor '" + t.name + "' (" + type_info(t.type).name + " " + t.shape_text() + ", " +
+             std::to_string(bytes) + " bytes at data offset " + std::to_string(t.offset) +
+             ") ends past the end of the file: the data section has " + std::to_string(data_size) +
+             " bytes");
       }
       t.data = p_ + g.data_offset_ + t.offset;
       by_offset.push_back(&t);
@@ -244,8 +260,8 @@ class GgufParser {
       const GgufTensor& b = *by_offset[k];
       if (a.offset + static_cast<std::uint64_t>(a.n_bytes) > b.offset) {
         fail("tensors '" + a.name + "' (data offsets " + std::to_string(a.offset) + " to " +
-             std::to_string(a.offset + static_cast<std::uint64_t>(a.n_bytes)) + ") and '" +
-             b.name + "' (from " + std::to_string(b.offset) + ") overlap");
+             std::to_string(a.offset + static_cast<std::uint64_t>(a.n_bytes)) + ") and '" + b.name +
+             "' (from " + std::to_string(b.offset) + ") overlap");
       }
     }
     return g;
@@ -307,50 +323,75 @@ class GgufParser {
     switch (static_cast<GgufType>(type)) {
       case GgufType::kU8:
       case GgufType::kI8:
-      case GgufType::kBool: return 1;
+      case GgufType::kBool:
+        return 1;
       case GgufType::kU16:
-      case GgufType::kI16: return 2;
+      case GgufType::kI16:
+        return 2;
       case GgufType::kU32:
       case GgufType::kI32:
-      case GgufType::kF32: return 4;
+      case GgufType::kF32:
+        return 4;
       case GgufType::kU64:
       case GgufType::kI64:
       case GgufType::kF64:
-      case GgufType::kString: return 8;
-      case GgufType::kArray: return 12;
+      case GgufType::kString:
+        return 8;
+      case GgufType::kArray:
+        return 12;
     }
     return 1;
   }
 
   GgufValue value(std::uint32_t type, const std::string& what, int depth) {
     if (type > static_cast<std::uint32_t>(GgufType::kF64)) {
-      fail("unknown value type " + std::to_string(type) + " for " + what +
-           " at offset " + std::to_string(at_ - 4) + " (expected 0 to 12)");
+      fail("unknown value type " + std::to_string(type) + " for " + what + " at offset " +
+           std::to_string(at_ - 4) + " (expected 0 to 12)");
     }
     GgufValue v;
     v.type = static_cast<GgufType>(type);
     switch (v.type) {
-      case GgufType::kU8: v.i = read<std::uint8_t>(what); break;
-      case GgufType::kI8: v.i = read<std::int8_t>(what); break;
-      case GgufType::kU16: v.i = read<std::uint16_t>(what); break;
-      case GgufType::kI16: v.i = read<std::int16_t>(what); break;
-      case GgufType::kU32: v.i = read<std::uint32_t>(what); break;
-      case GgufType::kI32: v.i = read<std::int32_t>(what); break;
-      case GgufType::kI64: v.i = read<std::int64_t>(what); break;
+      case GgufType::kU8:
+        v.i = read<std::uint8_t>(what);
+        break;
+      case GgufType::kI8:
+        v.i = read<std::int8_t>(what);
+        break;
+      case GgufType::kU16:
+        v.i = read<std::uint16_t>(what);
+        break;
+      case GgufType::kI16:
+        v.i = read<std::int16_t>(what);
+        break;
+      case GgufType::kU32:
+        v.i = read<std::uint32_t>(what);
+        break;
+      case GgufType::kI32:
+        v.i = read<std::int32_t>(what);
+        break;
+      case GgufType::kI64:
+        v.i = read<std::int64_t>(what);
+        break;
       case GgufType::kU64:
         v.u = read<std::uint64_t>(what);
         v.i = v.u > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MAX
                                                           : static_cast<std::int64_t>(v.u);
         break;
-      case GgufType::kF32: v.f = read<float>(what); break;
-      case GgufType::kF64: v.f = read<double>(what); break;
+      case GgufType::kF32:
+        v.f = read<float>(what);
+        break;
+      case GgufType::kF64:
+        v.f = read<double>(what);
+        break;
       case GgufType::kBool: {
         const auto b = read<std::uint8_t>(what);
         if (b > 1) fail(what + " is a bool but holds " + std::to_string(b) + " (expected 0 or 1)");
         v.i = b;
         break;
       }
-      case GgufType::kString: v.s = str(what); break;
+      case GgufType::kString:
+        v.s = str(what);
+        break;
       case GgufType::kArray: {
         if (depth >= 4) fail(what + " nests arrays more than 4 deep");
         const std::uint32_t elem = u32("the element type of " + what);
@@ -475,9 +516,9 @@ const GgufValue& GgufFile::get_array(const std::string& key, const char* elem_ki
   const std::string kind = elem_kind;
   GgufValue probe;
   probe.type = v->elem;
-  const bool ok = v->array_size() == 0 ||
-                  (kind == "string" && v->elem == GgufType::kString) ||
-                  (kind == "integer" && probe.is_integer()) || (kind == "float" && probe.is_float());
+  const bool ok = v->array_size() == 0 || (kind == "string" && v->elem == GgufType::kString) ||
+                  (kind == "integer" && probe.is_integer()) ||
+                  (kind == "float" && probe.is_float());
   if (!ok) wrong(path_, key, what.c_str(), *v);
   return *v;
 }

@@ -48,11 +48,16 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 // llama.cpp's general.file_type for a model stored mostly as `type`.
 std::uint32_t file_type(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: return 0;
-    case GgmlType::kF16: return 1;
-    case GgmlType::kQ8_0: return 7;
-    case GgmlType::kBF16: return 32;
-    default: return 0;
+    case GgmlType::kF32:
+      return 0;
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
@@ -112,7 +117,8 @@ void add_llama2c_vocab(GgufWriter& w, const std::string& path, std::int64_t voca
     } else if (is_byte_piece(piece)) {
       type = kByte;
     }
-    if (!std::isfinite(score)) file_error(path, "the score of piece " + std::to_string(id) + " is not finite");
+    if (!std::isfinite(score))
+      file_error(path, "the score of piece " + std::to_string(id) + " is not finite");
     tokens.push_back(type == kNormal ? replace_all(piece, " ", kSpace) : piece);
     scores.push_back(score);
     types.push_back(type);
@@ -154,12 +160,14 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
     }
     std::vector<std::string> tokens(static_cast<std::size_t>(vocab_size));
     std::vector<std::int32_t> types(static_cast<std::size_t>(vocab_size), kUnused);
-    for (std::int64_t id = 0; id < vocab_size; ++id) tokens[static_cast<std::size_t>(id)] = "[PAD" + std::to_string(id) + "]";
+    for (std::int64_t id = 0; id < vocab_size; ++id)
+      tokens[static_cast<std::size_t>(id)] = "[PAD" + std::to_string(id) + "]";
     std::map<std::string, std::int64_t> ids;
     auto put = [&](const std::string& text, std::int64_t id, std::int32_t type) {
       if (id < 0 || id >= vocab_size) {
         file_error(path, "token '" + text + "' has id " + std::to_string(id) +
-                             ", outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+                             ", outside the model's vocabulary [0, " + std::to_string(vocab_size) +
+                             ")");
       }
       tokens[static_cast<std::size_t>(id)] = text;
       types[static_cast<std::size_t>(id)] = type;
@@ -168,7 +176,9 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
     for (const auto& [text, id] : m.at("vocab").items()) {
       put(text, id.get<std::int64_t>(), is_byte_piece(text) ? kByte : kNormal);
     }
-    const std::string unk = m.contains("unk_token") && m["unk_token"].is_string() ? m["unk_token"].get<std::string>() : "";
+    const std::string unk = m.contains("unk_token") && m["unk_token"].is_string()
+                                ? m["unk_token"].get<std::string>()
+                                : "";
     if (!unk.empty() && ids.count(unk)) types[static_cast<std::size_t>(ids[unk])] = kUnknown;
     for (const json& a : j.value("added_tokens", json::array())) {
       put(a.at("content").get<std::string>(), a.at("id").get<std::int64_t>(),
@@ -176,8 +186,9 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
     }
     std::vector<std::string> merges;
     for (const json& mg : m.value("merges", json::array())) {
-      merges.push_back(mg.is_string() ? mg.get<std::string>()
-                                      : mg.at(0).get<std::string>() + " " + mg.at(1).get<std::string>());
+      merges.push_back(mg.is_string()
+                           ? mg.get<std::string>()
+                           : mg.at(0).get<std::string>() + " " + mg.at(1).get<std::string>());
     }
     // Byte-level when a ByteLevel pre-tokenizer appears (alone or in a Sequence).
     bool byte_level = false;
@@ -204,8 +215,10 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
                  split_regex.find("\\p{N}| ?") != std::string::npos) {
         pre = "qwen2";
       } else if (!split_regex.empty()) {
-        file_error(path, "the pre_tokenizer's Split regex is not one llama.cpp names (expected "
-                         "Llama 3's or Qwen2's): " + split_regex);
+        file_error(path,
+                   "the pre_tokenizer's Split regex is not one llama.cpp names (expected "
+                   "Llama 3's or Qwen2's): " +
+                       split_regex);
       }
       w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
       w.set("tokenizer.ggml.pre", GgufValue::str(pre));
@@ -218,7 +231,8 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
       std::vector<bool> scored(static_cast<std::size_t>(vocab_size), false);
       for (std::size_t r = 0; r < merges.size(); ++r) {
         const std::size_t sp = merges[r].find(' ');
-        if (sp == std::string::npos) file_error(path, "merge " + std::to_string(r) + " '" + merges[r] + "' has no space");
+        if (sp == std::string::npos)
+          file_error(path, "merge " + std::to_string(r) + " '" + merges[r] + "' has no space");
         const auto it = ids.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
         if (it == ids.end()) continue;
         const auto id = static_cast<std::size_t>(it->second);
@@ -227,31 +241,52 @@ std::string add_hf_vocab(GgufWriter& w, const std::string& path, std::int64_t vo
           scored[id] = true;
         }
       }
+      // SentencePiece's dummy prefix: a Prepend("▁") normalizer, or a Metaspace pre-tokenizer
+      // that prepends.
+      bool space_prefix = false;
+      std::function<void(const json&)> scan_norm = [&](const json& n) {
+        if (!n.is_object()) return;
+        const std::string type = n.value("type", std::string());
+        if (type == "Prepend" && n.value("prepend", std::string()) == kSpace) space_prefix = true;
+        if (type == "Sequence") {
+          for (const json& q : n.value("normalizers", json::array())) scan_norm(q);
+        }
+      };
+      if (j.contains("normalizer")) scan_norm(j["normalizer"]);
+      if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() &&
+          j["pre_tokenizer"].value("type", std::string()) == "Metaspace") {
+        const json& p = j["pre_tokenizer"];
+        space_prefix = p.value("prepend_scheme", std::string("always")) != "never" &&
+                       p.value("add_prefix_space", true);
+      }
       w.set("tokenizer.ggml.model", GgufValue::str("llama"));
+      w.set("tokenizer.ggml.add_space_prefix", GgufValue::boolean(space_prefix));
       w.set("tokenizer.ggml.tokens", GgufValue::string_array(std::move(tokens)));
       w.set("tokenizer.ggml.scores", GgufValue::f32_array(scores));
       w.set("tokenizer.ggml.token_type", GgufValue::i32_array(types));
       if (!unk.empty() && ids.count(unk)) {
-        w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<std::uint32_t>(ids[unk])));
+        w.set("tokenizer.ggml.unknown_token_id",
+              GgufValue::u32(static_cast<std::uint32_t>(ids[unk])));
       }
     }
-    if (bos_id >= 0) w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<std::uint32_t>(bos_id)));
-    if (eos_id >= 0) w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<std::uint32_t>(eos_id)));
+    if (bos_id >= 0)
+      w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<std::uint32_t>(bos_id)));
+    if (eos_id >= 0)
+      w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<std::uint32_t>(eos_id)));
     return model;
   } catch (const json::exception& e) {
     file_error(path, std::string("malformed tokenizer.json: ") + e.what());
   }
 }
 
-ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_path,
-                              GgmlType type, const std::string& out_path) {
+ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_path, GgmlType type,
+                              const std::string& out_path) {
   const ModelConfig& c = model.config();
   const Weights& wt = model.weights();
   GgufWriter w;
   ConvertReport report;
   w.set("general.architecture", GgufValue::str("llama"));
-  w.set("general.name",
-        GgufValue::str(std::filesystem::path(model.path()).stem().string()));
+  w.set("general.name", GgufValue::str(std::filesystem::path(model.path()).stem().string()));
   w.set("general.file_type", GgufValue::u32(file_type(type)));
   w.set("llama.context_length", GgufValue::u32(static_cast<std::uint32_t>(c.seq_len)));
   w.set("llama.embedding_length", GgufValue::u32(static_cast<std::uint32_t>(c.dim)));
@@ -274,8 +309,10 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
     file_error(model.path(), "is already GGUF; converting GGUF to GGUF is not supported");
   }
   if (json_tok) {
-    report.vocab_model = add_hf_vocab(w, tok, c.vocab_size, load_hf_tokenizer(tok)->bos_id(), c.eos_id);
-    w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(load_hf_tokenizer(tok)->bos_id() >= 0));
+    report.vocab_model =
+        add_hf_vocab(w, tok, c.vocab_size, load_hf_tokenizer(tok)->bos_id(), c.eos_id);
+    w.set("tokenizer.ggml.add_bos_token",
+          GgufValue::boolean(load_hf_tokenizer(tok)->bos_id() >= 0));
   } else {
     add_llama2c_vocab(w, tok, c.vocab_size);
     report.vocab_model = "llama";
@@ -298,8 +335,10 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
     const LayerWeights& l = wt.layers[static_cast<std::size_t>(i)];
     w.add_tensor(p + "attn_norm.weight", {dim}, GgmlType::kF32, l.attn_norm);
     if (permute) {
-      matrix(p + "attn_q.weight", rotate_half_to_interleaved(l.wq, c.n_heads, c.head_dim, dim).data(), qd, dim);
-      matrix(p + "attn_k.weight", rotate_half_to_interleaved(l.wk, c.n_kv_heads, c.head_dim, dim).data(), kvd, dim);
+      matrix(p + "attn_q.weight",
+             rotate_half_to_interleaved(l.wq, c.n_heads, c.head_dim, dim).data(), qd, dim);
+      matrix(p + "attn_k.weight",
+             rotate_half_to_interleaved(l.wk, c.n_kv_heads, c.head_dim, dim).data(), kvd, dim);
     } else {
       matrix(p + "attn_q.weight", l.wq, qd, dim);
       matrix(p + "attn_k.weight", l.wk, kvd, dim);

@@ -16,8 +16,8 @@ class Model;
 struct ConvertReport {
   std::int64_t n_tensors = 0;
   std::int64_t file_bytes = 0;
-  std::string vocab_model;                 // tokenizer.ggml.model written: "llama" or "gpt2"
-  std::vector<std::string> kept_as_f32;    // matrices whose rows do not fit the block size
+  std::string vocab_model;               // tokenizer.ggml.model written: "llama" or "gpt2"
+  std::vector<std::string> kept_as_f32;  // matrices whose rows do not fit the block size
 };
 
 // Converts `model` with its tokenizer (`tokenizer_path`; "" = the default next to the model)
@@ -26,8 +26,8 @@ struct ConvertReport {
 // back) and 1-D norms as F32. Rotate-half (Hugging Face) q/k rows are permuted to llama.cpp's
 // interleaved pairs. The file is written atomically (see GgufWriter::write).
 // Throws Error(kFileError) for an unusable tokenizer, Error(kIoError) when writing fails.
-ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_path,
-                              GgmlType type, const std::string& out_path);
+ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_path, GgmlType type,
+                              const std::string& out_path);
 
 // Tokenizer metadata (tokenizer.ggml.*) for `vocab_size` ids:
 //  - from a llama2.c tokenizer.bin: model "llama", pieces with ' ' written as U+2581,
@@ -35,8 +35,8 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
 //    "<0xNN>"), add_bos_token true;
 //  - from a Hugging Face tokenizer.json: see gguf_convert.cpp. Returns the model name written.
 void add_llama2c_vocab(GgufWriter& w, const std::string& tokenizer_bin, std::int64_t vocab_size);
-std::string add_hf_vocab(GgufWriter& w, const std::string& tokenizer_json,
-                         std::int64_t vocab_size, std::int32_t bos_id, std::int32_t eos_id);
+std::string add_hf_vocab(GgufWriter& w, const std::string& tokenizer_json, std::int64_t vocab_size,
+                         std::int32_t bos_id, std::int32_t eos_id);
 
 // The permutation llama.cpp's converter applies to HF q/k weights: within each head of
 // `head_dim` rows, interleaved row 2i + j takes rotate-half row j * head_dim/2 + i.

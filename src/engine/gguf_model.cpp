@@ -83,15 +83,14 @@ Model Model::load_gguf(const std::string& path) {
   }
   const std::int64_t value_length = g.get_int_or(a + "attention.value_length", c.head_dim);
   if (value_length != c.head_dim) {
-    file_error(path, "metadata '" + a + "attention.value_length' (" +
-                         std::to_string(value_length) + ") must equal the key length (" +
-                         std::to_string(c.head_dim) + ")");
+    file_error(path, "metadata '" + a + "attention.value_length' (" + std::to_string(value_length) +
+                         ") must equal the key length (" + std::to_string(c.head_dim) + ")");
   }
   const GgufTensor* embed = g.find_tensor("token_embd.weight");
   if (!embed) file_error(path, "missing tensor 'token_embd.weight'");
   if (embed->dims.size() != 2) {
-    file_error(path, "tensor 'token_embd.weight' must be 2-D [dim, vocab], found " +
-                         embed->shape_text());
+    file_error(path,
+               "tensor 'token_embd.weight' must be 2-D [dim, vocab], found " + embed->shape_text());
   }
   c.vocab_size = g.get_int_or(a + "vocab_size", embed->dims[1]);
   validate_shape(path, c, key_field);
@@ -110,12 +109,14 @@ Model Model::load_gguf(const std::string& path) {
   const double eps = g.get_float(a + "attention.layer_norm_rms_epsilon");
   const double theta = g.get_float_or(a + "rope.freq_base", 10000.0);
   if (!(eps > 0 && eps < 1)) {
-    file_error(path, "metadata '" + a + "attention.layer_norm_rms_epsilon' must be in (0, 1), "
-                     "found " + std::to_string(eps));
+    file_error(path, "metadata '" + a +
+                         "attention.layer_norm_rms_epsilon' must be in (0, 1), "
+                         "found " +
+                         std::to_string(eps));
   }
   if (!(theta > 1)) {
-    file_error(path, "metadata '" + a + "rope.freq_base' must be > 1, found " +
-                         std::to_string(theta));
+    file_error(path,
+               "metadata '" + a + "rope.freq_base' must be > 1, found " + std::to_string(theta));
   }
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
@@ -130,8 +131,8 @@ Model Model::load_gguf(const std::string& path) {
   }
   for (const GgufTensor& t : g.tensors()) {
     if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0) {
-      file_error(path, "tensor '" + t.name + "': biases are not supported by this engine (" +
-                           arch + " models with attention biases cannot run here)");
+      file_error(path, "tensor '" + t.name + "': biases are not supported by this engine (" + arch +
+                           " models with attention biases cannot run here)");
     }
   }
 

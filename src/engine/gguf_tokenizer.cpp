@@ -5,17 +5,19 @@
 //    non-empty (tokenizer.ggml.add_space_prefix, default true); every ' ' becomes U+2581;
 //  - one symbol per UTF-8 character; repeatedly merge the adjacent pair whose concatenation is
 //    a token with the highest score (leftmost on ties); a final symbol that is not a token is
-//    written as its bytes' "<0xNN>" tokens (or the unknown token when those are absent);
+//    written as its bytes' "<0xNN>" tokens (or, when the vocabulary lacks them, as one unknown
+//    token: llama.cpp aborts there);
 //  - the text is taken literally (special-token text is not parsed).
 //  - decode: U+2581 becomes ' ', "<0xNN>" is the byte, control tokens print nothing; the space
 //    prefix is dropped after BOS.
 // Where several ids share a text, the last id wins, as in llama.cpp's vocabulary map.
 // Model "gpt2" (byte-level BPE): see gguf_bpe_tokenizer.cpp.
+#include "engine/gguf_tokenizer.h"
+
 #include <queue>
 #include <unordered_map>
 
 #include "engine/gguf.h"
-#include "engine/gguf_tokenizer.h"
 #include "engine/model_builder.h"
 
 namespace vq::engine {
@@ -65,7 +67,8 @@ class SpmTokenizer final : public Tokenizer {
     };
     std::vector<Sym> syms;
     for (std::size_t i = 0; i < text.size();) {
-      const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
+      const std::size_t n =
+          std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
       syms.push_back({i, n, static_cast<std::int64_t>(syms.size()) - 1,
                       static_cast<std::int64_t>(syms.size()) + 1});
       i += n;
@@ -110,17 +113,20 @@ class SpmTokenizer final : public Tokenizer {
         ids.push_back(it->second);
         continue;
       }
+      bool bytes = true;
       for (std::size_t k = 0; k < s.len; ++k) {
-        const std::int32_t id = byte_ids_[static_cast<unsigned char>(text[s.start + k])];
-        if (id >= 0) {
-          ids.push_back(id);
-        } else if (v_.unk_id >= 0) {
-          ids.push_back(v_.unk_id);
-        } else {
-          file_error(path_, "cannot encode byte " + std::to_string(static_cast<unsigned char>(
-                                                        text[s.start + k])) +
-                                ": no '<0xNN>' byte token and no unknown token");
+        bytes = bytes && byte_ids_[static_cast<unsigned char>(text[s.start + k])] >= 0;
+      }
+      if (bytes) {
+        for (std::size_t k = 0; k < s.len; ++k) {
+          ids.push_back(byte_ids_[static_cast<unsigned char>(text[s.start + k])]);
         }
+      } else if (v_.unk_id >= 0) {
+        ids.push_back(v_.unk_id);  // one per character (llama.cpp itself aborts here)
+      } else {
+        file_error(path_, "cannot encode '" + text.substr(s.start, s.len) +
+                              "': it is not a token, the vocabulary has no '<0xNN>' byte tokens "
+                              "for it and no unknown token");
       }
     }
     return ids;

@@ -18,9 +18,9 @@ struct GgufVocab {
   std::string model;  // "llama", "gpt2", ...
   std::string pre;    // tokenizer.ggml.pre ("default" when absent)
   std::vector<std::string> tokens;
-  std::vector<float> scores;         // empty when absent
-  std::vector<std::int32_t> types;   // llama.cpp token types; empty when absent
-  std::vector<std::string> merges;   // "left right", by rank
+  std::vector<float> scores;        // empty when absent
+  std::vector<std::int32_t> types;  // llama.cpp token types; empty when absent
+  std::vector<std::string> merges;  // "left right", by rank
   std::int32_t bos_id = -1, eos_id = -1, unk_id = -1;
   bool add_bos = false, add_eos = false;
 };

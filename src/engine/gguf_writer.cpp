@@ -26,23 +26,43 @@ void put_string(std::ostream& out, const std::string& s) {
 
 void put_scalar(std::ostream& out, GgufType type, const GgufValue& v, std::int64_t i, double f) {
   switch (type) {
-    case GgufType::kU8: put<std::uint8_t>(out, static_cast<std::uint8_t>(i)); break;
-    case GgufType::kI8: put<std::int8_t>(out, static_cast<std::int8_t>(i)); break;
-    case GgufType::kU16: put<std::uint16_t>(out, static_cast<std::uint16_t>(i)); break;
-    case GgufType::kI16: put<std::int16_t>(out, static_cast<std::int16_t>(i)); break;
-    case GgufType::kU32: put<std::uint32_t>(out, static_cast<std::uint32_t>(i)); break;
-    case GgufType::kI32: put<std::int32_t>(out, static_cast<std::int32_t>(i)); break;
-    case GgufType::kU64:
-      put<std::uint64_t>(out, v.u > static_cast<std::uint64_t>(INT64_MAX)
-                                  ? v.u
-                                  : static_cast<std::uint64_t>(i));
+    case GgufType::kU8:
+      put<std::uint8_t>(out, static_cast<std::uint8_t>(i));
       break;
-    case GgufType::kI64: put<std::int64_t>(out, i); break;
-    case GgufType::kF32: put<float>(out, static_cast<float>(f)); break;
-    case GgufType::kF64: put<double>(out, f); break;
-    case GgufType::kBool: put<std::uint8_t>(out, i ? 1 : 0); break;
+    case GgufType::kI8:
+      put<std::int8_t>(out, static_cast<std::int8_t>(i));
+      break;
+    case GgufType::kU16:
+      put<std::uint16_t>(out, static_cast<std::uint16_t>(i));
+      break;
+    case GgufType::kI16:
+      put<std::int16_t>(out, static_cast<std::int16_t>(i));
+      break;
+    case GgufType::kU32:
+      put<std::uint32_t>(out, static_cast<std::uint32_t>(i));
+      break;
+    case GgufType::kI32:
+      put<std::int32_t>(out, static_cast<std::int32_t>(i));
+      break;
+    case GgufType::kU64:
+      put<std::uint64_t>(
+          out, v.u > static_cast<std::uint64_t>(INT64_MAX) ? v.u : static_cast<std::uint64_t>(i));
+      break;
+    case GgufType::kI64:
+      put<std::int64_t>(out, i);
+      break;
+    case GgufType::kF32:
+      put<float>(out, static_cast<float>(f));
+      break;
+    case GgufType::kF64:
+      put<double>(out, f);
+      break;
+    case GgufType::kBool:
+      put<std::uint8_t>(out, i ? 1 : 0);
+      break;
     case GgufType::kString:
-    case GgufType::kArray: break;
+    case GgufType::kArray:
+      break;
   }
 }
 
@@ -55,10 +75,7 @@ void put_value(std::ostream& out, const GgufValue& v) {
     for (const std::string& s : v.strings) put_string(out, s);
     for (const std::int64_t i : v.ints) put_scalar(out, v.elem, v, i, 0.0);
     for (const double f : v.floats) put_scalar(out, v.elem, v, 0, f);
-    for (const GgufValue& item : v.items) {
-      put<std::uint32_t>(out, static_cast<std::uint32_t>(item.type));
-      put_value(out, item);
-    }
+    for (const GgufValue& item : v.items) put_value(out, item);  // arrays: elem type, count, ...
   } else {
     put_scalar(out, v.type, v, v.i, v.f);
   }
@@ -83,16 +100,16 @@ void GgufWriter::set(const std::string& key, GgufValue value) {
   kv_.emplace_back(key, std::move(value));
 }
 
-void GgufWriter::add_tensor(const std::string& name, std::vector<std::int64_t> dims,
-                            GgmlType type, const float* values) {
+void GgufWriter::add_tensor(const std::string& name, std::vector<std::int64_t> dims, GgmlType type,
+                            const float* values) {
   std::int64_t n = 1;
   for (const std::int64_t d : dims) n *= d;
   if (dims.empty() || dims[0] % type_info(type).block_size != 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "[gguf] tensor '" + name + "': rows of " +
-                    std::to_string(dims.empty() ? 0 : dims[0]) + " values cannot be stored as " +
-                    type_info(type).name + " (blocks of " +
-                    std::to_string(type_info(type).block_size) + ")");
+    throw Error(ErrorCode::kInvalidArgument, "[gguf] tensor '" + name + "': rows of " +
+                                                 std::to_string(dims.empty() ? 0 : dims[0]) +
+                                                 " values cannot be stored as " +
+                                                 type_info(type).name + " (blocks of " +
+                                                 std::to_string(type_info(type).block_size) + ")");
   }
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(type_bytes(type, n)));
   quantize(type, values, bytes.data(), n);

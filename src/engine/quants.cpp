@@ -38,7 +38,8 @@ void q4k_scale_min(int j, const std::uint8_t* s, std::uint8_t* sc, std::uint8_t*
 void dequant_q8_0(const std::uint8_t* src, float* dst, std::int64_t n) noexcept {
   for (std::int64_t b = 0; b < n / kQK; ++b, src += 34, dst += kQK) {
     const float d = load_half(src);
-    for (int j = 0; j < kQK; ++j) dst[j] = static_cast<float>(static_cast<std::int8_t>(src[2 + j])) * d;
+    for (int j = 0; j < kQK; ++j)
+      dst[j] = static_cast<float>(static_cast<std::int8_t>(src[2 + j])) * d;
   }
 }
 
@@ -110,14 +111,22 @@ void quant_q8_0(const float* src, std::uint8_t* dst, std::int64_t n) noexcept {
 
 std::optional<GgmlType> ggml_type_from_id(std::uint32_t id) noexcept {
   switch (id) {
-    case 0: return GgmlType::kF32;
-    case 1: return GgmlType::kF16;
-    case 2: return GgmlType::kQ4_0;
-    case 8: return GgmlType::kQ8_0;
-    case 12: return GgmlType::kQ4_K;
-    case 14: return GgmlType::kQ6_K;
-    case 30: return GgmlType::kBF16;
-    default: return std::nullopt;
+    case 0:
+      return GgmlType::kF32;
+    case 1:
+      return GgmlType::kF16;
+    case 2:
+      return GgmlType::kQ4_0;
+    case 8:
+      return GgmlType::kQ8_0;
+    case 12:
+      return GgmlType::kQ4_K;
+    case 14:
+      return GgmlType::kQ6_K;
+    case 30:
+      return GgmlType::kBF16;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -125,23 +134,30 @@ const GgmlTypeInfo& type_info(GgmlType type) noexcept {
   static const GgmlTypeInfo f32{"F32", 1, 4}, f16{"F16", 1, 2}, bf16{"BF16", 1, 2},
       q8_0{"Q8_0", 32, 34}, q4_0{"Q4_0", 32, 18}, q4_k{"Q4_K", 256, 144}, q6_k{"Q6_K", 256, 210};
   switch (type) {
-    case GgmlType::kF32: return f32;
-    case GgmlType::kF16: return f16;
-    case GgmlType::kBF16: return bf16;
-    case GgmlType::kQ8_0: return q8_0;
-    case GgmlType::kQ4_0: return q4_0;
-    case GgmlType::kQ4_K: return q4_k;
-    case GgmlType::kQ6_K: return q6_k;
+    case GgmlType::kF32:
+      return f32;
+    case GgmlType::kF16:
+      return f16;
+    case GgmlType::kBF16:
+      return bf16;
+    case GgmlType::kQ8_0:
+      return q8_0;
+    case GgmlType::kQ4_0:
+      return q4_0;
+    case GgmlType::kQ4_K:
+      return q4_k;
+    case GgmlType::kQ6_K:
+      return q6_k;
   }
   return f32;
 }
 
 std::string ggml_type_name(std::uint32_t id) {
   static const char* const names[] = {
-      "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",   "Q5_0",  "Q5_1",
-      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",   "Q6_K",  "Q8_K",
-      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",  "IQ2_S", "IQ4_XS",
-      "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M",  "BF16"};
+      "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+      "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   if (id < sizeof(names) / sizeof(names[0])) return names[id];
   if (id == 34) return "TQ1_0";
   if (id == 35) return "TQ2_0";
@@ -183,10 +199,14 @@ void dequantize(GgmlType type, const std::uint8_t* src, float* dst, std::int64_t
         dst[i] = bf16_to_float(bits);
       }
       return;
-    case GgmlType::kQ8_0: return dequant_q8_0(src, dst, n);
-    case GgmlType::kQ4_0: return dequant_q4_0(src, dst, n);
-    case GgmlType::kQ4_K: return dequant_q4_k(src, dst, n);
-    case GgmlType::kQ6_K: return dequant_q6_k(src, dst, n);
+    case GgmlType::kQ8_0:
+      return dequant_q8_0(src, dst, n);
+    case GgmlType::kQ4_0:
+      return dequant_q4_0(src, dst, n);
+    case GgmlType::kQ4_K:
+      return dequant_q4_k(src, dst, n);
+    case GgmlType::kQ6_K:
+      return dequant_q6_k(src, dst, n);
   }
 }
 
@@ -201,7 +221,8 @@ void quantize(GgmlType type, const float* src, std::uint8_t* dst, std::int64_t n
     case GgmlType::kBF16:
       for (std::int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, float_to_bf16(src[i]));
       return;
-    case GgmlType::kQ8_0: return quant_q8_0(src, dst, n);
+    case GgmlType::kQ8_0:
+      return quant_q8_0(src, dst, n);
     default:
       throw Error(ErrorCode::kInvalidArgument,
                   std::string("[gguf] quantizing to ") + type_info(type).name +

@@ -11,8 +11,9 @@
 //   Q6_K  256 values in 210 bytes: uint8 ql[128], uint8 qh[64], int8 scales[16], f16 d. Two
 //         halves of 128; in half h, for l < 32 the 6-bit values (low 4 bits from ql, high 2 bits
 //         from qh) of x[l], x[l+32], x[l+64], x[l+96] are
-//           (ql[64h+l] & 15) | (qh[32h+l] & 3) << 4,   (ql[64h+l+32] & 15) | (qh[32h+l] >> 2 & 3) << 4,
-//           (ql[64h+l] >> 4) | (qh[32h+l] >> 4 & 3) << 4, (ql[64h+l+32] >> 4) | (qh[32h+l] >> 6) << 4;
+//           (ql[64h+l] & 15) | (qh[32h+l] & 3) << 4,   (ql[64h+l+32] & 15) | (qh[32h+l] >> 2 & 3)
+//           << 4, (ql[64h+l] >> 4) | (qh[32h+l] >> 4 & 3) << 4, (ql[64h+l+32] >> 4) | (qh[32h+l] >>
+//           6) << 4;
 //         x = d * scales[8h + l/16 + 2k] * (value - 32) for the k-th of those four.
 // Dequantization evaluates in the same order as ggml's reference code, so values match it bit
 // for bit.

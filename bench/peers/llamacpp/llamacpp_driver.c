@@ -2,6 +2,10 @@
  * llama.h and the prebuilt libllama (npm package @node-llama-cpp/linux-x64).
  *
  *   llamacpp_driver tokenize MODEL.gguf TEXT_FILE          ids of the text (BOS per metadata)
+ *   llamacpp_driver tokenize-tests MODEL.gguf INP_FILE     llama.cpp's tokenizer test format:
+ *                                                          tests separated by a line
+ *                                                          "__ggml_vocab_test__"; one line of
+ *                                                          ids per test, no special tokens
  *   llamacpp_driver greedy   MODEL.gguf STEPS [KV]         BOS, then argmax until STEPS
  *                                                          positions or EOS; prints the ids
  *   llamacpp_driver nll      MODEL.gguf TEXT_FILE N [KV]   per-token -ln p(next) of the first N
@@ -40,9 +44,10 @@ static enum ggml_type kv_type(const char* name) {
   exit(1);
 }
 
-static struct llama_model* load_model(const char* path) {
+static struct llama_model* load_model(const char* path, int vocab_only) {
   struct llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
+  mp.vocab_only = vocab_only;
   return llama_model_load_from_file(path, mp);
 }
 
@@ -80,11 +85,17 @@ static char* read_file(const char* path, long* size) {
   return buf;
 }
 
+static int tokenize_ex(const struct llama_vocab* vocab, const char* text, long len,
+                       llama_token** out, int add_special) {
+  int n = -llama_tokenize(vocab, text, (int32_t)len, NULL, 0, add_special, false);
+  if (n < 0) n = -n; /* an empty result returns 0 */
+  *out = malloc(sizeof(llama_token) * (size_t)(n + 1));
+  return llama_tokenize(vocab, text, (int32_t)len, *out, n + 1, add_special, false);
+}
+
 static int tokenize(const struct llama_vocab* vocab, const char* text, long len,
                     llama_token** out) {
-  int n = -llama_tokenize(vocab, text, (int32_t)len, NULL, 0, true, false);
-  *out = malloc(sizeof(llama_token) * (size_t)(n + 1));
-  return llama_tokenize(vocab, text, (int32_t)len, *out, n + 1, true, false);
+  return tokenize_ex(vocab, text, len, out, 1);
 }
 
 static int argmax(const float* x, int n) {
@@ -116,7 +127,8 @@ int main(int argc, char** argv) {
   }
   llama_backend_init();
   const char* mode = argv[1];
-  struct llama_model* model = load_model(argv[2]);
+  const int vocab_only = strncmp(mode, "tokenize", 8) == 0;
+  struct llama_model* model = load_model(argv[2], vocab_only);
   if (!model) return die("cannot load the model");
   const struct llama_vocab* vocab = llama_model_get_vocab(model);
   const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -128,6 +140,27 @@ int main(int argc, char** argv) {
     llama_token* ids = NULL;
     const int n = tokenize(vocab, text, len, &ids);
     for (int i = 0; i < n; ++i) printf("%d\n", ids[i]);
+    return 0;
+  }
+
+  if (strcmp(mode, "tokenize-tests") == 0 && argc >= 4) {
+    long len = 0;
+    char* text = read_file(argv[3], &len);
+    if (!text) return die("cannot read the test file");
+    const char* sep = "\n__ggml_vocab_test__\n";
+    const size_t sep_len = strlen(sep);
+    char* at = text;
+    while (at < text + len) {
+      char* next = strstr(at, sep);
+      const long n_bytes = next ? (long)(next - at) : (long)(text + len - at);
+      llama_token* ids = NULL;
+      const int n = tokenize_ex(vocab, at, n_bytes, &ids, 0);
+      for (int i = 0; i < n; ++i) printf(" %d", ids[i]);
+      printf("\n");
+      free(ids);
+      if (!next) break;
+      at = next + sep_len;
+    }
     return 0;
   }
 

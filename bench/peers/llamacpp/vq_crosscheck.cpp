@@ -1,6 +1,8 @@
 // vq_crosscheck: the VeloxQuant side of scripts/crosscheck_llamacpp.sh, with the same modes and
 // output as llamacpp_driver.c so the script can diff them line by line:
 //   vq_crosscheck tokenize MODEL TEXT_FILE       ids of the text (the model's tokenizer, BOS added)
+//   vq_crosscheck tokenize-tests VOCAB.gguf INP  llama.cpp's tokenizer test format (see
+//                                                llamacpp_driver.c), no special tokens
 //   vq_crosscheck greedy   MODEL STEPS [KV]      BOS, then argmax until STEPS positions or EOS
 //   vq_crosscheck nll      MODEL TEXT_FILE N [KV] per-token -ln p(next) of the first N tokens,
 //                                                then "mean M over P predictions"
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "engine/evaluate.h"
+#include "engine/gguf_tokenizer.h"
 #include "engine/mapped_file.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -25,13 +28,31 @@ vq::CacheConfig full_cache(const char* kv) {
 
 int run(int argc, char** argv) {
   const std::string mode = argv[1];
-  const vq::engine::Model model = vq::engine::Model::load(argv[2]);
-  const auto tokenizer = vq::engine::load_tokenizer("", model);
-  if (mode == "tokenize" && argc >= 4) {
+  if (mode == "tokenize" || mode == "tokenize-tests") {
+    // From the GGUF metadata alone (vocab-only files have no tensors).
+    const auto tok = vq::engine::load_gguf_tokenizer(std::string(argv[2]));
+    if (argc < 4) return 2;
     const std::string text = vq::engine::read_text_file(argv[3]);
-    for (const std::int32_t id : tokenizer->encode(text, true)) std::printf("%d\n", id);
+    if (mode == "tokenize") {
+      for (const std::int32_t id : tok->encode(text, true)) std::printf("%d\n", id);
+      return 0;
+    }
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t next = text.find(sep, at);
+      const std::size_t end = next == std::string::npos ? text.size() : next;
+      for (const std::int32_t id :
+           tok->encode(std::string_view(text).substr(at, end - at), false)) {
+        std::printf(" %d", id);
+      }
+      std::printf("\n");
+      if (next == std::string::npos) break;
+      at = next + sep.size();
+    }
     return 0;
   }
+  const vq::engine::Model model = vq::engine::Model::load(argv[2]);
+  const auto tokenizer = vq::engine::load_tokenizer("", model);
   if (mode == "greedy" && argc >= 4) {
     const std::int64_t steps = std::stoll(argv[3]);
     const vq::CacheConfig method = full_cache(argc >= 5 ? argv[4] : "f32");
