@@ -240,6 +240,7 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& g) {
     }
     return std::make_unique<SpmTokenizer>(g, std::move(v));
   }
+  if (v.model == "gpt2") return make_gguf_bpe_tokenizer(g, std::move(v));
   file_error(g.path(), "metadata 'tokenizer.ggml.model' is '" + v.model +
                            "'; supported: 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)");
 }

@@ -28,6 +28,8 @@ struct GgufVocab {
 GgufVocab read_gguf_vocab(const GgufFile& g);
 
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& g);
+// The "gpt2" (byte-level BPE) tokenizer of `vocab` (gguf_bpe_tokenizer.cpp).
+std::unique_ptr<Tokenizer> make_gguf_bpe_tokenizer(const GgufFile& g, GgufVocab vocab);
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path);
 
 }  // namespace vq::engine
