@@ -13,6 +13,7 @@
 #include "engine/gguf.h"
 #include "engine/gguf_tokenizer.h"
 #include "engine/gguf_writer.h"
+#include "engine/pretokenize.h"
 #include "engine/quants.h"
 #include "engine_test_util.h"
 #include "veloxquant/errors.h"
@@ -428,6 +429,95 @@ TEST(GgufTokenizer, LlamaSpmMatchesLlamaCppTests) {
   // Decoding gives the text back (SentencePiece's prefix space removed).
   EXPECT_EQ(tok->decode(tok->encode("Hello world, caf\xC3\xA9!", true)),
             "Hello world, caf\xC3\xA9!");
+}
+
+}  // namespace
+}  // namespace vq
+
+namespace vq {
+namespace {
+
+TEST(Pretokenize, ByteLevelAlphabet) {
+  // GPT-2's alphabet: printable ASCII maps to itself; ' ' (0x20) is the 33rd byte mapped away
+  // (after 0x00-0x1F), so it becomes U+0100 + 32 = U+0120 "Ġ"; '\n' (0x0A) becomes U+010A "Ċ";
+  // 0xAD (soft hyphen, the one gap in 161-255) follows 0x00-0x20 and 0x7F-0xA0 (34 bytes):
+  // U+0100 + 33 + 34 = U+0143 "Ń".
+  EXPECT_EQ(engine::byte_level_encode("a b\n"),
+            "a\xC4\xA0"
+            "b\xC4\x8A");
+  EXPECT_EQ(engine::byte_level_encode("\xAD"), "\xC5\x83");
+  EXPECT_EQ(engine::byte_level_encode("\xC3\xA9"), "\xC3\x83\xC2\xA9");  // é: bytes C3 A9 kept
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  EXPECT_EQ(engine::byte_level_decode(engine::byte_level_encode(all)), all);
+}
+
+TEST(Pretokenize, Llama3AndQwen2Regexes) {
+  auto split = [](const std::string& pre, const std::string& text) {
+    const engine::RegexSplitter s(engine::pre_tokenizer_regex(pre), "test");
+    std::vector<std::string> out;
+    for (const auto piece : s.split(text)) out.emplace_back(piece);
+    return out;
+  };
+  // Worked out from the alternatives in order: contractions; an optional non-letter/digit
+  // then letters; digits (1-3 for Llama 3, 1 for Qwen2); punctuation runs with an optional
+  // leading space; newlines; whitespace not followed by non-space; whitespace.
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split("llama-bpe", "Hello world's 12345!!  ok\n\nx"),
+            (V{"Hello", " world", "'s", " ", "123", "45", "!!", " ", " ok", "\n\n", "x"}));
+  EXPECT_EQ(split("qwen2", "ab 123"), (V{"ab", " ", "1", "2", "3"}));
+  // Unicode letters count as letters (\p{L}), not as punctuation.
+  EXPECT_EQ(split("llama-bpe", "caf\xC3\xA9 \xD0\xB4\xD0\xB0"),
+            (V{"caf\xC3\xA9", " \xD0\xB4\xD0\xB0"}));
+  EXPECT_EQ(engine::pre_tokenizer_regex("falcon"), "");
+  EXPECT_THROW(engine::RegexSplitter("(", "bad.json"), Error);
+}
+
+// A hand-made "gpt2" vocabulary: single characters a, b, c, Ġ (space), then merges
+// "a b" (rank 0), "Ġ a" (1), "ab c" (2), "Ġa b" (3).
+std::string tiny_bpe_gguf(const std::string& pre) {
+  GgufWriter w;
+  w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
+  w.set("tokenizer.ggml.pre", GgufValue::str(pre));
+  w.set("tokenizer.ggml.tokens", GgufValue::string_array({"a", "b", "c", "\xC4\xA0", "ab",
+                                                          "\xC4\xA0"
+                                                          "a",
+                                                          "abc",
+                                                          "\xC4\xA0"
+                                                          "ab",
+                                                          "<|bos|>", "<x>"}));
+  w.set("tokenizer.ggml.token_type", GgufValue::i32_array({1, 1, 1, 1, 1, 1, 1, 1, 3, 4}));
+  w.set("tokenizer.ggml.merges", GgufValue::string_array({"a b", "\xC4\xA0 a", "ab c",
+                                                          "\xC4\xA0"
+                                                          "a b"}));
+  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(8));
+  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
+  const auto b = w.serialize();
+  return std::string(b.begin(), b.end());
+}
+
+TEST(GgufTokenizer, ByteLevelBpeByMergeRank) {
+  const std::string bytes = tiny_bpe_gguf("qwen2");
+  const GgufFile g = parse(bytes, "tiny.gguf");
+  const auto tok = engine::load_gguf_tokenizer(g);
+  EXPECT_EQ(tok->kind(), "gguf-gpt2");
+  // "abc ab<x>c": pieces "abc", " ab" (then "<x>" split out first as a user-defined token, and
+  // "c"). "abc": a+b (rank 0) -> ab, ab+c (2) -> abc = 6. " ab" = Ġ a b: Ġ+a (1) is the only
+  // candidate besides a+b (0): a+b first -> Ġ, ab; "Ġ ab" is not a merge -> 3, 4.
+  EXPECT_EQ(tok->encode("abc ab<x>c", true), (std::vector<std::int32_t>{8, 6, 3, 4, 9, 2}));
+  // " a b": pieces " a" -> Ġa (5); " b" -> Ġ, b (3, 1).
+  EXPECT_EQ(tok->encode(" a b", false), (std::vector<std::int32_t>{5, 3, 1}));
+  EXPECT_EQ(tok->decode(tok->encode("abc ab<x>c", true)), "abc ab<x>c");
+  // A byte with no token is dropped (as llama.cpp does); "d" is not in the vocabulary.
+  EXPECT_EQ(tok->encode("ad", false), (std::vector<std::int32_t>{0}));
+  // An unknown pre-tokenizer is an error naming it.
+  const std::string other = tiny_bpe_gguf("falcon");
+  try {
+    engine::load_gguf_tokenizer(parse(other, "tiny.gguf"));
+    ADD_FAILURE() << "accepted an unknown pre-tokenizer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'falcon'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
