@@ -1,19 +1,29 @@
 // vq_crosscheck: the VeloxQuant side of scripts/crosscheck_llamacpp.sh, with the same modes and
 // output as llamacpp_driver.c so the script can diff them line by line:
 //   vq_crosscheck tokenize MODEL TEXT_FILE       ids of the text (the model's tokenizer, BOS added)
-//   vq_crosscheck tokenize-tests VOCAB.gguf INP  llama.cpp's tokenizer test format (see
-//                                                llamacpp_driver.c), no special tokens
+//   vq_crosscheck tokenize-tests VOCAB INP       llama.cpp's tokenizer test format (see
+//                                                llamacpp_driver.c), no special tokens; VOCAB
+//                                                is a GGUF file or a tokenizer.json
+//   vq_crosscheck hf-json VOCAB.gguf llama3|qwen2 OUT.json
+//                                                writes the GGUF's byte-level vocabulary as a
+//                                                Hugging Face tokenizer.json with that model's
+//                                                normalizer / pre-tokenizer / decoder, so the
+//                                                HF reader can be run on llama.cpp's tests
 //   vq_crosscheck greedy   MODEL STEPS [KV]      BOS, then argmax until STEPS positions or EOS
 //   vq_crosscheck nll      MODEL TEXT_FILE N [KV] per-token -ln p(next) of the first N tokens,
 //                                                then "mean M over P predictions"
 // KV is the full cache's storage: f32 (default) or f16.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/evaluate.h"
+#include "engine/gguf.h"
 #include "engine/gguf_tokenizer.h"
 #include "engine/mapped_file.h"
 #include "engine/model.h"
+#include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 #include "engine/transformer.h"
 #include "veloxquant/builder.h"
@@ -26,11 +36,65 @@ vq::CacheConfig full_cache(const char* kv) {
   return vq::CacheConfig::parse(std::string("full:kv_dtype=") + kv);
 }
 
+// The tokenizer.json the Llama 3 / Qwen2 Hugging Face repositories ship, rebuilt from a GGUF
+// vocabulary (tokens, merges, control tokens as special added tokens).
+int write_hf_json(const std::string& gguf, const std::string& which, const std::string& out) {
+  using nlohmann::json;
+  const vq::engine::GgufVocab v = vq::engine::read_gguf_vocab(vq::engine::GgufFile::open(gguf));
+  json vocab = json::object();
+  json added = json::array();
+  for (std::size_t i = 0; i < v.tokens.size(); ++i) {
+    const std::int32_t type = v.types.empty() ? 1 : v.types[i];
+    if (type == 3 || type == 4) {
+      added.push_back({{"id", i},
+                       {"content", v.tokens[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", type == 3}});
+    }
+    vocab[v.tokens[i]] = i;
+  }
+  const bool llama3 = which == "llama3";
+  const std::string regex = llama3 ? vq::engine::kLlama3SplitRegex : vq::engine::kQwen2SplitRegex;
+  json j = {{"version", "1.0"},
+            {"added_tokens", added},
+            {"normalizer", llama3 ? json(nullptr) : json({{"type", "NFC"}})},
+            {"pre_tokenizer",
+             {{"type", "Sequence"},
+              {"pretokenizers",
+               {{{"type", "Split"},
+                 {"pattern", {{"Regex", regex}}},
+                 {"behavior", "Isolated"},
+                 {"invert", false}},
+                {{"type", "ByteLevel"},
+                 {"add_prefix_space", false},
+                 {"trim_offsets", true},
+                 {"use_regex", false}}}}}},
+            {"post_processor", nullptr},
+            {"decoder", {{"type", "ByteLevel"}}},
+            {"model",
+             {{"type", "BPE"},
+              {"vocab", vocab},
+              {"merges", v.merges},
+              {"ignore_merges", llama3},
+              {"byte_fallback", false},
+              {"fuse_unk", false},
+              {"unk_token", nullptr}}}};
+  std::ofstream(out) << j.dump();
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const std::string mode = argv[1];
+  if (mode == "hf-json" && argc >= 5) return write_hf_json(argv[2], argv[3], argv[4]);
   if (mode == "tokenize" || mode == "tokenize-tests") {
-    // From the GGUF metadata alone (vocab-only files have no tensors).
-    const auto tok = vq::engine::load_gguf_tokenizer(std::string(argv[2]));
+    // From the GGUF metadata alone (vocab-only files have no tensors), or a tokenizer.json.
+    const std::string vocab = argv[2];
+    const bool json = vocab.size() > 5 && vocab.compare(vocab.size() - 5, 5, ".json") == 0;
+    const auto tok =
+        json ? vq::engine::load_hf_tokenizer(vocab) : vq::engine::load_gguf_tokenizer(vocab);
     if (argc < 4) return 2;
     const std::string text = vq::engine::read_text_file(argv[3]);
     if (mode == "tokenize") {
