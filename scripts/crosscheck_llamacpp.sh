@@ -11,8 +11,11 @@
 #     reported against the 1e-3 target (llama.cpp's Q8_0 matmul also quantizes the activations
 #     to 8 bits; VeloxQuant dequantizes the weights to fp32 at load);
 #   - tokenizer ids of every shipped text (BOS added): must be identical;
-#   - llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with .inp/.out) for the
-#     vocabularies VeloxQuant reads: both tokenizers must reproduce the .out files.
+#   - llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with .inp/.out, the .out
+#     files written from the Hugging Face tokenizers) for llama-spm, llama-bpe and qwen2: both
+#     tokenizers must reproduce the .out files; the two byte-level vocabularies are also
+#     checked as tokenizer.json files (Llama 3 / Qwen2 pre-tokenizers) through VeloxQuant's
+#     tokenizer.json reader.
 # With ../shared/data present, TinyStories-656K (a Hugging Face checkpoint: rotate-half RoPE
 # permuted by the converter, tokenizer.json vocabulary) is checked the same way.
 # Without npm or the registry, it says so and exits 0. Prints a report and writes it to
@@ -146,9 +149,25 @@ for v in llama-spm llama-bpe qwen2; do
   lcbad=$(diff "$tmp/lc.txt" "$f.out" | grep -c '^<')
   vqbad=$(diff "$tmp/vq.txt" "$f.out" | grep -c '^<')
   if [ "$vqbad" = 0 ]; then
-    say "ok   vocab $v: llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
+    say "ok   vocab $v (GGUF): llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
   else
-    say "FAIL vocab $v: llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
+    say "FAIL vocab $v (GGUF): llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
+    failures=$((failures + 1))
+  fi
+  # The same vocabulary as the tokenizer.json its Hugging Face model ships (Split regex +
+  # ByteLevel; Qwen2 adds an NFC normalizer), read by VeloxQuant's tokenizer.json reader.
+  case $v in
+    llama-bpe) hf=llama3 ;;
+    qwen2) hf=qwen2 ;;
+    *) continue ;;
+  esac
+  "$vq" hf-json "$f" "$hf" "$tmp/tokenizer.json" &&
+    "$vq" tokenize-tests "$tmp/tokenizer.json" "$f.inp" >"$tmp/vq.txt" 2>"$tmp/vq.err"
+  hfbad=$(diff "$tmp/vq.txt" "$f.out" | grep -c '^<')
+  if [ -s "$tmp/vq.txt" ] && [ "$hfbad" = 0 ]; then
+    say "ok   vocab $v (as tokenizer.json, $hf pre-tokenizer): veloxquant $n/$n"
+  else
+    say "FAIL vocab $v (as tokenizer.json, $hf pre-tokenizer): veloxquant $((n - hfbad))/$n $(head -c 200 "$tmp/vq.err")"
     failures=$((failures + 1))
   fi
 done
