@@ -10,6 +10,10 @@
  *                                                          positions or EOS; prints the ids
  *   llamacpp_driver nll      MODEL.gguf TEXT_FILE N [KV]   per-token -ln p(next) of the first N
  *                                                          tokens (one line each), then the mean
+ *   llamacpp_driver quantize MODEL.gguf OUT.gguf TYPE      llama.cpp's quantizer; TYPE q4_0,
+ *                                                          q4_k_m, q6_k or q8_0 (tensors whose
+ *                                                          rows do not fit fall back as
+ *                                                          llama.cpp decides)
  *   llamacpp_driver bench    MODEL.gguf CTX THREADS KV N   fills CTX positions, then times N
  *                                                          greedy decode steps; prints tok/s
  * KV is the KV cache type: f32 (default for greedy/nll), f16 or q8_0. One thread unless given:
@@ -127,6 +131,22 @@ int main(int argc, char** argv) {
   }
   llama_backend_init();
   const char* mode = argv[1];
+  if (strcmp(mode, "quantize") == 0 && argc >= 5) {
+    struct llama_model_quantize_params qp = llama_model_quantize_default_params();
+    qp.nthread = 1;
+    if (strcmp(argv[4], "q4_0") == 0) {
+      qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_0;
+    } else if (strcmp(argv[4], "q4_k_m") == 0) {
+      qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M;
+    } else if (strcmp(argv[4], "q6_k") == 0) {
+      qp.ftype = LLAMA_FTYPE_MOSTLY_Q6_K;
+    } else if (strcmp(argv[4], "q8_0") == 0) {
+      qp.ftype = LLAMA_FTYPE_MOSTLY_Q8_0;
+    } else {
+      return die("quantize TYPE must be q4_0, q4_k_m, q6_k or q8_0");
+    }
+    return llama_model_quantize(argv[2], argv[3], &qp) == 0 ? 0 : die("quantize failed");
+  }
   const int vocab_only = strncmp(mode, "tokenize", 8) == 0;
   struct llama_model* model = load_model(argv[2], vocab_only);
   if (!model) return die("cannot load the model");

@@ -4,6 +4,12 @@
 //   vq_crosscheck tokenize-tests VOCAB INP       llama.cpp's tokenizer test format (see
 //                                                llamacpp_driver.c), no special tokens; VOCAB
 //                                                is a GGUF file or a tokenizer.json
+//   vq_crosscheck synth TOKENIZER.bin OUT.gguf   a random Llama (dim 256, hidden 768, 2 layers,
+//                                                4 query / 2 KV heads of 64, vocab 512, context
+//                                                512, f32) with the llama2.c tokenizer's
+//                                                vocabulary: rows of 256 and 768 values fit
+//                                                llama.cpp's K-quant blocks, so its Q4_K / Q6_K
+//                                                quantizer output can be read back
 //   vq_crosscheck hf-json VOCAB.gguf llama3|qwen2 OUT.json
 //                                                writes the GGUF's byte-level vocabulary as a
 //                                                Hugging Face tokenizer.json with that model's
@@ -20,7 +26,9 @@
 
 #include "engine/evaluate.h"
 #include "engine/gguf.h"
+#include "engine/gguf_convert.h"
 #include "engine/gguf_tokenizer.h"
+#include "engine/gguf_writer.h"
 #include "engine/mapped_file.h"
 #include "engine/model.h"
 #include "engine/pretokenize.h"
@@ -86,9 +94,67 @@ int write_hf_json(const std::string& gguf, const std::string& which, const std::
   return 0;
 }
 
+int write_synth(const std::string& tokenizer, const std::string& out) {
+  const std::int64_t dim = 256, hid = 768, layers = 2, heads = 4, kv_heads = 2, hd = 64,
+                     vocab = 512;
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto randn = [&](std::int64_t n, float scale) {  // xorshift64*, sums of 4 uniforms
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) {
+      float acc = 0;
+      for (int k = 0; k < 4; ++k) {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        acc += static_cast<float>((state * 2685821657736338717ull) >> 40) / 16777216.0f - 0.5f;
+      }
+      x = acc * scale * 1.7f;
+    }
+    return v;
+  };
+  auto ones = [](std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n), 1.0f); };
+  vq::engine::GgufWriter w;
+  using V = vq::engine::GgufValue;
+  w.set("general.architecture", V::str("llama"));
+  w.set("general.name", V::str("synthetic-256"));
+  w.set("llama.context_length", V::u32(512));
+  w.set("llama.embedding_length", V::u32(dim));
+  w.set("llama.block_count", V::u32(layers));
+  w.set("llama.feed_forward_length", V::u32(hid));
+  w.set("llama.rope.dimension_count", V::u32(hd));
+  w.set("llama.attention.head_count", V::u32(heads));
+  w.set("llama.attention.head_count_kv", V::u32(kv_heads));
+  w.set("llama.attention.layer_norm_rms_epsilon", V::f32(1e-5f));
+  w.set("llama.rope.freq_base", V::f32(10000.0f));
+  vq::engine::add_llama2c_vocab(w, tokenizer, vocab);
+  const auto f32 = vq::engine::GgmlType::kF32;
+  w.add_tensor("token_embd.weight", {dim, vocab}, f32, randn(dim * vocab, 1.0f).data());
+  for (std::int64_t l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const float s = 1.0f / 16;  // 1/sqrt(dim)
+    w.add_tensor(p + "attn_norm.weight", {dim}, f32, ones(dim).data());
+    w.add_tensor(p + "attn_q.weight", {dim, heads * hd}, f32, randn(dim * heads * hd, s).data());
+    w.add_tensor(p + "attn_k.weight", {dim, kv_heads * hd}, f32,
+                 randn(dim * kv_heads * hd, s).data());
+    w.add_tensor(p + "attn_v.weight", {dim, kv_heads * hd}, f32,
+                 randn(dim * kv_heads * hd, s).data());
+    w.add_tensor(p + "attn_output.weight", {heads * hd, dim}, f32,
+                 randn(dim * heads * hd, s).data());
+    w.add_tensor(p + "ffn_norm.weight", {dim}, f32, ones(dim).data());
+    w.add_tensor(p + "ffn_gate.weight", {dim, hid}, f32, randn(dim * hid, s).data());
+    w.add_tensor(p + "ffn_up.weight", {dim, hid}, f32, randn(dim * hid, s).data());
+    w.add_tensor(p + "ffn_down.weight", {hid, dim}, f32, randn(dim * hid, s * 0.6f).data());
+  }
+  w.add_tensor("output_norm.weight", {dim}, f32, ones(dim).data());
+  w.add_tensor("output.weight", {dim, vocab}, f32, randn(dim * vocab, 0.25f).data());
+  w.write(out);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "hf-json" && argc >= 5) return write_hf_json(argv[2], argv[3], argv[4]);
+  if (mode == "synth" && argc >= 4) return write_synth(argv[2], argv[3]);
   if (mode == "tokenize" || mode == "tokenize-tests") {
     // From the GGUF metadata alone (vocab-only files have no tensors), or a tokenizer.json.
     const std::string vocab = argv[2];
