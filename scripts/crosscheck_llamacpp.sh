@@ -11,6 +11,7 @@
 #     reported against the 1e-3 target (llama.cpp's Q8_0 matmul also quantizes the activations
 #     to 8 bits; VeloxQuant dequantizes the weights to fp32 at load);
 #   - tokenizer ids of every shipped text (BOS added): must be identical;
+#   - every tensor dequantized to fp32 by ggml and by VeloxQuant: must be bit-identical;
 #   - llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with .inp/.out, the .out
 #     files written from the Hugging Face tokenizers) for llama-spm, llama-bpe and qwen2: both
 #     tokenizers must reproduce the .out files; the two byte-level vocabularies are also
@@ -87,6 +88,17 @@ check_model() {  # name, checkpoint, type: veloxquant convert, then check_gguf
 
 check_gguf() {  # name, file, type (f32: exact checks; q8_0: the 1e-3 target; others: reported)
   local name=$1 gguf=$2 type=$3
+  # Every tensor dequantized by ggml and by VeloxQuant: bit-identical fp32.
+  "$lc" dequant "$gguf" >"$tmp/lc.txt"
+  "$vq" dequant "$gguf" >"$tmp/vq.txt" 2>"$tmp/vq.err"
+  local types
+  types=$(awk '{print $2}' "$tmp/lc.txt" | sort -n | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}')
+  if cmp -s "$tmp/lc.txt" "$tmp/vq.txt"; then
+    say "ok   $name $type dequantization: $(wc -l <"$tmp/vq.txt") tensors bit-identical to ggml's (ggml type ids: $types)"
+  else
+    say "FAIL $name $type dequantization differs from ggml's: $(diff "$tmp/lc.txt" "$tmp/vq.txt" | head -2 | tr '\n' ' ')"
+    failures=$((failures + 1))
+  fi
   # The models here have a 512-token context: BOS, then up to 511 greedy tokens (or EOS).
   if ! "$vq" greedy "$gguf" 512 f32 >"$tmp/vq.txt" 2>"$tmp/vq.err"; then
     say "FAIL $name $type: veloxquant cannot run it: $(head -c 300 "$tmp/vq.err")"
@@ -145,6 +157,8 @@ check_gguf() {  # name, file, type (f32: exact checks; q8_0: the 1e-3 target; ot
 
 check_model stories260K data/stories260K.bin f32
 check_model stories260K data/stories260K.bin q8_0
+check_model stories260K data/stories260K.bin f16
+check_model stories260K data/stories260K.bin bf16
 if [ -d ../shared/data/models/tinystories-656K ]; then
   check_model tinystories-656K ../shared/data/models/tinystories-656K f32
   check_model tinystories-656K ../shared/data/models/tinystories-656K q8_0

@@ -14,6 +14,9 @@
  *                                                          q4_k_m, q6_k or q8_0 (tensors whose
  *                                                          rows do not fit fall back as
  *                                                          llama.cpp decides)
+ *   llamacpp_driver dequant  MODEL.gguf                    per tensor "name type_id n_values hash":
+ *                                                          ggml's to_float of every tensor,
+ *                                                          hashed (FNV-1a 64 over the fp32 bits)
  *   llamacpp_driver bench    MODEL.gguf CTX THREADS KV N   fills CTX positions, then times N
  *                                                          greedy decode steps; prints tok/s
  * KV is the KV cache type: f32 (default for greedy/nll), f16 or q8_0. One thread unless given:
@@ -28,6 +31,8 @@
 #include <time.h>
 
 #include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
 #include "llama.h"
 
 static void quiet_log(enum ggml_log_level level, const char* text, void* user) {
@@ -131,6 +136,35 @@ int main(int argc, char** argv) {
   }
   llama_backend_init();
   const char* mode = argv[1];
+  if (strcmp(mode, "dequant") == 0) {
+    struct gguf_init_params gp = {true, NULL};
+    struct gguf_context* g = gguf_init_from_file(argv[2], gp);
+    if (!g) return die("gguf_init_from_file failed");
+    long size = 0;
+    char* bytes = read_file(argv[2], &size);
+    if (!bytes) return die("cannot read the model file");
+    const size_t base = gguf_get_data_offset(g);
+    for (int64_t t = 0; t < gguf_get_n_tensors(g); ++t) {
+      const enum ggml_type type = gguf_get_tensor_type(g, t);
+      const struct ggml_type_traits* tr = ggml_get_type_traits(type);
+      const size_t n_bytes = gguf_get_tensor_size(g, t);
+      const int64_t n = (int64_t)(n_bytes / tr->type_size) * tr->blck_size;
+      float* out = malloc(sizeof(float) * (size_t)n);
+      const char* src = bytes + base + gguf_get_tensor_offset(g, t);
+      if (type == GGML_TYPE_F32) {
+        memcpy(out, src, sizeof(float) * (size_t)n);
+      } else {
+        tr->to_float(src, out, n);
+      }
+      uint64_t h = 1469598103934665603ull;
+      const unsigned char* b = (const unsigned char*)out;
+      for (size_t i = 0; i < sizeof(float) * (size_t)n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+      printf("%s %d %lld %016llx\n", gguf_get_tensor_name(g, t), (int)type, (long long)n,
+             (unsigned long long)h);
+      free(out);
+    }
+    return 0;
+  }
   if (strcmp(mode, "quantize") == 0 && argc >= 5) {
     struct llama_model_quantize_params qp = llama_model_quantize_default_params();
     qp.nthread = 1;

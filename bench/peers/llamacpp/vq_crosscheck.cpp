@@ -10,6 +10,8 @@
 //                                                vocabulary: rows of 256 and 768 values fit
 //                                                llama.cpp's K-quant blocks, so its Q4_K / Q6_K
 //                                                quantizer output can be read back
+//   vq_crosscheck dequant MODEL.gguf              per tensor "name type_id n_values hash" of
+//                                                VeloxQuant's dequantization (as the driver)
 //   vq_crosscheck hf-json VOCAB.gguf llama3|qwen2 OUT.json
 //                                                writes the GGUF's byte-level vocabulary as a
 //                                                Hugging Face tokenizer.json with that model's
@@ -23,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/evaluate.h"
 #include "engine/gguf.h"
@@ -155,6 +158,19 @@ int run(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "hf-json" && argc >= 5) return write_hf_json(argv[2], argv[3], argv[4]);
   if (mode == "synth" && argc >= 4) return write_synth(argv[2], argv[3]);
+  if (mode == "dequant") {
+    const vq::engine::GgufFile g = vq::engine::GgufFile::open(argv[2]);
+    for (const vq::engine::GgufTensor& t : g.tensors()) {
+      std::vector<float> out(static_cast<std::size_t>(t.n_values));
+      vq::engine::dequantize(t.type, t.data, out.data(), t.n_values);
+      std::uint64_t h = 1469598103934665603ull;
+      const auto* b = reinterpret_cast<const unsigned char*>(out.data());
+      for (std::size_t i = 0; i < out.size() * 4; ++i) h = (h ^ b[i]) * 1099511628211ull;
+      std::printf("%s %u %lld %016llx\n", t.name.c_str(), static_cast<unsigned>(t.type),
+                  static_cast<long long>(t.n_values), static_cast<unsigned long long>(h));
+    }
+    return 0;
+  }
   if (mode == "tokenize" || mode == "tokenize-tests") {
     // From the GGUF metadata alone (vocab-only files have no tensors), or a tokenizer.json.
     const std::string vocab = argv[2];
