@@ -6,6 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/gguf.h"
+#include "engine/gguf_convert.h"
+#include "engine/gguf_tokenizer.h"
+#include "engine/gguf_writer.h"
 #include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
 #include "engine_test_util.h"
@@ -125,6 +129,57 @@ TEST(HfPreTokenizers, UnsupportedComponentsAreNamed) {
   EXPECT_NE(error({{"normalizer", {{"type", "Lowercase"}}}}).find("'Lowercase'"),
             std::string::npos);
   EXPECT_NE(error({{"decoder", {{"type", "WordPiece"}}}}).find("'WordPiece'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vq
+
+namespace vq {
+namespace {
+
+TEST(HfPreTokenizers, ByteLevelTokenizerJsonExportsAsGgufGpt2) {
+  // A byte-level tokenizer.json (Llama 3's Split regex + ByteLevel) written into GGUF metadata
+  // becomes model "gpt2" with pre "llama-bpe", and the GGUF tokenizer (llama.cpp's algorithm)
+  // encodes as the tokenizer.json reader (the tokenizers library's algorithm) does.
+  json vocab = json::object();
+  std::vector<std::string> alphabet;
+  for (int b = 0; b < 256; ++b) {
+    alphabet.push_back(engine::byte_level_encode(std::string(1, static_cast<char>(b))));
+    vocab[alphabet.back()] = b;
+  }
+  const std::vector<std::string> merges = {kG + " a", "a b", kG + "a b", "1 2", "12 3"};
+  int id = 256;
+  for (const std::string& m : merges) {
+    const std::size_t sp = m.find(' ');
+    vocab[m.substr(0, sp) + m.substr(sp + 1)] = id++;
+  }
+  const json j = {
+      {"model", bpe(vocab, merges)},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", engine::kLlama3SplitRegex}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
+  const test::TempDir dir("hf_export");
+  test::write_bytes(dir.path / "tokenizer.json", j.dump());
+  engine::GgufWriter w;
+  EXPECT_EQ(engine::add_hf_vocab(w, dir / "tokenizer.json", id, -1, -1), "gpt2");
+  const auto bytes = w.serialize();
+  const engine::GgufFile g = engine::GgufFile::parse(bytes.data(), bytes.size(), "export.gguf");
+  EXPECT_EQ(g.get_string("tokenizer.ggml.pre"), "llama-bpe");
+  const auto from_gguf = engine::load_gguf_tokenizer(g);
+  const auto from_json = engine::load_hf_tokenizer(dir / "tokenizer.json");
+  for (const std::string text :
+       {"ab ab abc", "x 12345 ab\n\n  ab!", "caf\xC3\xA9 \xF0\x9F\xA6\x99"}) {
+    EXPECT_EQ(from_gguf->encode(text, false), from_json->encode(text, false)) << text;
+    EXPECT_EQ(from_gguf->decode(from_gguf->encode(text, false)), text);
+  }
+  // " ab" -> Ġ a b: a+b (rank 1) loses to Ġ+a (rank 0), then Ġa+b (rank 2): one token.
+  EXPECT_EQ(from_gguf->encode(" ab", false), (std::vector<std::int32_t>{258}));
 }
 
 }  // namespace
