@@ -303,16 +303,16 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
   w.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
   w.set("llama.vocab_size", GgufValue::u32(static_cast<std::uint32_t>(c.vocab_size)));
 
-  const std::string tok = tokenizer_path.empty() ? default_tokenizer_path(model) : tokenizer_path;
-  const bool json_tok = tok.size() >= 5 && tok.compare(tok.size() - 5, 5, ".json") == 0;
   if (c.format == "gguf") {
     file_error(model.path(), "is already GGUF; converting GGUF to GGUF is not supported");
   }
+  const std::string tok = tokenizer_path.empty() ? default_tokenizer_path(model) : tokenizer_path;
+  const bool json_tok = tok.size() >= 5 && tok.compare(tok.size() - 5, 5, ".json") == 0;
   if (json_tok) {
-    report.vocab_model =
-        add_hf_vocab(w, tok, c.vocab_size, load_hf_tokenizer(tok)->bos_id(), c.eos_id);
-    w.set("tokenizer.ggml.add_bos_token",
-          GgufValue::boolean(load_hf_tokenizer(tok)->bos_id() >= 0));
+    // BOS as the tokenizer's post-processor adds it (none when it adds nothing).
+    const std::int32_t bos = load_hf_tokenizer(tok)->bos_id();
+    report.vocab_model = add_hf_vocab(w, tok, c.vocab_size, bos, c.eos_id);
+    w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(bos >= 0));
   } else {
     add_llama2c_vocab(w, tok, c.vocab_size);
     report.vocab_model = "llama";

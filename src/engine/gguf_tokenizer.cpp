@@ -140,16 +140,13 @@ class SpmTokenizer final : public Tokenizer {
 
   std::string decode(const std::vector<std::int32_t>& ids) const override {
     std::string out;
-    std::int32_t prev = -1;
     bool first = true;
     for (const std::int32_t id : ids) {
       std::string p = text_of(id);
       if (first && add_space_prefix_ && !p.empty() && p[0] == ' ') p.erase(0, 1);
       if (!p.empty()) first = false;
       out += p;
-      prev = id;
     }
-    (void)prev;
     return out;
   }
 
