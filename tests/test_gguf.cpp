@@ -522,3 +522,54 @@ TEST(GgufTokenizer, ByteLevelBpeByMergeRank) {
 
 }  // namespace
 }  // namespace vq
+
+namespace vq {
+namespace {
+
+TEST(GgufReader, RandomByteFlipsNeverCrash) {
+  // Mutations of a valid file (a vocabulary and tensors): parsing, reading the tokenizer and
+  // encoding either work or throw vq::Error; nothing else (the sanitizer build checks memory).
+  const std::string good = tiny_bpe_gguf("llama-bpe");
+  GgufWriter w;
+  std::vector<float> vals(64, 0.5f);
+  w.add_tensor("a", {32, 2}, GgmlType::kQ8_0, vals.data());
+  w.add_tensor("b", {64}, GgmlType::kF16, vals.data());
+  const auto tb = w.serialize();
+  const std::vector<std::string> files = {good, std::string(tb.begin(), tb.end())};
+  std::uint64_t state = 12345;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  int errors = 0, parsed = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string f = files[static_cast<std::size_t>(iter % 2)];
+    const int flips = 1 + static_cast<int>(next() % 4);
+    for (int k = 0; k < flips; ++k) {
+      f[next() % f.size()] = static_cast<char>(next() & 0xFF);
+    }
+    try {
+      const GgufFile g = parse(f, "fuzz.gguf");
+      ++parsed;
+      for (const engine::GgufTensor& t : g.tensors()) {
+        std::vector<float> out(static_cast<std::size_t>(t.n_values));
+        dequantize(t.type, t.data, out.data(), t.n_values);
+      }
+      if (g.find("tokenizer.ggml.model")) {
+        const auto tok = engine::load_gguf_tokenizer(g);
+        tok->decode(tok->encode("abc ab<x>c d", true));
+        for (std::int32_t id = 0; id < tok->vocab_size(); ++id) tok->piece(id - 1, id);
+      }
+    } catch (const Error& e) {
+      ++errors;
+      EXPECT_EQ(e.code(), ErrorCode::kFileError) << e.what();
+    }
+  }
+  EXPECT_GT(errors, 100);
+  EXPECT_GT(parsed, 100);
+}
+
+}  // namespace
+}  // namespace vq

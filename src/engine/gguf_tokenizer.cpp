@@ -161,8 +161,12 @@ class SpmTokenizer final : public Tokenizer {
     const std::int32_t type = v_.types.empty() ? 1 : v_.types[i];
     const std::string& t = v_.tokens[i];
     if (type == 3 || type == 5) return "";  // control, unused
-    if (type == 6 && t.size() == 6) {
-      return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    if (type == 6 && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
+      auto hex = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      };
+      const int hi = hex(t[3]), lo = hex(t[4]);
+      if (hi >= 0 && lo >= 0) return std::string(1, static_cast<char>(hi * 16 + lo));
     }
     std::string out;
     for (std::size_t k = 0; k < t.size();) {
