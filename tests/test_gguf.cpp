@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/gguf.h"
+#include "engine/gguf_convert.h"
 #include "engine/gguf_tokenizer.h"
 #include "engine/gguf_writer.h"
 #include "engine/pretokenize.h"
@@ -535,7 +536,11 @@ TEST(GgufReader, RandomByteFlipsNeverCrash) {
   w.add_tensor("a", {32, 2}, GgmlType::kQ8_0, vals.data());
   w.add_tensor("b", {64}, GgmlType::kF16, vals.data());
   const auto tb = w.serialize();
-  const std::vector<std::string> files = {good, std::string(tb.begin(), tb.end())};
+  GgufWriter spm;  // stories260K's 512-piece SentencePiece vocabulary
+  engine::add_llama2c_vocab(spm, test::data("tok512.bin"), 512);
+  const auto sb = spm.serialize();
+  const std::vector<std::string> files = {good, std::string(tb.begin(), tb.end()),
+                                          std::string(sb.begin(), sb.end())};
   std::uint64_t state = 12345;
   auto next = [&] {
     state ^= state << 13;
@@ -545,7 +550,7 @@ TEST(GgufReader, RandomByteFlipsNeverCrash) {
   };
   int errors = 0, parsed = 0;
   for (int iter = 0; iter < 3000; ++iter) {
-    std::string f = files[static_cast<std::size_t>(iter % 2)];
+    std::string f = files[static_cast<std::size_t>(iter % 3)];
     const int flips = 1 + static_cast<int>(next() % 4);
     for (int k = 0; k < flips; ++k) {
       f[next() % f.size()] = static_cast<char>(next() & 0xFF);
