@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev libfmt-dev)
+          nlohmann-json3-dev libfmt-dev libpcre2-dev libicu-dev pkg-config)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -213,6 +213,21 @@ else
   echo "FAIL eval results differ between identical runs (timing fields excluded):"; head -20 "$tmp/diff"; fails=$((fails + 1))
 fi
 
+# convert: llama2.c -> GGUF, then generate and eval read it (tokenizer from the metadata).
+check "convert --help" 0 "--type" -- "$bin" convert --help
+check "convert q8_0" 0 "wrote .*47 tensors.*vocab 'llama'" -- \
+  "$bin" convert --from "$root/data/stories260K.bin" --to "$tmp/s.gguf" --type q8_0
+check "generate gguf" 0 "Once upon a time" -- "$bin" generate --model "$tmp/s.gguf" --steps 12
+check "eval gguf" 0 "full" -- "$bin" eval --model "$tmp/s.gguf" \
+  --text "$root/data/tinystories_validation_excerpt.txt" --tokens 64 --method full
+check "convert bad type" 2 "--type must be one of f32, f16, bf16, q8_0, got 'q4'" -- \
+  "$bin" convert --from "$root/data/stories260K.bin" --to "$tmp/x.gguf" --type q4
+check "convert not gguf" 2 "--to must name a .gguf file" -- \
+  "$bin" convert --from "$root/data/stories260K.bin" --to "$tmp/x.bin"
+check "gguf truncated" 2 "s_cut.gguf.*truncated" -- \
+  bash -c "head -c 5000 '$tmp/s.gguf' > '$tmp/s_cut.gguf'; '$bin' generate --model '$tmp/s_cut.gguf'"
+[ ! -e "$tmp/x.gguf" ] && passes=$((passes + 1)) || { echo "FAIL convert left a file"; fails=$((fails + 1)); }
+
 # The README's method table is the registry's.
 "$bin" list --markdown >"$tmp/table"
 awk '/<!-- methods:begin -->/{on=1; next} /<!-- methods:end -->/{on=0} on' "$root/README.md" >"$tmp/readme_table"

@@ -398,13 +398,13 @@ TEST(EngineErrors, TokenizerJson) {
        }),
        {"malformed tokenizer.json", "type must be string"}},
       {tj([](auto& j) {
-         j["normalizer"] = {{"type", "NFKC"}};
+         j["normalizer"] = {{"type", "Lowercase"}};
        }),
-       {"normalizer 'NFKC' is not supported"}},
+       {"normalizer 'Lowercase' is not supported"}},
       {tj([](auto& j) {
-         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
        }),
-       {"pre_tokenizer 'Metaspace' is not supported"}},
+       {"pre_tokenizer: 'Whitespace' is not supported"}},
       {tj([](auto& j) {
          j["decoder"] = {{"type", "WordPiece"}};
        }),

@@ -4,15 +4,19 @@
 //    patterns are normalized too, so with a Prepend normalizer "<|x|>" matches as "▁<|x|>").
 //    Leftmost-longest matching; lstrip / rstrip / single_word honoured (whitespace and word
 //    characters judged on ASCII).
-//  - normalizer: null, Prepend, Replace (string patterns), or a Sequence of those.
-//  - pre_tokenizer: null only (the whole normalized piece is one BPE word).
+//  - normalizer: null, Prepend, Replace (string patterns), NFC / NFD / NFKC / NFKD (ICU), or a
+//    Sequence of those.
+//  - pre_tokenizer: null (the whole normalized piece is one BPE word), or Metaspace, ByteLevel,
+//    Split (Isolated regex, e.g. Llama 3's and Qwen2's) and Sequences of them
+//    (hf_pretokenizer.cpp).
 //  - model BPE: one symbol per character (vocab lookup), else byte_fallback "<0xNN>" pieces,
 //    else unk (fused when fuse_unk); merges applied by rank, leftmost first, with the
 //    library's min-heap and its stale-entry rule; ignore_merges honoured; dropout must be off.
 //  - post_processor: TemplateProcessing (its "single" template: special ids before / after
 //    the text), ByteLevel (no ids), or a Sequence of those; null adds nothing.
-//  - decoder: Replace, ByteFallback, Fuse, Strip, or a Sequence of those; null joins tokens
-//    with spaces, as the library does. Special tokens are skipped when decoding.
+//  - decoder: Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace, or a Sequence of
+//    those; null joins tokens with spaces, as the library does. Special tokens are skipped when
+//    decoding.
 // Input text that is not valid UTF-8 (the library rejects it) is read byte by byte.
 #include <algorithm>
 #include <array>
@@ -20,6 +24,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "engine/hf_pretokenizer.h"
 #include "engine/mapped_file.h"
 #include "engine/model_builder.h"
 #include "engine/tokenizer.h"
@@ -94,10 +99,8 @@ class HfTokenizer final : public Tokenizer {
         if (it != vocab_.end()) byte_ids_[static_cast<std::size_t>(b)] = it->second;
       }
       if (j.contains("normalizer")) load_normalizer(j["normalizer"]);
-      if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
-        bad("pre_tokenizer " + type_of(j["pre_tokenizer"]) +
-            " is not supported (only null: the BPE model sees whole normalized pieces)");
-      }
+      pre_ = std::make_unique<HfPreTokenizer>(
+          j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(nullptr), path_);
       if (j.contains("post_processor")) load_post_processor(j["post_processor"]);
       if (j.contains("decoder")) load_decoder(j["decoder"]);
       // Added-token patterns are matched against raw or normalized text.
@@ -132,11 +135,12 @@ class HfTokenizer final : public Tokenizer {
     }
     std::vector<std::int32_t> ids;
     if (add_special) ids = prefix_;
-    for (const Seg& s : segs) {
+    for (std::size_t k = 0; k < segs.size(); ++k) {
+      const Seg& s = segs[k];
       if (s.id >= 0) {
         ids.push_back(s.id);
       } else if (!s.text.empty()) {
-        bpe(s.text, ids);
+        for (const std::string& word : pre_->run(s.text, k == 0)) bpe(word, ids);
       }
     }
     if (add_special) ids.insert(ids.end(), suffix_.begin(), suffix_.end());
@@ -173,10 +177,10 @@ class HfTokenizer final : public Tokenizer {
     std::int32_t rank, new_id;
   };
   struct NormStep {
-    bool prepend;  // else replace
-    std::string a, b;
+    enum Kind { kPrepend, kReplace, kUnicode } kind;
+    std::string a, b;  // prepend a; replace a by b; Unicode form a
   };
-  enum class Dec { kReplace, kByteFallback, kFuse, kStrip };
+  enum class Dec { kReplace, kByteFallback, kFuse, kStrip, kByteLevel, kMetaspace };
   struct DecStep {
     Dec kind;
     std::string a, b;
@@ -334,15 +338,18 @@ class HfTokenizer final : public Tokenizer {
         load_normalizer(s);
     } else if (type == "Prepend") {
       normalizer_.push_back(
-          {true,
+          {NormStep::kPrepend,
            field(n, "prepend", json::value_t::string, "Prepend normalizer").get<std::string>(),
            {}});
     } else if (type == "Replace") {
       normalizer_.push_back(
-          {false, string_pattern(n, "Replace normalizer"),
+          {NormStep::kReplace, string_pattern(n, "Replace normalizer"),
            field(n, "content", json::value_t::string, "Replace normalizer").get<std::string>()});
+    } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+      normalizer_.push_back({NormStep::kUnicode, type, {}});
     } else {
-      bad("normalizer " + type_of(n) + " is not supported (supported: Sequence, Prepend, Replace)");
+      bad("normalizer " + type_of(n) +
+          " is not supported (supported: Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD)");
     }
   }
 
@@ -427,18 +434,29 @@ class HfTokenizer final : public Tokenizer {
           field(d, "start", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
       s.stop = field(d, "stop", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
       decoder_.push_back(s);
+    } else if (type == "ByteLevel") {
+      decoder_.push_back({Dec::kByteLevel, {}, {}});
+    } else if (type == "Metaspace") {
+      DecStep s{Dec::kMetaspace, d.value("replacement", std::string("\xE2\x96\x81")), {}};
+      const std::string scheme = d.value(
+          "prepend_scheme", std::string(d.value("add_prefix_space", true) ? "always" : "never"));
+      s.start = scheme == "never" ? 0 : 1;  // strip the first token's leading space
+      decoder_.push_back(s);
     } else {
       bad("decoder " + type_of(d) +
-          " is not supported (supported: Sequence, Replace, ByteFallback, Fuse, Strip)");
+          " is not supported (supported: Sequence, Replace, ByteFallback, Fuse, Strip, "
+          "ByteLevel, Metaspace)");
     }
   }
 
   std::string normalize(std::string s) const {
     for (const NormStep& n : normalizer_) {
-      if (n.prepend) {
+      if (n.kind == NormStep::kPrepend) {
         if (!s.empty()) s = n.a + s;
-      } else {
+      } else if (n.kind == NormStep::kReplace) {
         replace_all(s, n.a, n.b);
+      } else {
+        s = unicode_normalize(s, n.a);
       }
     }
     return s;
@@ -634,6 +652,17 @@ class HfTokenizer final : public Tokenizer {
           toks = std::move(out);
           break;
         }
+        case Dec::kByteLevel:
+          for (std::string& t : toks) t = byte_level_decode(t);
+          break;
+        case Dec::kMetaspace:
+          for (std::size_t k = 0; k < toks.size(); ++k) {
+            replace_all(toks[k], d.a, " ");
+            if (k == 0 && d.start && at_start && !toks[k].empty() && toks[k][0] == ' ') {
+              toks[k].erase(0, 1);
+            }
+          }
+          break;
         case Dec::kFuse: {
           std::string all;
           for (const std::string& t : toks) all += t;
@@ -677,6 +706,7 @@ class HfTokenizer final : public Tokenizer {
   std::vector<Added> added_;
   std::vector<std::int32_t> prefix_, suffix_;
   std::vector<DecStep> decoder_;
+  std::unique_ptr<HfPreTokenizer> pre_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -82,12 +83,22 @@ std::string header_field(const char* field) { return std::string("header field "
 // llama2.c "version 1/2" exports start with this magic ("ak42" little-endian).
 constexpr std::int32_t kLlama2cMagic = 0x616b3432;
 
+bool has_gguf_magic(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char magic[4] = {};
+  const bool yes = std::fread(magic, 1, 4, f) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  std::fclose(f);
+  return yes;
+}
+
 }  // namespace
 
 Model Model::load(const std::string& path) {
   struct stat st {};
   const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (is_dir || ends_with(path, ".safetensors") || ends_with(path, ".json")) return load_hf(path);
+  if (ends_with(path, ".gguf") || has_gguf_magic(path)) return load_gguf(path);
   return load_llama2c(path);
 }
 

@@ -27,7 +27,7 @@ enum class RopeStyle {
 const char* to_string(RopeStyle style) noexcept;
 
 struct ModelConfig {
-  std::string format;           // "llama2c" or "hf"
+  std::string format;           // "llama2c", "hf" or "gguf"
   std::int64_t dim = 0;         // residual stream width (hidden_size)
   std::int64_t hidden_dim = 0;  // SwiGLU width (intermediate_size)
   std::int64_t n_layers = 0;
@@ -73,11 +73,13 @@ class Model {
   // Loads a checkpoint, choosing the format from the path:
   //  - a directory, a *.safetensors file or a *.json file: Hugging Face Llama (config.json and
   //    model.safetensors in that directory);
+  //  - a *.gguf file or any file starting with the magic "GGUF": GGUF (llama.cpp);
   //  - any other file: a llama2.c legacy (v0) checkpoint.
   // Throws Error(kFileError) naming the file and what is wrong (expected vs found).
   static Model load(const std::string& path);
   static Model load_llama2c(const std::string& path);
   static Model load_hf(const std::string& path);
+  static Model load_gguf(const std::string& path);  // gguf_model.cpp
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "engine/gguf_tokenizer.h"
 #include "engine/model.h"
 #include "engine/model_builder.h"
 
@@ -13,6 +14,7 @@ std::string default_tokenizer_path(const Model& model) {
   const ModelConfig& c = model.config();
   const fs::path dir(model.directory());
   std::vector<fs::path> candidates;
+  if (c.format == "gguf") return model.path();  // the vocabulary is in the model file
   if (c.format == "hf") {
     candidates = {dir / "tokenizer.json"};
   } else {
@@ -30,8 +32,11 @@ std::string default_tokenizer_path(const Model& model) {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path_in, const Model& model) {
   const std::string path = path_in.empty() ? default_tokenizer_path(model) : path_in;
   const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  const bool gguf = path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
   std::unique_ptr<Tokenizer> t =
-      json ? load_hf_tokenizer(path) : load_llama2c_tokenizer(path, model.config().vocab_size);
+      json   ? load_hf_tokenizer(path)
+      : gguf || path == model.path() ? load_gguf_tokenizer(path)
+             : load_llama2c_tokenizer(path, model.config().vocab_size);
   if (t->vocab_size() > model.config().vocab_size) {
     file_error(path, "has ids up to " + std::to_string(t->vocab_size() - 1) +
                          ", but the model's vocab_size is " +

@@ -46,9 +46,10 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, std::
 // Hugging Face tokenizer.json with a BPE model (see hf_tokenizer.cpp for what is supported).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
 
-// Loads `path` (a tokenizer.json is read as HF, anything else as llama2.c) and checks that it
+// Loads `path` (a tokenizer.json is read as HF, a *.gguf file's metadata as GGUF, anything
+// else as llama2.c) and checks that it
 // fits `model` (every id it can produce is below the model's vocab_size). An empty path picks
-// the default next to the model: tokenizer.json for HF checkpoints; tok<vocab>.bin or
+// the default next to the model: the model file itself for GGUF; tokenizer.json for HF; tok<vocab>.bin or
 // tokenizer.bin for llama2.c ones. Throws Error(kFileError) naming the path.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const Model& model);
 // The path load_tokenizer("") would use; throws Error(kFileError) when none exists.

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Cross-checks VeloxQuant against llama.cpp on the same GGUF files.
+#
+# Installs the prebuilt llama.cpp from npm (@node-llama-cpp/linux-x64 and, for its headers, the
+# llama.cpp source bundled in node-llama-cpp, both 3.22.1; optional GPU packages omitted) into
+# build/llamacpp/, builds bench/peers/llamacpp/llamacpp_driver.c against it, converts the shipped
+# stories260K to GGUF (f32 and q8_0 weights) and compares, model by model:
+#   - greedy ids from BOS for the model's whole context (f32 KV cache): must be identical;
+#   - per-token NLL of the first 512 tokens of the TinyStories excerpt, token by token, f32 KV:
+#     |mean difference| must be <= 1e-5 for f32 weights; for q8_0 weights the difference is
+#     reported against the 1e-3 target (llama.cpp's Q8_0 matmul also quantizes the activations
+#     to 8 bits; VeloxQuant dequantizes the weights to fp32 at load);
+#   - tokenizer ids of every shipped text (BOS added): must be identical;
+#   - every tensor dequantized to fp32 by ggml and by VeloxQuant: must be bit-identical;
+#   - llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with .inp/.out, the .out
+#     files written from the Hugging Face tokenizers) for llama-spm, llama-bpe and qwen2: both
+#     tokenizers must reproduce the .out files; the two byte-level vocabularies are also
+#     checked as tokenizer.json files (Llama 3 / Qwen2 pre-tokenizers) through VeloxQuant's
+#     tokenizer.json reader.
+# With ../shared/data present, TinyStories-656K (a Hugging Face checkpoint: rotate-half RoPE
+# permuted by the converter, tokenizer.json vocabulary) is checked the same way, plus its Q4_0
+# file from llama.cpp's quantizer. A random 256-wide model (vq_crosscheck synth) is checked at
+# f32 and as llama.cpp's Q4_0, Q4_K_M and Q6_K files (quantized files: NLL reported, no target).
+# Without npm or the registry, it says so and exits 0. Prints a report and writes it to
+# results/crosscheck/crosscheck.txt (or $VQ_CROSSCHECK_OUT). Exit status 1 when a check fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+version=3.22.1
+work=build/llamacpp
+out=${VQ_CROSSCHECK_OUT:-results/crosscheck/crosscheck.txt}
+
+if ! command -v npm >/dev/null 2>&1; then
+  echo "crosscheck: npm is not installed; skipping the llama.cpp cross-check"
+  exit 0
+fi
+bins=$work/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+bundle=$work/node_modules/node-llama-cpp/llama/gitRelease.bundle
+if [ ! -f "$bins/libllama.v0.5.0.so" ] || [ ! -f "$bundle" ]; then
+  mkdir -p "$work"
+  if ! timeout 60 npm view "@node-llama-cpp/linux-x64@$version" version >/dev/null 2>&1; then
+    echo "crosscheck: the npm registry is not reachable; skipping the llama.cpp cross-check"
+    exit 0
+  fi
+  echo "crosscheck: installing node-llama-cpp@$version and @node-llama-cpp/linux-x64@$version into $work" >&2
+  (cd "$work" && timeout 600 npm install --omit=optional --ignore-scripts --no-audit --no-fund \
+     "node-llama-cpp@$version" "@node-llama-cpp/linux-x64@$version" >npm.log 2>&1) || {
+    echo "crosscheck: npm install failed (see $work/npm.log)" >&2
+    exit 1
+  }
+fi
+libllama=$(ls "$bins"/libllama.v*.so 2>/dev/null | head -1)
+libggml=$(ls "$bins"/libggml.v*.so 2>/dev/null | head -1)
+if [ -z "$libllama" ] || [ -z "$libggml" ]; then
+  echo "crosscheck: no libllama in $bins" >&2
+  exit 1
+fi
+if [ ! -f "$work/src/include/llama.h" ]; then
+  rm -rf "$work/src"
+  git clone -q "$bundle" "$work/src" 2>/dev/null || { echo "crosscheck: cannot clone $bundle" >&2; exit 1; }
+fi
+bins_abs=$(cd "$bins" && pwd)
+cc=${CC:-cc}
+$cc -O2 -std=c11 -Wall -Wextra -o "$work/llamacpp_driver" bench/peers/llamacpp/llamacpp_driver.c \
+  -I"$work/src/include" -I"$work/src/ggml/include" -L"$bins_abs" \
+  -l:"$(basename "$libllama")" -l:"$(basename "$libggml")" -l:libggml-base.so -lm \
+  -Wl,-rpath,"$bins_abs" || { echo "crosscheck: building the driver failed" >&2; exit 1; }
+scripts/build.sh >/dev/null || { echo "crosscheck: building veloxquant failed" >&2; exit 1; }
+export LLAMACPP_LIB_DIR=$bins_abs
+lc=$work/llamacpp_driver
+vq=build/bench/peers/llamacpp/vq_crosscheck
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+report=$tmp/report.txt
+say() { echo "$*" | tee -a "$report"; }
+
+say "# VeloxQuant vs llama.cpp ($(git -C "$work/src" describe --tags --always 2>/dev/null || echo unknown), npm @node-llama-cpp/linux-x64@$version)"
+say "# produced by scripts/crosscheck_llamacpp.sh at commit $(git rev-parse --short=12 HEAD)"
+
+check_model() {  # name, checkpoint, type: veloxquant convert, then check_gguf
+  local name=$1 src=$2 type=$3
+  local gguf=$tmp/$name-$type.gguf
+  build/veloxquant convert --from "$src" --to "$gguf" --type "$type" 2>"$tmp/convert.log" || {
+    say "FAIL $name $type: convert failed: $(cat "$tmp/convert.log")"; failures=$((failures + 1)); return; }
+  check_gguf "$name" "$gguf" "$type"
+}
+
+check_gguf() {  # name, file, type (f32: exact checks; q8_0: the 1e-3 target; others: reported)
+  local name=$1 gguf=$2 type=$3
+  # Every tensor dequantized by ggml and by VeloxQuant: bit-identical fp32.
+  "$lc" dequant "$gguf" >"$tmp/lc.txt"
+  "$vq" dequant "$gguf" >"$tmp/vq.txt" 2>"$tmp/vq.err"
+  local types
+  types=$(awk '{print $2}' "$tmp/lc.txt" | sort -n | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}')
+  if cmp -s "$tmp/lc.txt" "$tmp/vq.txt"; then
+    say "ok   $name $type dequantization: $(wc -l <"$tmp/vq.txt") tensors bit-identical to ggml's (ggml type ids: $types)"
+  else
+    say "FAIL $name $type dequantization differs from ggml's: $(diff "$tmp/lc.txt" "$tmp/vq.txt" | head -2 | tr '\n' ' ')"
+    failures=$((failures + 1))
+  fi
+  # The models here have a 512-token context: BOS, then up to 511 greedy tokens (or EOS).
+  if ! "$vq" greedy "$gguf" 512 f32 >"$tmp/vq.txt" 2>"$tmp/vq.err"; then
+    say "FAIL $name $type: veloxquant cannot run it: $(head -c 300 "$tmp/vq.err")"
+    failures=$((failures + 1))
+    return
+  fi
+  "$lc" greedy "$gguf" 512 f32 >"$tmp/lc.txt"
+  if cmp -s "$tmp/lc.txt" "$tmp/vq.txt"; then
+    say "ok   $name $type greedy: $(wc -l <"$tmp/vq.txt") ids identical (f32 KV)"
+  elif [ "$type" = f32 ]; then
+    say "FAIL $name $type greedy: ids differ (first difference at id $(cmp "$tmp/lc.txt" "$tmp/vq.txt" | sed -n 's/.*line \([0-9]*\).*/\1/p'))"
+    failures=$((failures + 1))
+  else
+    say "info $name $type greedy: ids agree up to id $(( $(cmp "$tmp/lc.txt" "$tmp/vq.txt" | sed -n 's/.*line \([0-9]*\).*/\1/p') - 1 )) of $(wc -l <"$tmp/vq.txt") (exact match is required for f32 only)"
+  fi
+  "$lc" nll "$gguf" data/tinystories_validation_excerpt.txt 512 f32 >"$tmp/lc.txt"
+  "$vq" nll "$gguf" data/tinystories_validation_excerpt.txt 512 f32 >"$tmp/vq.txt"
+  local lm vm tol
+  lm=$(sed -n 's/^mean \([^ ]*\) .*/\1/p' "$tmp/lc.txt")
+  vm=$(sed -n 's/^mean \([^ ]*\) .*/\1/p' "$tmp/vq.txt")
+  case $type in
+    f32) tol=1e-5 ;;
+    q8_0) tol=1e-3 ;;
+    *) tol=none ;;
+  esac
+  local verdict
+  verdict=$(awk -v a="$lm" -v b="$vm" -v t="$tol" -v f="$tmp/lc.txt" -v g="$tmp/vq.txt" 'BEGIN {
+    d = a - b; if (d < 0) d = -d;
+    maxd = 0; n = 0;
+    while ((getline x < f) > 0 && (getline y < g) > 0) {
+      if (x ~ /^mean/) break; e = x - y; if (e < 0) e = -e; if (e > maxd) maxd = e; n++ }
+    tag = t == "none" ? "info" : (d <= t + 0 ? "ok  " : "OVER");
+    printf "%s llama.cpp %.9f veloxquant %.9f |diff| %.2e (target %s); max per-token |diff| %.2e over %d\n",
+      tag, a, b, d, t, maxd, n }')
+  say "$(echo "$verdict" | cut -c1-4) $name $type nll mean (first 512 tokens, f32 KV):$(echo "$verdict" | cut -c5-)"
+  case $verdict in
+    OVER*) [ "$type" = f32 ] && failures=$((failures + 1)) ;;
+  esac
+  if [ "$type" = f32 ]; then
+    for text in data/*.txt; do
+      if ! "$lc" tokenize "$gguf" "$text" >"$tmp/lc.txt" 2>"$tmp/lc.err"; then
+        say "skip $name tokenizer on $(basename "$text"): llama.cpp aborted ($(grep -m1 what "$tmp/lc.err" | sed 's/^ *//'));" \
+            "the vocabulary has no <0xNN> byte tokens, so text outside it has no byte fallback"
+        continue
+      fi
+      "$vq" tokenize "$gguf" "$text" >"$tmp/vq.txt"
+      if cmp -s "$tmp/lc.txt" "$tmp/vq.txt"; then
+        say "ok   $name tokenizer on $(basename "$text"): $(wc -l <"$tmp/vq.txt") ids identical"
+      else
+        say "FAIL $name tokenizer on $(basename "$text"): ids differ"
+        failures=$((failures + 1))
+      fi
+    done
+  fi
+}
+
+check_model stories260K data/stories260K.bin f32
+check_model stories260K data/stories260K.bin q8_0
+check_model stories260K data/stories260K.bin f16
+check_model stories260K data/stories260K.bin bf16
+if [ -d ../shared/data/models/tinystories-656K ]; then
+  check_model tinystories-656K ../shared/data/models/tinystories-656K f32
+  check_model tinystories-656K ../shared/data/models/tinystories-656K q8_0
+  # llama.cpp's own quantizer (rows of 128: every matrix Q4_0, one Q8_0).
+  "$lc" quantize "$tmp/tinystories-656K-f32.gguf" "$tmp/tinystories-656K-llama-q4_0.gguf" q4_0 &&
+    check_gguf tinystories-656K "$tmp/tinystories-656K-llama-q4_0.gguf" q4_0
+else
+  say "skip tinystories-656K (../shared/data not present)"
+fi
+# A random model with 256- and 768-wide rows, so llama.cpp's K-quants apply (Q4_K_M: Q4_K and
+# Q6_K matrices; Q6_K), read back by VeloxQuant. Its f32 file is checked exactly too.
+"$vq" synth data/tok512.bin "$tmp/synthetic-256-f32.gguf"
+check_gguf synthetic-256 "$tmp/synthetic-256-f32.gguf" f32
+for q in q4_0 q4_k_m q6_k; do
+  "$lc" quantize "$tmp/synthetic-256-f32.gguf" "$tmp/synthetic-256-$q.gguf" "$q" &&
+    check_gguf synthetic-256 "$tmp/synthetic-256-$q.gguf" "llama.cpp-$q"
+done
+
+for v in llama-spm llama-bpe qwen2; do
+  f=$work/src/models/ggml-vocab-$v.gguf
+  [ -f "$f" ] || continue
+  "$lc" tokenize-tests "$f" "$f.inp" >"$tmp/lc.txt"
+  if ! "$vq" tokenize-tests "$f" "$f.inp" >"$tmp/vq.txt" 2>"$tmp/vq.err"; then
+    say "FAIL vocab $v: veloxquant cannot read it: $(head -c 300 "$tmp/vq.err")"
+    failures=$((failures + 1))
+    continue
+  fi
+  n=$(wc -l <"$f.out")
+  lcbad=$(diff "$tmp/lc.txt" "$f.out" | grep -c '^<')
+  vqbad=$(diff "$tmp/vq.txt" "$f.out" | grep -c '^<')
+  if [ "$vqbad" = 0 ]; then
+    say "ok   vocab $v (GGUF): llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
+  else
+    say "FAIL vocab $v (GGUF): llama.cpp's $n tokenizer tests: veloxquant $((n - vqbad))/$n, llama.cpp $((n - lcbad))/$n"
+    failures=$((failures + 1))
+  fi
+  # The same vocabulary as the tokenizer.json its Hugging Face model ships (Split regex +
+  # ByteLevel; Qwen2 adds an NFC normalizer), read by VeloxQuant's tokenizer.json reader.
+  case $v in
+    llama-bpe) hf=llama3 ;;
+    qwen2) hf=qwen2 ;;
+    *) continue ;;
+  esac
+  "$vq" hf-json "$f" "$hf" "$tmp/tokenizer.json" &&
+    "$vq" tokenize-tests "$tmp/tokenizer.json" "$f.inp" >"$tmp/vq.txt" 2>"$tmp/vq.err"
+  hfbad=$(diff "$tmp/vq.txt" "$f.out" | grep -c '^<')
+  if [ -s "$tmp/vq.txt" ] && [ "$hfbad" = 0 ]; then
+    say "ok   vocab $v (as tokenizer.json, $hf pre-tokenizer): veloxquant $n/$n"
+  else
+    say "FAIL vocab $v (as tokenizer.json, $hf pre-tokenizer): veloxquant $((n - hfbad))/$n $(head -c 200 "$tmp/vq.err")"
+    failures=$((failures + 1))
+  fi
+done
+
+say "# $failures failed checks"
+mkdir -p "$(dirname "$out")"
+cp "$report" "$out"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,68 @@
+// `veloxquant convert`: writes a llama2.c or Hugging Face checkpoint as GGUF (llama.cpp's format).
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "cli.h"
+#include "engine/gguf_convert.h"
+#include "engine/model.h"
+#include "veloxquant/errors.h"
+
+namespace vq::cli {
+namespace {
+
+struct ConvertCliOptions {
+  std::string from, to, tokenizer, type = "f32";
+};
+
+void run_convert(const ConvertCliOptions& o) {
+  engine::GgmlType type;
+  if (o.type == "f32") {
+    type = engine::GgmlType::kF32;
+  } else if (o.type == "f16") {
+    type = engine::GgmlType::kF16;
+  } else if (o.type == "bf16") {
+    type = engine::GgmlType::kBF16;
+  } else if (o.type == "q8_0") {
+    type = engine::GgmlType::kQ8_0;
+  } else {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--type must be one of f32, f16, bf16, q8_0, got '" + o.type + "'");
+  }
+  if (o.to.size() < 5 || o.to.compare(o.to.size() - 5, 5, ".gguf") != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "--to must name a .gguf file, got '" + o.to + "'");
+  }
+  const engine::Model model = engine::Model::load(o.from);
+  const engine::ConvertReport r = engine::convert_to_gguf(model, o.tokenizer, type, o.to);
+  std::cerr << fmt::format("convert: wrote {} ({} tensors, {} bytes, {} weights, vocab '{}')\n",
+                           o.to, r.n_tensors, r.file_bytes, o.type, r.vocab_model);
+  if (!r.kept_as_f32.empty()) {
+    std::string names;
+    for (const auto& n : r.kept_as_f32) names += (names.empty() ? "" : ", ") + n;
+    std::cerr << fmt::format(
+        "convert: {} matrices kept as f32 (rows not a multiple of the {} block): {}\n",
+        r.kept_as_f32.size(), o.type, names);
+  }
+}
+
+}  // namespace
+
+void add_convert_command(CLI::App& app) {
+  auto o = std::make_shared<ConvertCliOptions>();
+  auto* cmd = app.add_subcommand(
+      "convert",
+      "Write a llama2.c or Hugging Face Llama checkpoint, with its tokenizer, as a GGUF file "
+      "(architecture llama) that llama.cpp and veloxquant can run");
+  cmd->add_option("--from", o->from,
+                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors")
+      ->required();
+  cmd->add_option("--to", o->to, "Output FILE.gguf (written atomically)")->required();
+  cmd->add_option("--type", o->type,
+                  "Storage of the 2-D weights: f32, f16, bf16 or q8_0 (norms stay f32)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model");
+  cmd->callback([o]() { run_convert(*o); });
+}
+
+}  // namespace vq::cli
