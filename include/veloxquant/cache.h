@@ -53,7 +53,7 @@ struct LayerShape {
 
 // The rows of one (batch, kv head) to attend over, in order. Keys and values are
 // [n_rows][row_stride] elements of `dtype` (first head_dim used); positions [n_rows].
-struct HeadRows {
+struct VQ_API HeadRows {
   const void* keys = nullptr;
   const void* values = nullptr;
   const std::int32_t* positions = nullptr;
@@ -125,7 +125,7 @@ struct CacheStats {
   std::int64_t merges = 0;           // of those, rows merged into a survivor
 };
 
-class LayerCache {
+class VQ_API LayerCache {
  public:
   // Validates `config` (throws Error(kInvalidConfig)) and builds the method's policy.
   LayerCache(const CacheConfig& config, const LayerShape& shape);

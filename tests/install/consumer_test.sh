@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the build tree into a fresh prefix under it, then builds and runs a separate project
+# against the installed package only: through find_package(VeloxQuant CONFIG) (a C and a C++
+# program, shared and static) and through pkg-config (the C program). When the Python module
+# was built, imports it from the installed site-packages path.
+# Usage: consumer_test.sh BUILD_DIR SOURCE_DIR [SANITIZERS]
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+sanitize=${3:-}
+work=$build/install-consumer
+prefix=$work/prefix
+rm -rf "$work"
+mkdir -p "$work"
+
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+
+flags=""
+if [ -n "$sanitize" ]; then
+  flags="-fsanitize=$sanitize -fno-omit-frame-pointer"
+fi
+cmake -S "$src/tests/install/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+  -DCMAKE_EXE_LINKER_FLAGS="$flags" >"$work/configure.log"
+cmake --build "$work/build" -j2 >"$work/build.log"
+"$work/build/consumer_c"
+"$work/build/consumer_cpp"
+"$work/build/consumer_cpp_static"
+
+# pkg-config: compile the C consumer by hand with the flags the .pc file gives.
+pc_dir=$(dirname "$(find "$prefix" -name veloxquant.pc | head -1)")
+export PKG_CONFIG_PATH=$pc_dir
+cc_flags=$(pkg-config --cflags --libs veloxquant)
+libdir=$(pkg-config --variable=libdir veloxquant)
+# shellcheck disable=SC2086
+cc -std=c99 $flags "$src/tests/install/consumer/consumer.c" $cc_flags -o "$work/consumer_pc"
+LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
+
+site=$(find "$prefix" -type d -name veloxquant -path '*-packages/*' | head -1)
+if [ -n "$site" ]; then
+  PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c \
+    'import veloxquant as v; c = v.CacheConfig.parse("h2o:budget=64"); print("python: ok, installed at", v.__file__, c.spec())'
+fi
+echo "consumer: all checks passed"
