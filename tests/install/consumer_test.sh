@@ -38,7 +38,10 @@ LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
 
 site=$(find "$prefix" -type d -name veloxquant -path '*-packages/*' | head -1)
 if [ -n "$site" ]; then
-  PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c \
-    'import veloxquant as v; c = v.CacheConfig.parse("h2o:budget=64"); print("python: ok, installed at", v.__file__, c.spec())'
+  # The installed module only (not the build tree's), running the NumPy Llama example.
+  export PYTHONPATH
+  PYTHONPATH=$(dirname "$site")
+  /usr/bin/python3 -c 'import veloxquant as v; print("python: veloxquant", v.__version__, "from", v.__file__)'
+  /usr/bin/python3 "$src/examples/python/numpy_llama.py" --tokens 64 --method full --method streaming_llm
 fi
 echo "consumer: all checks passed"
