@@ -37,6 +37,10 @@ endif()
 add_executable(embed_c_example examples/c/embed.c)
 target_link_libraries(embed_c_example PRIVATE veloxquant_shared)
 set_target_properties(embed_c_example PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+# The C twin of examples/python/numpy_llama.py: a Llama forward in C over the C API's caches.
+add_executable(llama_c_example examples/c/llama.c)
+target_link_libraries(llama_c_example PRIVATE veloxquant_shared m)
+set_target_properties(llama_c_example PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
 if(VELOXQUANT_BUILD_TESTS)
   add_executable(veloxquant_capi_test tests/capi/test_capi.c)
   target_link_libraries(veloxquant_capi_test PRIVATE veloxquant_shared m)
@@ -48,6 +52,16 @@ if(VELOXQUANT_BUILD_TESTS)
   add_test(NAME embed_c_example COMMAND embed_c_example)
   set_tests_properties(embed_c_example PROPERTIES LABELS unit
     PASS_REGULAR_EXPRESSION "kept 128 of 1000 tokens")
+  # llama.c against `veloxquant eval`: fp16 caches within 5e-4 relative (a key that differs in
+  # its last fp32 bit can round to the neighbouring fp16 value), fp32 caches within 1e-6.
+  add_test(NAME llama_c_example COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/llama_c_test.sh
+    $<TARGET_FILE:veloxquant_cli> $<TARGET_FILE:llama_c_example> ${PROJECT_SOURCE_DIR}/data 128 32
+    5e-4 full streaming_llm h2o:source=attention)
+  add_test(NAME llama_c_example_f32 COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/llama_c_test.sh
+    $<TARGET_FILE:veloxquant_cli> $<TARGET_FILE:llama_c_example> ${PROJECT_SOURCE_DIR}/data 128 32
+    1e-6 full:kv_dtype=f32 h2o:source=attention,kv_dtype=f32 tova:kv_dtype=f32)
+  set_tests_properties(llama_c_example llama_c_example_f32 PROPERTIES LABELS model
+    PASS_REGULAR_EXPRESSION "llama.c: matches veloxquant eval")
   add_test(NAME capi_exports COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/check_exports.sh
     $<TARGET_FILE:veloxquant_shared> ${VELOXQUANT_ABI_VERSION})
   set_tests_properties(capi_exports PROPERTIES LABELS unit)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build tree into a fresh prefix under it, then builds and runs a separate project
 # against the installed package only: through find_package(VeloxQuant CONFIG) (a C and a C++
-# program, shared and static) and through pkg-config (the C program). When the Python module
-# was built, imports it from the installed site-packages path.
+# program, shared and static) and through pkg-config (the C program, and examples/c/llama.c run
+# over the shipped model against the installed CLI). When the Python module was built, runs
+# examples/python/numpy_llama.py from the installed site-packages path.
 # Usage: consumer_test.sh BUILD_DIR SOURCE_DIR [SANITIZERS]
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -35,6 +36,11 @@ libdir=$(pkg-config --variable=libdir veloxquant)
 # shellcheck disable=SC2086
 cc -std=c99 $flags "$src/tests/install/consumer/consumer.c" $cc_flags -o "$work/consumer_pc"
 LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
+# The Llama forward in C over the installed library, against the installed CLI's eval.
+# shellcheck disable=SC2086
+cc -std=c99 -O2 $flags "$src/examples/c/llama.c" $cc_flags -lm -o "$work/llama_c"
+LD_LIBRARY_PATH=$libdir bash "$src/tests/capi/llama_c_test.sh" "$prefix/bin/veloxquant" \
+  "$work/llama_c" "$src/data" 64 32 5e-4 full streaming_llm
 
 site=$(find "$prefix" -type d -name veloxquant -path '*-packages/*' | head -1)
 if [ -n "$site" ]; then
