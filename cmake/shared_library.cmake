@@ -43,7 +43,7 @@ target_link_libraries(llama_c_example PRIVATE veloxquant_shared m)
 set_target_properties(llama_c_example PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
 if(VELOXQUANT_BUILD_TESTS)
   add_executable(veloxquant_capi_test tests/capi/test_capi.c)
-  target_link_libraries(veloxquant_capi_test PRIVATE veloxquant_shared m)
+  target_link_libraries(veloxquant_capi_test PRIVATE veloxquant_shared Threads::Threads m)
   set_target_properties(veloxquant_capi_test PROPERTIES
     C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
   target_compile_options(veloxquant_capi_test PRIVATE -pedantic)

@@ -5,6 +5,7 @@
  * the attention source evicts the non-sink row the newest query attends to least; storage is
  * fp16, so kept bytes = rows x heads x (K + V) x head_dim x 2. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -418,6 +419,64 @@ static void test_attention_input(void) {
   vq_config_free(c);
 }
 
+/* Two threads drive two layers of one model cache at once, each making its own kind of failing
+ * call between good steps: every layer handle keeps its own last error (no global state), and
+ * both layers end with StreamingLLM's hand-derived state. */
+typedef struct {
+  vq_layer_cache* layer;
+  int kind; /* 0: end_step without a step; 1: view_head with a bad head */
+  int failures;
+} Worker;
+
+static void* drive(void* arg) {
+  Worker* w = (Worker*)arg;
+  float kv[4] = {0.5f, 1.0f, -1.0f, 2.0f};
+  const vq_tensor t = {kv, VQ_DTYPE_F32, {1, 1, 1, 4}, {4, 4, 4, 1}};
+  vq_step_view view;
+  vq_head_rows rows;
+  int pos;
+  for (pos = 0; pos < 300; ++pos) {
+    if (vq_layer_begin_step(w->layer, &t, &t, &view) != VQ_OK) ++w->failures;
+    if (vq_layer_view_head(w->layer, 0, 0, &rows) != VQ_OK) ++w->failures;
+    if (w->kind == 1 && vq_layer_view_head(w->layer, 0, 5, &rows) != VQ_ERR_INVALID_ARGUMENT) ++w->failures;
+    if (vq_layer_end_step(w->layer, NULL) != VQ_OK) ++w->failures;
+    if (w->kind == 0 && vq_layer_end_step(w->layer, NULL) != VQ_ERR_INVALID_STATE) ++w->failures;
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  vq_config* c = NULL;
+  vq_model_cache* model = NULL;
+  const vq_model_shape shape = {2, 1, 4, 1};
+  Worker w[2];
+  pthread_t th[2];
+  vq_cache_stats s;
+  int i;
+  CHECK_EQ_I64(vq_config_parse("streaming_llm:n_sink=2,window_size=6", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_create(c, &shape, &model, NULL), VQ_OK);
+  for (i = 0; i < 2; ++i) {
+    w[i].kind = i;
+    w[i].failures = 0;
+    CHECK_EQ_I64(vq_model_cache_layer(model, i, &w[i].layer), VQ_OK);
+  }
+  for (i = 0; i < 2; ++i) CHECK(pthread_create(&th[i], NULL, drive, &w[i]) == 0);
+  for (i = 0; i < 2; ++i) CHECK(pthread_join(th[i], NULL) == 0);
+  for (i = 0; i < 2; ++i) {
+    CHECK_EQ_I64(w[i].failures, 0);
+    CHECK_EQ_I64(vq_layer_stats(w[i].layer, &s), VQ_OK);
+    CHECK_EQ_I64(s.tokens_seen, 300);
+    CHECK_EQ_I64(s.tokens_kept, 8);
+    CHECK_EQ_I64(s.evictions, 292);
+  }
+  CHECK(strstr(vq_layer_last_error(w[0].layer), "without an open step") != NULL);
+  CHECK(strstr(vq_layer_last_error(w[1].layer), "without an open step") == NULL);
+  CHECK(strstr(vq_layer_last_error(w[1].layer), "(b, h)") != NULL);
+  CHECK(strlen(vq_model_cache_last_error(model)) == 0);
+  vq_model_cache_free(model);
+  vq_config_free(c);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -425,6 +484,7 @@ int main(void) {
   test_streaming_steps();
   test_strides_and_f16();
   test_attention_input();
+  test_threads();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
