@@ -12,8 +12,8 @@ int main(void) {
   vq_model_cache* caches = NULL;
   const vq_model_shape shape = {kLayers, kKvHeads, kHeadDim, kQueryHeads};
   float k[kKvHeads * kHeadDim], v[kKvHeads * kHeadDim]; /* one new token: [B=1, Hkv, S=1, D] */
-  vq_tensor keys = {k, VQ_DTYPE_F32, {1, kKvHeads, 1, kHeadDim},
-                    {kKvHeads * kHeadDim, kHeadDim, kHeadDim, 1}};
+  vq_tensor keys = {
+      k, VQ_DTYPE_F32, {1, kKvHeads, 1, kHeadDim}, {kKvHeads * kHeadDim, kHeadDim, kHeadDim, 1}};
   vq_tensor values = keys;
   vq_cache_stats s;
   int pos, layer;

@@ -47,13 +47,13 @@ static char* read_file(const char* path, size_t* size) {
 
 typedef struct {
   int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len, head_dim;
-  const float *embedding;  /* [vocab][dim] */
-  const float *attn_norm;  /* [L][dim] */
+  const float* embedding;         /* [vocab][dim] */
+  const float* attn_norm;         /* [L][dim] */
   const float *wq, *wk, *wv, *wo; /* [L][Hq*D][dim], [L][Hkv*D][dim] x2, [L][dim][Hq*D] */
-  const float *ffn_norm;   /* [L][dim] */
-  const float *w1, *w2, *w3; /* [L][hidden][dim], [L][dim][hidden], [L][hidden][dim] */
-  const float *final_norm; /* [dim] */
-  const float *classifier; /* [vocab][dim] */
+  const float* ffn_norm;          /* [L][dim] */
+  const float *w1, *w2, *w3;      /* [L][hidden][dim], [L][dim][hidden], [L][hidden][dim] */
+  const float* final_norm;        /* [dim] */
+  const float* classifier;        /* [vocab][dim] */
   char* file;
 } Model;
 
@@ -87,17 +87,28 @@ static void load_model(Model* m, const char* path) {
   /* The weights follow the 28-byte header; memcpy-free access needs 4-byte alignment, which
    * calloc's buffer + 28 has. */
   w = (const float*)(m->file + sizeof header);
-  m->embedding = w; w += (size_t)m->vocab_size * m->dim;
-  m->attn_norm = w; w += (size_t)m->n_layers * m->dim;
-  m->wq = w; w += (size_t)m->n_layers * m->dim * m->dim;
-  m->wk = w; w += (size_t)m->n_layers * kv_dim * m->dim;
-  m->wv = w; w += (size_t)m->n_layers * kv_dim * m->dim;
-  m->wo = w; w += (size_t)m->n_layers * m->dim * m->dim;
-  m->ffn_norm = w; w += (size_t)m->n_layers * m->dim;
-  m->w1 = w; w += (size_t)m->n_layers * m->hidden_dim * m->dim;
-  m->w2 = w; w += (size_t)m->n_layers * m->dim * m->hidden_dim;
-  m->w3 = w; w += (size_t)m->n_layers * m->hidden_dim * m->dim;
-  m->final_norm = w; w += m->dim;
+  m->embedding = w;
+  w += (size_t)m->vocab_size * m->dim;
+  m->attn_norm = w;
+  w += (size_t)m->n_layers * m->dim;
+  m->wq = w;
+  w += (size_t)m->n_layers * m->dim * m->dim;
+  m->wk = w;
+  w += (size_t)m->n_layers * kv_dim * m->dim;
+  m->wv = w;
+  w += (size_t)m->n_layers * kv_dim * m->dim;
+  m->wo = w;
+  w += (size_t)m->n_layers * m->dim * m->dim;
+  m->ffn_norm = w;
+  w += (size_t)m->n_layers * m->dim;
+  m->w1 = w;
+  w += (size_t)m->n_layers * m->hidden_dim * m->dim;
+  m->w2 = w;
+  w += (size_t)m->n_layers * m->dim * m->hidden_dim;
+  m->w3 = w;
+  w += (size_t)m->n_layers * m->hidden_dim * m->dim;
+  m->final_norm = w;
+  w += m->dim;
   w += (size_t)m->seq_len * m->head_dim; /* the legacy RoPE tables (unused) */
   m->classifier = tied ? m->embedding : w;
 }
@@ -146,7 +157,10 @@ static int lookup(const Tokenizer* t, const char* s) {
   while (lo <= hi) {
     const int mid = (lo + hi) / 2, c = strcmp(s, t->pieces[t->sorted[mid]]);
     if (c == 0) return t->sorted[mid];
-    if (c < 0) hi = mid - 1; else lo = mid + 1;
+    if (c < 0)
+      hi = mid - 1;
+    else
+      lo = mid + 1;
   }
   return -1;
 }
@@ -168,9 +182,10 @@ static int encode(const Tokenizer* t, const char* text, int* out) {
   int* merged;
   int n = 0, i, str_len = 0;
   const char* c;
-  for (i = 0; i < t->n; ++i) max_piece = strlen(t->pieces[i]) > max_piece ? strlen(t->pieces[i]) : max_piece;
+  for (i = 0; i < t->n; ++i)
+    max_piece = strlen(t->pieces[i]) > max_piece ? strlen(t->pieces[i]) : max_piece;
   pair = xmalloc(2 * max_piece + 1);
-  out[n++] = 1; /* BOS */
+  out[n++] = 1;                           /* BOS */
   if (len > 0) out[n++] = lookup(t, " "); /* run.c's dummy prefix */
   for (c = text; *c; ++c) {
     if ((*c & 0xC0) != 0x80) str_len = 0;
@@ -227,7 +242,8 @@ static int encode_first(const Tokenizer* t, const char* text, size_t text_len, i
     n = encode(t, prefix, ids);
     free(prefix);
     if (n > want) n = want;
-    if (take == text_len || (prev && n_prev == n && memcmp(prev, ids, sizeof(int) * (size_t)n) == 0)) {
+    if (take == text_len ||
+        (prev && n_prev == n && memcmp(prev, ids, sizeof(int) * (size_t)n) == 0)) {
       memcpy(out, ids, sizeof(int) * (size_t)n);
       free(ids);
       free(prev);
@@ -243,7 +259,8 @@ static int encode_first(const Tokenizer* t, const char* text, size_t text_len, i
 /* ---- The forward pass over VeloxQuant caches --------------------------------------------- */
 
 static float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu,
+           mantissa = h & 0x3ffu;
   uint32_t bits;
   float f;
   if (exponent == 0) {
@@ -314,7 +331,8 @@ typedef struct {
 } RunState;
 
 /* Logits [vocab] of `token` at `pos`; layer l's K/V go through `caches` layer l. */
-static const float* forward(const Model* m, RunState* s, vq_model_cache* caches, int token, int pos) {
+static const float* forward(const Model* m, RunState* s, vq_model_cache* caches, int token,
+                            int pos) {
   const int dim = m->dim, D = m->head_dim, Hq = m->n_heads, Hkv = m->n_kv_heads, G = Hq / Hkv;
   const int kv_dim = Hkv * D, hid = m->hidden_dim;
   int l, h, g, i;

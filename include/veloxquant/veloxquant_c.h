@@ -203,15 +203,15 @@ typedef struct vq_step_view {
 } vq_step_view;
 
 typedef struct vq_cache_stats {
-  int64_t tokens_seen;     /* token positions passed in so far (per sequence) */
-  int64_t tokens_kept;     /* rows stored for (b=0, h=0) (layer 0 for a model cache) */
-  int64_t kept_bytes;      /* K/V payload (+ quantization metadata) held now */
-  int64_t full_bytes;      /* fp16 K+V cost of every token seen, all heads */
-  int64_t resident_bytes;  /* memory the cache holds: reserved payload + workspace */
-  int64_t allocated_bytes; /* capacity reserved for K/V payload (>= kept_bytes) */
-  int64_t workspace_bytes; /* scratch besides the payload */
-  int64_t evictions;       /* rows removed since reset, all heads (merged or dropped) */
-  int64_t merges;          /* of those, rows merged into a survivor */
+  int64_t tokens_seen;      /* token positions passed in so far (per sequence) */
+  int64_t tokens_kept;      /* rows stored for (b=0, h=0) (layer 0 for a model cache) */
+  int64_t kept_bytes;       /* K/V payload (+ quantization metadata) held now */
+  int64_t full_bytes;       /* fp16 K+V cost of every token seen, all heads */
+  int64_t resident_bytes;   /* memory the cache holds: reserved payload + workspace */
+  int64_t allocated_bytes;  /* capacity reserved for K/V payload (>= kept_bytes) */
+  int64_t workspace_bytes;  /* scratch besides the payload */
+  int64_t evictions;        /* rows removed since reset, all heads (merged or dropped) */
+  int64_t merges;           /* of those, rows merged into a survivor */
   double compression_ratio; /* full_bytes / kept_bytes (1 when both are 0) */
 } vq_cache_stats;
 

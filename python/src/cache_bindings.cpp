@@ -37,8 +37,7 @@ struct LayerHandle {
 };
 
 struct ModelHandle {
-  explicit ModelHandle(const CacheConfig& config, const ModelShape& shape)
-      : cache(config, shape) {
+  explicit ModelHandle(const CacheConfig& config, const ModelShape& shape) : cache(config, shape) {
     for (std::int64_t i = 0; i < cache.n_layers(); ++i) {
       auto h = std::make_shared<LayerHandle>();
       h->cache = &cache.layer(i);
@@ -209,45 +208,52 @@ void bind_cache(py::module_& m) {
       .def_property_readonly("head_dim", [](const PyStepView& v) { return v.view.head_dim(); })
       .def_property_readonly("n_rows", [](const PyStepView& v) { return v.view.n_rows(); })
       .def_property_readonly("n_new", [](const PyStepView& v) { return v.view.n_new(); })
-      .def_property_readonly("open", [](const PyStepView& v) {
-        return v.layer->step == v.step && v.layer->cache->step_open();
-      })
-      .def_property_readonly("dtype", [](const PyStepView& v) {
-        return v.view.batch() == 0 ? py::dtype::of<float>()
-               : v.view.head(0, 0).dtype == DType::kF32 ? py::dtype::of<float>()
-                                                        : float16_dtype();
-      })
-      .def("keys",
-           [](py::object self, std::int64_t b, std::int64_t h) {
-             const PyStepView& v = self.cast<const PyStepView&>();
-             check_open(v);
-             check_head(v.view, b, h);
-             return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
-           },
-           py::arg("b"), py::arg("h"), "Keys of (b, h): [R, D] float16/float32, read-only view")
-      .def("values",
-           [](py::object self, std::int64_t b, std::int64_t h) {
-             const PyStepView& v = self.cast<const PyStepView&>();
-             check_open(v);
-             check_head(v.view, b, h);
-             return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
-           },
-           py::arg("b"), py::arg("h"), "Values of (b, h): [R, D], read-only view")
-      .def("positions",
-           [](py::object self, std::int64_t b, std::int64_t h) {
-             const PyStepView& v = self.cast<const PyStepView&>();
-             check_open(v);
-             check_head(v.view, b, h);
-             return positions_array(v.view.head(b, h), self);
-           },
-           py::arg("b"), py::arg("h"), "True token positions of (b, h): [R] int32, read-only view")
-      .def("stack",
-           [](const PyStepView& v) {
-             check_open(v);
-             return stacked(v.view);
-           },
-           "fp32 copies of every head: (keys [B, Hkv, R, D], values [B, Hkv, R, D], "
-           "positions [B, Hkv, R])");
+      .def_property_readonly("open",
+                             [](const PyStepView& v) {
+                               return v.layer->step == v.step && v.layer->cache->step_open();
+                             })
+      .def_property_readonly("dtype",
+                             [](const PyStepView& v) {
+                               return v.view.batch() == 0 ? py::dtype::of<float>()
+                                      : v.view.head(0, 0).dtype == DType::kF32
+                                          ? py::dtype::of<float>()
+                                          : float16_dtype();
+                             })
+      .def(
+          "keys",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
+          },
+          py::arg("b"), py::arg("h"), "Keys of (b, h): [R, D] float16/float32, read-only view")
+      .def(
+          "values",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
+          },
+          py::arg("b"), py::arg("h"), "Values of (b, h): [R, D], read-only view")
+      .def(
+          "positions",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return positions_array(v.view.head(b, h), self);
+          },
+          py::arg("b"), py::arg("h"), "True token positions of (b, h): [R] int32, read-only view")
+      .def(
+          "stack",
+          [](const PyStepView& v) {
+            check_open(v);
+            return stacked(v.view);
+          },
+          "fp32 copies of every head: (keys [B, Hkv, R, D], values [B, Hkv, R, D], "
+          "positions [B, Hkv, R])");
 
   py::class_<LayerHandle, std::shared_ptr<LayerHandle>>(
       m, "LayerCache", "One layer's compressed KV cache (see include/veloxquant/cache.h)")
@@ -260,32 +266,36 @@ void bind_cache(py::module_& m) {
            "Closes the step: evicts/merges/quantizes to the budget. attention: the step's "
            "probabilities [B, Hq, S, R] (float32; other dtypes are converted), or None for the "
            "proxy source")
-      .def("update",
-           [](const std::shared_ptr<LayerHandle>& l, const py::array& keys, const py::array& values) {
-             PyStepView v = begin_step(l, keys, values);
-             py::tuple out = stacked(v.view);
-             end_step(*l, std::nullopt);
-             return out;
-           },
-           py::arg("keys"), py::arg("values"),
-           "begin_step + fp32 copies of the rows + end_step(): (keys, values, positions)")
-      .def("stored",
-           [](py::object self, std::int64_t b, std::int64_t h) {
-             const auto& l = self.cast<const std::shared_ptr<LayerHandle>&>();
-             const HeadRows r = l->cache->stored(b, h);
-             const std::int64_t D = l->cache->shape().head_dim;
-             return py::make_tuple(rows_array(r, true, D, self), rows_array(r, false, D, self),
-                                   positions_array(r, self));
-           },
-           py::arg("b"), py::arg("h"),
-           "The rows stored between steps for (b, h): (keys, values, positions), read-only views "
-           "valid until the next step")
-      .def("row_scores",
-           [](const LayerHandle& l, std::int64_t b, std::int64_t h) {
-             const std::vector<float> s = l.cache->row_scores(b, h);
-             return py::array_t<float>(static_cast<py::ssize_t>(s.size()), s.data());
-           },
-           py::arg("b"), py::arg("h"))
+      .def(
+          "update",
+          [](const std::shared_ptr<LayerHandle>& l, const py::array& keys,
+             const py::array& values) {
+            PyStepView v = begin_step(l, keys, values);
+            py::tuple out = stacked(v.view);
+            end_step(*l, std::nullopt);
+            return out;
+          },
+          py::arg("keys"), py::arg("values"),
+          "begin_step + fp32 copies of the rows + end_step(): (keys, values, positions)")
+      .def(
+          "stored",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const auto& l = self.cast<const std::shared_ptr<LayerHandle>&>();
+            const HeadRows r = l->cache->stored(b, h);
+            const std::int64_t D = l->cache->shape().head_dim;
+            return py::make_tuple(rows_array(r, true, D, self), rows_array(r, false, D, self),
+                                  positions_array(r, self));
+          },
+          py::arg("b"), py::arg("h"),
+          "The rows stored between steps for (b, h): (keys, values, positions), read-only views "
+          "valid until the next step")
+      .def(
+          "row_scores",
+          [](const LayerHandle& l, std::int64_t b, std::int64_t h) {
+            const std::vector<float> s = l.cache->row_scores(b, h);
+            return py::array_t<float>(static_cast<py::ssize_t>(s.size()), s.data());
+          },
+          py::arg("b"), py::arg("h"))
       .def("reset",
            [](LayerHandle& l) {
              l.cache->reset();
@@ -293,8 +303,10 @@ void bind_cache(py::module_& m) {
            })
       .def("stats", [](const LayerHandle& l) { return stats_dict(l.cache->stats()); })
       .def_property_readonly("step_open", [](const LayerHandle& l) { return l.cache->step_open(); })
-      .def_property_readonly("tokens_seen", [](const LayerHandle& l) { return l.cache->tokens_seen(); })
-      .def_property_readonly("tokens_kept", [](const LayerHandle& l) { return l.cache->tokens_kept(); })
+      .def_property_readonly("tokens_seen",
+                             [](const LayerHandle& l) { return l.cache->tokens_seen(); })
+      .def_property_readonly("tokens_kept",
+                             [](const LayerHandle& l) { return l.cache->tokens_kept(); })
       .def_property_readonly("budget", [](const LayerHandle& l) { return l.cache->budget(); })
       .def_property_readonly("config", [](const LayerHandle& l) { return l.cache->config(); })
       .def_property_readonly("shape", [](const LayerHandle& l) {
@@ -318,30 +330,34 @@ void bind_cache(py::module_& m) {
            py::arg("config"), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
            py::arg("n_query_heads") = 0)
       .def("__len__", [](const ModelHandle& h) { return h.cache.n_layers(); })
-      .def("layer",
-           [](const ModelHandle& h, std::int64_t i) {
-             if (i < 0 || i >= h.cache.n_layers()) {
-               throw py::index_error("layer must be in [0, " + std::to_string(h.cache.n_layers()) +
-                                     "), got " + std::to_string(i));
-             }
-             return h.layers[static_cast<std::size_t>(i)];
-           },
-           py::arg("i"), py::keep_alive<0, 1>(), "Layer i's cache (keeps the model cache alive)")
-      .def("__getitem__",
-           [](const ModelHandle& h, std::int64_t i) {
-             if (i < 0 || i >= h.cache.n_layers()) throw py::index_error("layer out of range");
-             return h.layers[static_cast<std::size_t>(i)];
-           },
-           py::keep_alive<0, 1>())
-      .def("stats", [](const ModelHandle& h) { return stats_dict(h.cache.stats()); },
-           "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
+      .def(
+          "layer",
+          [](const ModelHandle& h, std::int64_t i) {
+            if (i < 0 || i >= h.cache.n_layers()) {
+              throw py::index_error("layer must be in [0, " + std::to_string(h.cache.n_layers()) +
+                                    "), got " + std::to_string(i));
+            }
+            return h.layers[static_cast<std::size_t>(i)];
+          },
+          py::arg("i"), py::keep_alive<0, 1>(), "Layer i's cache (keeps the model cache alive)")
+      .def(
+          "__getitem__",
+          [](const ModelHandle& h, std::int64_t i) {
+            if (i < 0 || i >= h.cache.n_layers()) throw py::index_error("layer out of range");
+            return h.layers[static_cast<std::size_t>(i)];
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "stats", [](const ModelHandle& h) { return stats_dict(h.cache.stats()); },
+          "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
       .def("layer_budgets", [](const ModelHandle& h) { return h.cache.layer_budgets(); })
       .def("mean_budget", [](const ModelHandle& h) { return h.cache.mean_budget(); })
-      .def("observe_layer_similarity",
-           [](ModelHandle& h, std::int64_t layer, double cosine) {
-             h.cache.observe_layer_similarity(layer, cosine);
-           },
-           py::arg("layer"), py::arg("cosine"))
+      .def(
+          "observe_layer_similarity",
+          [](ModelHandle& h, std::int64_t layer, double cosine) {
+            h.cache.observe_layer_similarity(layer, cosine);
+          },
+          py::arg("layer"), py::arg("cosine"))
       .def("reset",
            [](ModelHandle& h) {
              h.cache.reset();

@@ -102,34 +102,37 @@ void bind_config(py::module_& m) {
       .def("resolve", &CacheConfig::resolve, py::arg("key"),
            "Canonical field name of a key with or without the prefix ('' when none)")
       .def("__contains__", &CacheConfig::has)
-      .def("get", [](const CacheConfig& c, std::string_view key) { return to_python(c.get(key)); },
-           py::arg("key"))
+      .def(
+          "get", [](const CacheConfig& c, std::string_view key) { return to_python(c.get(key)); },
+          py::arg("key"))
       .def("__getitem__",
            [](const CacheConfig& c, std::string_view key) { return to_python(c.get(key)); })
-      .def("set",
-           [](CacheConfig& c, const std::string& key, const py::handle& value) {
-             c.set(key, from_python(c, key, value));
-           },
-           py::arg("key"), py::arg("value"),
-           "Sets a field (type-checked); ranges are checked by validate() and by caches")
-      .def("__setitem__", [](CacheConfig& c, const std::string& key, const py::handle& value) {
-        c.set(key, from_python(c, key, value));
-      })
+      .def(
+          "set",
+          [](CacheConfig& c, const std::string& key, const py::handle& value) {
+            c.set(key, from_python(c, key, value));
+          },
+          py::arg("key"), py::arg("value"),
+          "Sets a field (type-checked); ranges are checked by validate() and by caches")
+      .def("__setitem__", [](CacheConfig& c, const std::string& key,
+                             const py::handle& value) { c.set(key, from_python(c, key, value)); })
       .def("validate", &CacheConfig::validate)
-      .def("fields",
-           [](const CacheConfig& c) {
-             py::dict d;
-             for (const auto& [name, value] : c.fields()) d[py::str(name)] = to_python(value);
-             return d;
-           },
-           "Every field in registry order with its current value")
+      .def(
+          "fields",
+          [](const CacheConfig& c) {
+            py::dict d;
+            for (const auto& [name, value] : c.fields()) d[py::str(name)] = to_python(value);
+            return d;
+          },
+          "Every field in registry order with its current value")
       .def("spec", &CacheConfig::spec, py::arg("all_fields") = false)
-      .def_property_readonly("token_budget",
-                             [](const CacheConfig& c) -> py::object {
-                               if (!has_token_budget(c)) return py::none();
-                               return py::cast(token_budget(c));
-                             },
-                             "Rows kept per KV head (None for methods without a budget)")
+      .def_property_readonly(
+          "token_budget",
+          [](const CacheConfig& c) -> py::object {
+            if (!has_token_budget(c)) return py::none();
+            return py::cast(token_budget(c));
+          },
+          "Rows kept per KV head (None for methods without a budget)")
       .def("with_token_budget", &with_token_budget, py::arg("budget"),
            "A validated copy with the token budget set")
       .def("copy", [](const CacheConfig& c) { return CacheConfig(c); })
@@ -138,13 +141,14 @@ void bind_config(py::module_& m) {
       .def("__repr__",
            [](const CacheConfig& c) { return "CacheConfig.parse('" + c.spec() + "')"; });
 
-  m.def("registry",
-        [] {
-          py::list out;
-          for (const MethodInfo& info : registry()) out.append(method_dict(info));
-          return out;
-        },
-        "Every registered method (dicts: id, prefix, summary, paper, ..., fields)");
+  m.def(
+      "registry",
+      [] {
+        py::list out;
+        for (const MethodInfo& info : registry()) out.append(method_dict(info));
+        return out;
+      },
+      "Every registered method (dicts: id, prefix, summary, paper, ..., fields)");
   m.def("method_ids", &method_ids);
   m.def("method_table_markdown", &method_table_markdown);
 }

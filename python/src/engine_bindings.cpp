@@ -69,15 +69,17 @@ std::shared_ptr<Tokenizer> tokenizer_for(const Model& model, const py::object& t
 void bind_engine(py::module_& m) {
   py::class_<Model, std::shared_ptr<Model>>(m, "Model",
                                             "A Llama-architecture checkpoint (engine/model.h)")
-      .def_static("load",
-                  [](const std::string& path) {
-                    py::gil_scoped_release release;
-                    return std::make_shared<Model>(Model::load(path));
-                  },
-                  py::arg("path"),
-                  "Loads a llama2.c .bin, or a Hugging Face directory / model.safetensors / "
-                  "config.json; raises Error(file_error) naming the file")
-      .def_property_readonly("config", [](const Model& model) { return config_dict(model.config()); })
+      .def_static(
+          "load",
+          [](const std::string& path) {
+            py::gil_scoped_release release;
+            return std::make_shared<Model>(Model::load(path));
+          },
+          py::arg("path"),
+          "Loads a llama2.c .bin, or a Hugging Face directory / model.safetensors / "
+          "config.json; raises Error(file_error) naming the file")
+      .def_property_readonly("config",
+                             [](const Model& model) { return config_dict(model.config()); })
       .def_property_readonly("path", &Model::path)
       .def_property_readonly("directory", &Model::directory)
       .def("__repr__", [](const Model& model) {
@@ -85,13 +87,14 @@ void bind_engine(py::module_& m) {
       });
 
   py::class_<Tokenizer, std::shared_ptr<Tokenizer>>(m, "Tokenizer")
-      .def_static("load",
-                  [](const Model& model, const std::string& path) -> std::shared_ptr<Tokenizer> {
-                    return engine::load_tokenizer(path, model);
-                  },
-                  py::arg("model"), py::arg("path") = "",
-                  "Loads `path` (tokenizer.json or llama2.c tokenizer.bin; '' = the default next "
-                  "to the model) and checks it fits the model")
+      .def_static(
+          "load",
+          [](const Model& model, const std::string& path) -> std::shared_ptr<Tokenizer> {
+            return engine::load_tokenizer(path, model);
+          },
+          py::arg("model"), py::arg("path") = "",
+          "Loads `path` (tokenizer.json or llama2.c tokenizer.bin; '' = the default next "
+          "to the model) and checks it fits the model")
       .def("encode", &Tokenizer::encode, py::arg("text"), py::arg("add_special") = true)
       .def("decode", &Tokenizer::decode, py::arg("ids"))
       .def("token_text", &Tokenizer::token_text, py::arg("id"))
@@ -150,7 +153,8 @@ void bind_engine(py::module_& m) {
         const engine::ForcedSummary s = engine::summarize(r, nullptr);
         py::dict d;
         d["nll"] = py::array_t<double>(static_cast<py::ssize_t>(r.nll.size()), r.nll.data());
-        d["top1"] = py::array_t<std::int32_t>(static_cast<py::ssize_t>(r.top1.size()), r.top1.data());
+        d["top1"] =
+            py::array_t<std::int32_t>(static_cast<py::ssize_t>(r.top1.size()), r.top1.data());
         d["nll_mean"] = s.nll_mean;
         d["ppl"] = s.ppl;
         d["kept_tokens_mean"] = r.kept_tokens_mean;

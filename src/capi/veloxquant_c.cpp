@@ -48,14 +48,22 @@ namespace {
 
 vq_status status_of(vq::ErrorCode code) {
   switch (code) {
-    case vq::ErrorCode::kInvalidConfig: return VQ_ERR_INVALID_CONFIG;
-    case vq::ErrorCode::kInvalidSpec: return VQ_ERR_INVALID_SPEC;
-    case vq::ErrorCode::kUnknownMethod: return VQ_ERR_UNKNOWN_METHOD;
-    case vq::ErrorCode::kShapeMismatch: return VQ_ERR_SHAPE_MISMATCH;
-    case vq::ErrorCode::kInvalidState: return VQ_ERR_INVALID_STATE;
-    case vq::ErrorCode::kInvalidArgument: return VQ_ERR_INVALID_ARGUMENT;
-    case vq::ErrorCode::kFileError: return VQ_ERR_FILE;
-    case vq::ErrorCode::kIoError: return VQ_ERR_IO;
+    case vq::ErrorCode::kInvalidConfig:
+      return VQ_ERR_INVALID_CONFIG;
+    case vq::ErrorCode::kInvalidSpec:
+      return VQ_ERR_INVALID_SPEC;
+    case vq::ErrorCode::kUnknownMethod:
+      return VQ_ERR_UNKNOWN_METHOD;
+    case vq::ErrorCode::kShapeMismatch:
+      return VQ_ERR_SHAPE_MISMATCH;
+    case vq::ErrorCode::kInvalidState:
+      return VQ_ERR_INVALID_STATE;
+    case vq::ErrorCode::kInvalidArgument:
+      return VQ_ERR_INVALID_ARGUMENT;
+    case vq::ErrorCode::kFileError:
+      return VQ_ERR_FILE;
+    case vq::ErrorCode::kIoError:
+      return VQ_ERR_IO;
   }
   return VQ_ERR_INTERNAL;
 }
@@ -124,8 +132,10 @@ T& need(T* p, const char* what) {
 
 vq::DType dtype_of(vq_dtype d) {
   switch (d) {
-    case VQ_DTYPE_F32: return vq::DType::kF32;
-    case VQ_DTYPE_F16: return vq::DType::kF16;
+    case VQ_DTYPE_F32:
+      return vq::DType::kF32;
+    case VQ_DTYPE_F16:
+      return vq::DType::kF16;
   }
   throw vq::Error(vq::ErrorCode::kShapeMismatch,
                   "[capi] dtype must be VQ_DTYPE_F32 or VQ_DTYPE_F16, got " +
@@ -206,10 +216,14 @@ const std::vector<std::vector<FieldStrings>>& registry_strings() {
 
 vq_field_type c_field_type(vq::FieldType t) {
   switch (t) {
-    case vq::FieldType::kInt: return VQ_FIELD_INT;
-    case vq::FieldType::kFloat: return VQ_FIELD_FLOAT;
-    case vq::FieldType::kBool: return VQ_FIELD_BOOL;
-    case vq::FieldType::kEnum: return VQ_FIELD_ENUM;
+    case vq::FieldType::kInt:
+      return VQ_FIELD_INT;
+    case vq::FieldType::kFloat:
+      return VQ_FIELD_FLOAT;
+    case vq::FieldType::kBool:
+      return VQ_FIELD_BOOL;
+    case vq::FieldType::kEnum:
+      return VQ_FIELD_ENUM;
   }
   return VQ_FIELD_INT;
 }
@@ -231,22 +245,35 @@ const char* vq_version(void) { return vq::kVersion; }
 
 const char* vq_status_name(vq_status status) {
   switch (status) {
-    case VQ_OK: return "ok";
-    case VQ_ERR_INVALID_CONFIG: return "invalid_config";
-    case VQ_ERR_INVALID_SPEC: return "invalid_spec";
-    case VQ_ERR_UNKNOWN_METHOD: return "unknown_method";
-    case VQ_ERR_SHAPE_MISMATCH: return "shape_mismatch";
-    case VQ_ERR_INVALID_STATE: return "invalid_state";
-    case VQ_ERR_INVALID_ARGUMENT: return "invalid_argument";
-    case VQ_ERR_FILE: return "file_error";
-    case VQ_ERR_IO: return "io_error";
-    case VQ_ERR_OUT_OF_MEMORY: return "out_of_memory";
-    case VQ_ERR_INTERNAL: return "internal";
+    case VQ_OK:
+      return "ok";
+    case VQ_ERR_INVALID_CONFIG:
+      return "invalid_config";
+    case VQ_ERR_INVALID_SPEC:
+      return "invalid_spec";
+    case VQ_ERR_UNKNOWN_METHOD:
+      return "unknown_method";
+    case VQ_ERR_SHAPE_MISMATCH:
+      return "shape_mismatch";
+    case VQ_ERR_INVALID_STATE:
+      return "invalid_state";
+    case VQ_ERR_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case VQ_ERR_FILE:
+      return "file_error";
+    case VQ_ERR_IO:
+      return "io_error";
+    case VQ_ERR_OUT_OF_MEMORY:
+      return "out_of_memory";
+    case VQ_ERR_INTERNAL:
+      return "internal";
   }
   return "unknown";
 }
 
-vq_status vq_error_status(const vq_error* error) { return error == nullptr ? VQ_OK : error->status; }
+vq_status vq_error_status(const vq_error* error) {
+  return error == nullptr ? VQ_OK : error->status;
+}
 
 const char* vq_error_message(const vq_error* error) {
   return error == nullptr ? "" : error->message.c_str();
@@ -368,11 +395,11 @@ const char* vq_config_method(const vq_config* config) {
 }
 
 // Runs `body(config)` with the config's last error as the sink (NULL config: status only).
-#define VQ_CONFIG_CALL(config_ptr, ...)                                                 \
-  do {                                                                                  \
-    if ((config_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT;                        \
-    vq_config& c = *(config_ptr);                                                       \
-    return guard([&] { __VA_ARGS__ }, ToString{&c.last_error});                         \
+#define VQ_CONFIG_CALL(config_ptr, ...)                          \
+  do {                                                           \
+    if ((config_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT; \
+    vq_config& c = *(config_ptr);                                \
+    return guard([&] { __VA_ARGS__ }, ToString{&c.last_error});  \
   } while (0)
 
 vq_status vq_config_set(vq_config* config, const char* key, const char* value) {
@@ -465,15 +492,15 @@ const char* vq_layer_last_error(const vq_layer_cache* layer) {
   return layer == nullptr ? "" : layer->last_error.c_str();
 }
 
-#define VQ_LAYER_CALL(layer_ptr, ...)                                  \
-  do {                                                                 \
-    if ((layer_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT;        \
-    vq_layer_cache& l = *(layer_ptr);                                  \
-    return guard([&] { __VA_ARGS__ }, ToString{&l.last_error});       \
+#define VQ_LAYER_CALL(layer_ptr, ...)                           \
+  do {                                                          \
+    if ((layer_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT; \
+    vq_layer_cache& l = *(layer_ptr);                           \
+    return guard([&] { __VA_ARGS__ }, ToString{&l.last_error}); \
   } while (0)
 
-vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* keys,
-                              const vq_tensor* values, vq_step_view* view) {
+vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* keys, const vq_tensor* values,
+                              vq_step_view* view) {
   VQ_LAYER_CALL(layer, {
     const vq::TensorRef k = tensor_of(need(keys, "keys"));
     const vq::TensorRef v = tensor_of(need(values, "values"));
@@ -590,19 +617,19 @@ int64_t vq_model_cache_n_layers(const vq_model_cache* cache) {
   return cache == nullptr ? 0 : cache->cache->n_layers();
 }
 
-#define VQ_MODEL_CALL(cache_ptr, ...)                                  \
-  do {                                                                 \
-    if ((cache_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT;        \
-    vq_model_cache& m = *(cache_ptr);                                  \
-    return guard([&] { __VA_ARGS__ }, ToString{&m.last_error});        \
+#define VQ_MODEL_CALL(cache_ptr, ...)                           \
+  do {                                                          \
+    if ((cache_ptr) == nullptr) return VQ_ERR_INVALID_ARGUMENT; \
+    vq_model_cache& m = *(cache_ptr);                           \
+    return guard([&] { __VA_ARGS__ }, ToString{&m.last_error}); \
   } while (0)
 
 vq_status vq_model_cache_layer(vq_model_cache* cache, int64_t i, vq_layer_cache** out) {
   VQ_MODEL_CALL(cache, {
     need(out, "out");
     if (i < 0 || i >= m.cache->n_layers()) {
-      throw bad_argument("layer must be in [0, " + std::to_string(m.cache->n_layers()) +
-                         "), got " + std::to_string(i));
+      throw bad_argument("layer must be in [0, " + std::to_string(m.cache->n_layers()) + "), got " +
+                         std::to_string(i));
     }
     *out = &m.layers[static_cast<size_t>(i)];
   });

@@ -15,22 +15,22 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                        \
-    }                                                                    \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
-#define CHECK_EQ_I64(a, b)                                                                  \
-  do {                                                                                      \
-    long long va_ = (long long)(a), vb_ = (long long)(b);                                   \
-    if (va_ != vb_) {                                                                       \
-      fprintf(stderr, "%s:%d: %s == %s failed: %lld vs %lld\n", __FILE__, __LINE__, #a, #b, \
-              va_, vb_);                                                                    \
-      ++failures;                                                                           \
-    }                                                                                       \
+#define CHECK_EQ_I64(a, b)                                                                       \
+  do {                                                                                           \
+    long long va_ = (long long)(a), vb_ = (long long)(b);                                        \
+    if (va_ != vb_) {                                                                            \
+      fprintf(stderr, "%s:%d: %s == %s failed: %lld vs %lld\n", __FILE__, __LINE__, #a, #b, va_, \
+              vb_);                                                                              \
+      ++failures;                                                                                \
+    }                                                                                            \
   } while (0)
 
 /* Reads element d of row r of a head's rows as float (fp16 decoded by hand for the values the
@@ -52,7 +52,9 @@ static float row_elem(const void* base, vq_dtype dtype, int64_t stride, int64_t 
 }
 
 /* keys[h][d] of the token at `pos`: pos + h/2 + d/4 (exact in fp16 below 512). */
-static float key_of(int pos, int h, int d) { return (float)pos + 0.5f * (float)h + 0.25f * (float)d; }
+static float key_of(int pos, int h, int d) {
+  return (float)pos + 0.5f * (float)h + 0.25f * (float)d;
+}
 static float value_of(int pos, int h, int d) { return -(float)pos - 0.25f * (float)d - (float)h; }
 
 static void test_version_and_errors(void) {
@@ -369,8 +371,8 @@ static void test_attention_input(void) {
   vq_head_rows rows;
   vq_cache_stats s;
   int64_t budgets[2] = {0, 0};
-  const float probs[4][4] = {{1, 0, 0, 0}, {0.5f, 0.5f, 0, 0}, {0.25f, 0.25f, 0.5f, 0},
-                             {0.1f, 0.5f, 0.05f, 0.35f}};
+  const float probs[4][4] = {
+      {1, 0, 0, 0}, {0.5f, 0.5f, 0, 0}, {0.25f, 0.25f, 0.5f, 0}, {0.1f, 0.5f, 0.05f, 0.35f}};
   vq_attention a = {NULL, 1, 1, 1, 0};
   int pos;
   t.data = kv;
@@ -438,7 +440,8 @@ static void* drive(void* arg) {
   for (pos = 0; pos < 300; ++pos) {
     if (vq_layer_begin_step(w->layer, &t, &t, &view) != VQ_OK) ++w->failures;
     if (vq_layer_view_head(w->layer, 0, 0, &rows) != VQ_OK) ++w->failures;
-    if (w->kind == 1 && vq_layer_view_head(w->layer, 0, 5, &rows) != VQ_ERR_INVALID_ARGUMENT) ++w->failures;
+    if (w->kind == 1 && vq_layer_view_head(w->layer, 0, 5, &rows) != VQ_ERR_INVALID_ARGUMENT)
+      ++w->failures;
     if (vq_layer_end_step(w->layer, NULL) != VQ_OK) ++w->failures;
     if (w->kind == 0 && vq_layer_end_step(w->layer, NULL) != VQ_ERR_INVALID_STATE) ++w->failures;
   }

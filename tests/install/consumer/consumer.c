@@ -2,7 +2,6 @@
  * keeps positions 0, 1, 14..19. */
 #include <stdio.h>
 #include <string.h>
-
 #include <veloxquant/veloxquant_c.h>
 
 int main(void) {
@@ -25,7 +24,8 @@ int main(void) {
     return 1;
   }
   for (pos = 0; pos < 20; ++pos) {
-    if (vq_layer_begin_step(layer, &t, &t, &view) != VQ_OK || vq_layer_end_step(layer, NULL) != VQ_OK) {
+    if (vq_layer_begin_step(layer, &t, &t, &view) != VQ_OK ||
+        vq_layer_end_step(layer, NULL) != VQ_OK) {
       fprintf(stderr, "%s\n", vq_layer_last_error(layer));
       return 1;
     }

@@ -1,10 +1,10 @@
 // Installed-package consumer, C++ side: the public C++ API through the shared (or static)
 // library, including a vq::Error thrown inside the library and caught here.
+#include <veloxquant/veloxquant.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <veloxquant/veloxquant.h>
 
 int main() {
   try {
@@ -27,7 +27,8 @@ int main() {
   }
   const vq::CacheStats s = caches.stats();
   if (s.tokens_seen != 20 || s.tokens_kept != 8 || s.kept_bytes != 2 * 8 * 2 * 2 * 2) return 1;
-  std::printf("consumer_cpp: ok (%zu methods registered, kept %lld of %lld)\n", vq::registry().size(),
-              static_cast<long long>(s.tokens_kept), static_cast<long long>(s.tokens_seen));
+  std::printf("consumer_cpp: ok (%zu methods registered, kept %lld of %lld)\n",
+              vq::registry().size(), static_cast<long long>(s.tokens_kept),
+              static_cast<long long>(s.tokens_seen));
   return 0;
 }
