@@ -1,6 +1,8 @@
 """The engine from Python against the CLI (the same C++ code reached two ways)."""
 
 import json
+import os
+import pathlib
 import subprocess
 
 import numpy as np
@@ -81,3 +83,18 @@ def test_run_forced_agrees_with_eval(model):
     assert res["rows"][0]["ppl"] == run["ppl"]
     with pytest.raises(vq.Error):
         vq.run_forced(model, ids[:1], "full")
+
+
+def test_hugging_face_checkpoint_generates_as_the_cli(cli):
+    """Every format the engine reads loads from Python: the HF Llama checkpoint (safetensors +
+    tokenizer.json) of the shared data, when present."""
+    shared = pathlib.Path(os.environ.get("VQ_SHARED_DIR", "")) / "data" / "models" / "tinystories-656K"
+    if not (shared / "config.json").exists():
+        pytest.skip(f"{shared} not present (shared data)")
+    model = vq.Model.load(str(shared))
+    assert model.config["format"] == "hf" and model.config["rope"] == "rotate_half"
+    r = vq.generate(model, prompt="Once upon a time", steps=24, method="tova:budget=16")
+    out = subprocess.run([cli, "generate", "--model", str(shared), "--prompt", "Once upon a time",
+                          "--steps", "24", "--method", "tova:budget=16"],
+                         check=True, capture_output=True, text=True)
+    assert out.stdout == r["text"] + "\n"
