@@ -73,33 +73,34 @@ vq::Error bad_argument(const std::string& message) {
   return vq::Error(vq::ErrorCode::kInvalidArgument, "[capi] " + message);
 }
 
-// Runs `body`; on an exception stores its message through `sink(status, message)` and returns
-// the status. `sink` itself must not throw (it only assigns strings; a failed assignment is
-// dropped).
-template <class Body, class Sink>
-vq_status guard(Body&& body, Sink&& sink) noexcept {
-  vq_status status = VQ_ERR_INTERNAL;
-  const char* message = "[capi] unknown error";
-  std::string what;
-  try {
-    body();
-    return VQ_OK;
-  } catch (const vq::Error& e) {
-    status = status_of(e.code());
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    status = VQ_ERR_OUT_OF_MEMORY;
-    message = "[capi] out of memory";
-  } catch (const std::exception& e) {
-    status = VQ_ERR_INTERNAL;
-    message = e.what();
-  } catch (...) {
-  }
+// Hands (status, message) to `sink`; a sink that fails (out of memory while copying the
+// message) loses the message, never the status.
+template <class Sink>
+vq_status report(Sink& sink, vq_status status, const char* message) noexcept {
   try {
     sink(status, message);
   } catch (...) {
   }
   return status;
+}
+
+// Runs `body`; on an exception hands its status and message to `sink` and returns the status.
+// The message is consumed inside the handler, while the exception object (which owns it) is
+// still alive.
+template <class Body, class Sink>
+vq_status guard(Body&& body, Sink&& sink) noexcept {
+  try {
+    body();
+    return VQ_OK;
+  } catch (const vq::Error& e) {
+    return report(sink, status_of(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return report(sink, VQ_ERR_OUT_OF_MEMORY, "[capi] out of memory");
+  } catch (const std::exception& e) {
+    return report(sink, VQ_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return report(sink, VQ_ERR_INTERNAL, "[capi] unknown error");
+  }
 }
 
 // Sink for a handle's last error.
