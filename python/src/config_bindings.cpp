@@ -79,15 +79,21 @@ py::dict method_dict(const MethodInfo& m) {
 
 void bind_config(py::module_& m) {
   // vq::Error -> veloxquant.Error(message) with .code ("invalid_config", ...) and .path.
-  static py::exception<Error> error_type(m, "Error");
+  // The type object lives as long as the process (never destroyed after the interpreter).
+  static PyObject* error_type = [&] {
+    auto* type = new py::exception<Error>(m, "Error");
+    type->attr("__module__") = "veloxquant";
+    type->doc() = "A VeloxQuant error: the library's message, .code and .path (file errors)";
+    return type->ptr();
+  }();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      py::object instance = py::reinterpret_borrow<py::object>(error_type.ptr())(e.what());
+      py::object instance = py::reinterpret_borrow<py::object>(error_type)(e.what());
       instance.attr("code") = to_string(e.code());
       instance.attr("path") = e.path();
-      PyErr_SetObject(error_type.ptr(), instance.ptr());
+      PyErr_SetObject(error_type, instance.ptr());
     }
   });
 
