@@ -6,11 +6,13 @@
 // strings the API hands out.
 #include "veloxquant/veloxquant_c.h"
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "veloxquant/builder.h"
@@ -131,16 +133,21 @@ T& need(T* p, const char* what) {
   return *p;
 }
 
-vq::DType dtype_of(vq_dtype d) {
-  switch (d) {
-    case VQ_DTYPE_F32:
-      return vq::DType::kF32;
-    case VQ_DTYPE_F16:
-      return vq::DType::kF16;
-  }
+// The integer a C caller stored in an enum field. C lets any int sit there; in C++ loading an
+// out-of-range value as the enum type is undefined, so the bytes are read as the underlying type.
+template <class Enum>
+std::underlying_type_t<Enum> raw_value(const Enum& e) {
+  std::underlying_type_t<Enum> v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+vq::DType dtype_of(const vq_dtype& d) {
+  const auto v = raw_value(d);
+  if (v == VQ_DTYPE_F32) return vq::DType::kF32;
+  if (v == VQ_DTYPE_F16) return vq::DType::kF16;
   throw vq::Error(vq::ErrorCode::kShapeMismatch,
-                  "[capi] dtype must be VQ_DTYPE_F32 or VQ_DTYPE_F16, got " +
-                      std::to_string(static_cast<int>(d)));
+                  "[capi] dtype must be VQ_DTYPE_F32 or VQ_DTYPE_F16, got " + std::to_string(v));
 }
 
 vq_dtype c_dtype(vq::DType d) { return d == vq::DType::kF32 ? VQ_DTYPE_F32 : VQ_DTYPE_F16; }
@@ -245,7 +252,7 @@ int vq_abi_version(void) { return VQ_ABI_VERSION; }
 const char* vq_version(void) { return vq::kVersion; }
 
 const char* vq_status_name(vq_status status) {
-  switch (status) {
+  switch (raw_value(status)) {
     case VQ_OK:
       return "ok";
     case VQ_ERR_INVALID_CONFIG:
