@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev libfmt-dev libpcre2-dev libicu-dev pkg-config)
+# The Python bindings and their tests (issue 12), and pkg-config for the installed-package test.
+packages+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest pkg-config)
 
 missing=()
 for p in "${packages[@]}"; do

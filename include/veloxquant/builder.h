@@ -23,7 +23,7 @@ struct ModelShape {
 
 // The caches of every layer of one model. Layer i gets the config with seed = seed + i and
 // LayerShape{layer = i, n_layers}, so per-layer schedules (PyramidKV) come from the layer index.
-class ModelCache {
+class VQ_API ModelCache {
  public:
   ModelCache(const CacheConfig& config, const ModelShape& shape);
   std::int64_t n_layers() const noexcept { return static_cast<std::int64_t>(layers_.size()); }

@@ -63,7 +63,7 @@ struct LayerShape {
 // Rows held packed (a quantized cache's codes, scales and zeros, plus its unquantized tail),
 // read as fp32 by dequantizing on the fly. Owned by the cache; valid as long as the HeadRows
 // that points to it.
-class PackedRows {
+class VQ_API PackedRows {
  public:
   // The row's key / value, dequantized: out [head_dim].
   virtual void load_key(std::int64_t row, float* out) const noexcept = 0;
@@ -80,7 +80,7 @@ class PackedRows {
 // [n_rows][row_stride] elements of `dtype` (first head_dim used). Packed rows (quantize=,
 // kivi): `packed` is set, keys and values are null, row_stride = head_dim; read them with
 // key()/value(), packed->load_key/load_value, or dequantized(). positions: [n_rows].
-struct HeadRows {
+struct VQ_API HeadRows {
   const void* keys = nullptr;
   const void* values = nullptr;
   const std::int32_t* positions = nullptr;
@@ -97,7 +97,7 @@ struct HeadRows {
 // `rows` as plain rows: packed rows are dequantized into `keys` and `values` (resized to
 // [n_rows][row_stride] fp32; the caller's scratch, reusable across heads and layers) and the
 // result points there; plain rows are returned as they are (no copy).
-HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values);
+VQ_API HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values);
 
 // What begin_step returns: per (b, kv head) the previously kept rows followed by the step's
 // new rows. Every head holds the same number of rows. Valid until end_step().
@@ -166,7 +166,7 @@ struct CacheStats {
   const char* score_source = "none";
 };
 
-class LayerCache {
+class VQ_API LayerCache {
  public:
   // Validates `config` (throws Error(kInvalidConfig)) and builds the method's policy.
   LayerCache(const CacheConfig& config, const LayerShape& shape);

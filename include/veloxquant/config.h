@@ -29,13 +29,13 @@
 namespace vq {
 
 enum class FieldType { kInt, kFloat, kBool, kEnum };
-const char* to_string(FieldType type) noexcept;
+VQ_API const char* to_string(FieldType type) noexcept;
 
 // A field value: int64 for kInt, double for kFloat, bool for kBool, string for kEnum.
 using FieldValue = std::variant<std::int64_t, double, bool, std::string>;
 
 // One configurable field of a method, as the registry describes it.
-struct FieldSpec {
+struct VQ_API FieldSpec {
   std::string name;  // canonical config key, e.g. "cam_budget"
   FieldType type = FieldType::kInt;
   FieldValue default_value;
@@ -51,11 +51,11 @@ struct FieldSpec {
 };
 
 // Canonical text of a value ("64", "0.98", "true", "drop").
-std::string value_text(const FieldValue& value);
+VQ_API std::string value_text(const FieldValue& value);
 
 struct MethodInfo;
 
-class CacheConfig {
+class VQ_API CacheConfig {
  public:
   // The method's defaults. Throws Error(kUnknownMethod) listing the registered ids.
   explicit CacheConfig(std::string_view method = "full");

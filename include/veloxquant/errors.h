@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "veloxquant/export.h"
+
 namespace vq {
 
 enum class ErrorCode {
@@ -25,9 +27,9 @@ enum class ErrorCode {
   kIoError,          // an I/O failure while writing results
 };
 
-const char* to_string(ErrorCode code) noexcept;
+VQ_API const char* to_string(ErrorCode code) noexcept;
 
-class Error : public std::runtime_error {
+class VQ_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message, std::string path = {});
   ErrorCode code() const noexcept { return code_; }
@@ -40,7 +42,7 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
-[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] VQ_API void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 }  // namespace detail
 
 }  // namespace vq

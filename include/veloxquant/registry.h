@@ -58,19 +58,19 @@ struct MethodInfo {
 };
 
 // All registered methods, in registry order.
-const std::vector<MethodInfo>& registry();
+VQ_API const std::vector<MethodInfo>& registry();
 // Throws Error(kUnknownMethod) "unknown method 'x'; known methods: full, streaming_llm, ...".
-const MethodInfo& find_method(std::string_view id);
-std::vector<std::string> method_ids();
+VQ_API const MethodInfo& find_method(std::string_view id);
+VQ_API std::vector<std::string> method_ids();
 
 // Token budget helpers over MethodInfo::get_budget / set_budget.
-bool has_token_budget(const CacheConfig& config);
-std::int64_t token_budget(const CacheConfig& config);  // throws if the method has none
+VQ_API bool has_token_budget(const CacheConfig& config);
+VQ_API std::int64_t token_budget(const CacheConfig& config);  // throws if the method has none
 // Returns a copy with the budget set and validated; throws Error(kInvalidConfig) if the
 // method has no budget or the result is inconsistent (e.g. budget <= n_sink).
-CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget);
+VQ_API CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget);
 
 // The README's method table (markdown), generated from the registry.
-std::string method_table_markdown();
+VQ_API std::string method_table_markdown();
 
 }  // namespace vq

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "veloxquant/export.h"
+
 namespace vq {
 
 // Element type of tensors handed to or stored by a cache.
@@ -12,18 +14,18 @@ enum class DType : std::uint8_t {
   kF16,  // IEEE binary16, stored as raw uint16_t bits
 };
 
-std::size_t dtype_size(DType dtype) noexcept;
-const char* to_string(DType dtype) noexcept;
+VQ_API std::size_t dtype_size(DType dtype) noexcept;
+VQ_API const char* to_string(DType dtype) noexcept;
 
 // IEEE binary16 <-> binary32. float -> half rounds to nearest, ties to even (overflow gives
 // +-inf, NaN stays NaN); half -> float is exact. Independent of the floating-point environment.
-std::uint16_t float_to_half(float value) noexcept;
-float half_to_float(std::uint16_t bits) noexcept;
+VQ_API std::uint16_t float_to_half(float value) noexcept;
+VQ_API float half_to_float(std::uint16_t bits) noexcept;
 
 // A read-only view of a 4-D tensor [B, H, S, D] (batch, heads, tokens, head_dim) with strides
 // in elements. The innermost dimension D must be contiguous (stride 1); other strides are free,
 // so an engine can hand over [S][H][D]-ordered buffers without copying.
-struct TensorRef {
+struct VQ_API TensorRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   std::int64_t shape[4] = {0, 0, 0, 0};   // B, H, S, D

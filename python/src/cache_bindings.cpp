@@ -1,0 +1,384 @@
+// LayerCache and ModelCache over NumPy arrays.
+//
+// Inputs: keys/values are 4-D [B, Hkv, S, D] float32 or float16 arrays. They are read in place
+// (no copy) when the last axis is contiguous and every stride is a multiple of the element
+// size; otherwise a contiguous copy is made first. The cache copies the new rows into its own
+// storage during begin_step, so the arrays may change or go away afterwards.
+// Views: StepView.keys(b, h) / values(b, h) / positions(b, h) return read-only NumPy arrays that
+// point into cache storage (no copy). They are valid until the step's end_step() (or reset());
+// after that the memory may be reused, so copy (np.array(a)) what must outlive the step. The
+// StepView object refuses to hand out arrays once its step has ended.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/cache.h"
+#include "veloxquant/errors.h"
+
+namespace py = pybind11;
+
+namespace vq::python {
+namespace {
+
+// A layer cache as Python sees it: owned (standalone) or a model cache's layer. `step` counts
+// begin/end/reset events so a StepView can tell that its step is over.
+struct LayerHandle {
+  std::unique_ptr<LayerCache> owned;
+  LayerCache* cache = nullptr;
+  std::uint64_t step = 0;
+};
+
+struct ModelHandle {
+  explicit ModelHandle(const CacheConfig& config, const ModelShape& shape) : cache(config, shape) {
+    for (std::int64_t i = 0; i < cache.n_layers(); ++i) {
+      auto h = std::make_shared<LayerHandle>();
+      h->cache = &cache.layer(i);
+      layers.push_back(std::move(h));
+    }
+  }
+  ModelCache cache;
+  std::vector<std::shared_ptr<LayerHandle>> layers;
+};
+
+struct PyStepView {
+  std::shared_ptr<LayerHandle> layer;
+  std::uint64_t step = 0;
+  StepView view;
+};
+
+py::dtype float16_dtype() { return py::dtype("float16"); }
+
+DType dtype_of(const py::array& a, const char* name) {
+  if (a.dtype().is(py::dtype::of<float>())) return DType::kF32;
+  if (a.dtype().is(float16_dtype())) return DType::kF16;
+  throw py::type_error(std::string(name) + " must be a float32 or float16 array, got " +
+                       std::string(py::str(a.dtype())));
+}
+
+// The array as a TensorRef, reading it in place when the layout allows; `keep` receives the
+// contiguous copy otherwise.
+TensorRef tensor_of(const py::array& a, const char* name, py::array& keep) {
+  if (a.ndim() != 4) {
+    throw Error(ErrorCode::kShapeMismatch, std::string("[python] ") + name +
+                                               " must be 4-D [B, Hkv, S, D], got " +
+                                               std::to_string(a.ndim()) + "-D");
+  }
+  const DType dtype = dtype_of(a, name);
+  const py::ssize_t item = a.itemsize();
+  bool in_place = a.shape(3) <= 1 || a.strides(3) == item;
+  for (int i = 0; i < 4; ++i) in_place = in_place && a.strides(i) % item == 0 && a.strides(i) >= 0;
+  const py::array& src = in_place ? a : (keep = py::array::ensure(a, py::array::c_style));
+  TensorRef t;
+  t.data = src.data();
+  t.dtype = dtype;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = src.shape(i);
+    t.stride[i] = src.strides(i) / item;
+  }
+  t.stride[3] = 1;
+  return t;
+}
+
+void check_open(const PyStepView& v) {
+  if (v.layer->step != v.step || !v.layer->cache->step_open()) {
+    throw Error(ErrorCode::kInvalidState,
+                "[python] this StepView's step has ended (end_step or reset); its rows are gone");
+  }
+}
+
+void check_head(const StepView& v, std::int64_t b, std::int64_t h) {
+  if (b < 0 || b >= v.batch() || h < 0 || h >= v.n_kv_heads()) {
+    throw py::index_error("(b, h) must be in [0, " + std::to_string(v.batch()) + ") x [0, " +
+                          std::to_string(v.n_kv_heads()) + "), got (" + std::to_string(b) + ", " +
+                          std::to_string(h) + ")");
+  }
+}
+
+// Read-only arrays over a head's rows; `base` keeps the owner alive.
+py::array rows_array(const HeadRows& r, bool keys, std::int64_t head_dim, const py::object& base) {
+  if (r.packed != nullptr) {
+    // Packed (quantized) rows: the cache keeps no fp32 copy, so this is a dequantized copy
+    // [n_rows, head_dim] float32, not a view.
+    py::array_t<float> a({static_cast<py::ssize_t>(r.n_rows), static_cast<py::ssize_t>(head_dim)});
+    float* out = a.mutable_data();
+    for (std::int64_t i = 0; i < r.n_rows; ++i) {
+      if (keys) {
+        r.packed->load_key(i, out + i * head_dim);
+      } else {
+        r.packed->load_value(i, out + i * head_dim);
+      }
+    }
+    a.attr("setflags")(py::arg("write") = false);
+    return a;
+  }
+  const bool f32 = r.dtype == DType::kF32;
+  const py::ssize_t item = f32 ? 4 : 2;
+  py::array a(f32 ? py::dtype::of<float>() : float16_dtype(),
+              std::vector<py::ssize_t>{r.n_rows, head_dim},
+              std::vector<py::ssize_t>{r.row_stride * item, item}, keys ? r.keys : r.values, base);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+py::array positions_array(const HeadRows& r, const py::object& base) {
+  py::array_t<std::int32_t> a({static_cast<py::ssize_t>(r.n_rows)}, {sizeof(std::int32_t)},
+                              r.positions, base);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+// fp32 copies of every head's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R].
+py::tuple stacked(const StepView& v) {
+  const std::int64_t B = v.batch(), H = v.n_kv_heads(), R = v.n_rows(), D = v.head_dim();
+  py::array_t<float> k({B, H, R, D}), val({B, H, R, D});
+  py::array_t<std::int32_t> pos({B, H, R});
+  float* kp = k.mutable_data();
+  float* vp = val.mutable_data();
+  std::int32_t* pp = pos.mutable_data();
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      const HeadRows& r = v.head(b, h);
+      for (std::int64_t i = 0; i < R; ++i) {
+        const std::int64_t o = (b * H + h) * R + i;
+        pp[o] = r.positions[i];
+        for (std::int64_t d = 0; d < D; ++d) {
+          kp[o * D + d] = r.key(i, d);
+          vp[o * D + d] = r.value(i, d);
+        }
+      }
+    }
+  }
+  return py::make_tuple(k, val, pos);
+}
+
+PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& keys,
+                      const py::array& values) {
+  py::array keep_k, keep_v;
+  const TensorRef k = tensor_of(keys, "keys", keep_k);
+  const TensorRef v = tensor_of(values, "values", keep_v);
+  PyStepView out{l, 0, l->cache->begin_step(k, v)};
+  out.step = ++l->step;
+  return out;
+}
+
+void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
+  if (!attention) {
+    l.cache->end_step(nullptr);
+  } else {
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
+    if (!a) throw py::type_error("attention must be convertible to a float32 array");
+    if (a.ndim() != 4) {
+      throw Error(ErrorCode::kShapeMismatch, "[python] attention must be 4-D [B, Hq, S, R], got " +
+                                                 std::to_string(a.ndim()) + "-D");
+    }
+    AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
+    l.cache->end_step(&ref);
+  }
+  ++l.step;
+}
+
+std::shared_ptr<LayerHandle> make_layer(const CacheConfig& config, std::int64_t n_kv_heads,
+                                        std::int64_t head_dim, std::int64_t n_query_heads,
+                                        std::int64_t layer, std::int64_t n_layers) {
+  auto h = std::make_shared<LayerHandle>();
+  h->owned = std::make_unique<LayerCache>(
+      config, LayerShape{n_kv_heads, head_dim, n_query_heads, layer, n_layers});
+  h->cache = h->owned.get();
+  return h;
+}
+
+}  // namespace
+
+py::dict stats_dict(const CacheStats& s) {
+  py::dict d;
+  d["tokens_seen"] = s.tokens_seen;
+  d["tokens_kept"] = s.tokens_kept;
+  d["tokens_kept_per_head"] = s.tokens_kept_per_head;
+  d["kept_bytes"] = s.kept_bytes;
+  d["full_bytes"] = s.full_bytes;
+  d["compression_ratio"] = s.compression_ratio;
+  d["resident_bytes"] = resident_bytes(s);
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["evictions"] = s.evictions;
+  d["merges"] = s.merges;
+  return d;
+}
+
+void bind_cache(py::module_& m) {
+  py::class_<PyStepView>(m, "StepView",
+                         "The rows of an open step: per (b, kv head) every kept row followed by "
+                         "the step's new rows. Arrays point into cache storage (no copy) and are "
+                         "valid until end_step().")
+      .def_property_readonly("batch", [](const PyStepView& v) { return v.view.batch(); })
+      .def_property_readonly("n_kv_heads", [](const PyStepView& v) { return v.view.n_kv_heads(); })
+      .def_property_readonly("head_dim", [](const PyStepView& v) { return v.view.head_dim(); })
+      .def_property_readonly("n_rows", [](const PyStepView& v) { return v.view.n_rows(); })
+      .def_property_readonly("n_new", [](const PyStepView& v) { return v.view.n_new(); })
+      .def_property_readonly("open",
+                             [](const PyStepView& v) {
+                               return v.layer->step == v.step && v.layer->cache->step_open();
+                             })
+      .def_property_readonly("dtype",
+                             [](const PyStepView& v) {
+                               return v.view.batch() == 0 ? py::dtype::of<float>()
+                                      : v.view.head(0, 0).dtype == DType::kF32
+                                          ? py::dtype::of<float>()
+                                          : float16_dtype();
+                             })
+      .def(
+          "keys",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
+          },
+          py::arg("b"), py::arg("h"), "Keys of (b, h): [R, D] float16/float32, read-only view")
+      .def(
+          "values",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
+          },
+          py::arg("b"), py::arg("h"), "Values of (b, h): [R, D], read-only view")
+      .def(
+          "positions",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const PyStepView& v = self.cast<const PyStepView&>();
+            check_open(v);
+            check_head(v.view, b, h);
+            return positions_array(v.view.head(b, h), self);
+          },
+          py::arg("b"), py::arg("h"), "True token positions of (b, h): [R] int32, read-only view")
+      .def(
+          "stack",
+          [](const PyStepView& v) {
+            check_open(v);
+            return stacked(v.view);
+          },
+          "fp32 copies of every head: (keys [B, Hkv, R, D], values [B, Hkv, R, D], "
+          "positions [B, Hkv, R])");
+
+  py::class_<LayerHandle, std::shared_ptr<LayerHandle>>(
+      m, "LayerCache", "One layer's compressed KV cache (see include/veloxquant/cache.h)")
+      .def(py::init(&make_layer), py::arg("config"), py::arg("n_kv_heads") = 0,
+           py::arg("head_dim") = 0, py::arg("n_query_heads") = 0, py::arg("layer") = 0,
+           py::arg("n_layers") = 1)
+      .def("begin_step", &begin_step, py::arg("keys"), py::arg("values"), py::keep_alive<0, 1>(),
+           "Appends keys/values [B, Hkv, S, D] (float32 or float16) and returns the StepView")
+      .def("end_step", &end_step, py::arg("attention") = py::none(),
+           "Closes the step: evicts/merges/quantizes to the budget. attention: the step's "
+           "probabilities [B, Hq, S, R] (float32; other dtypes are converted), or None for the "
+           "proxy source")
+      .def(
+          "update",
+          [](const std::shared_ptr<LayerHandle>& l, const py::array& keys,
+             const py::array& values) {
+            PyStepView v = begin_step(l, keys, values);
+            py::tuple out = stacked(v.view);
+            end_step(*l, std::nullopt);
+            return out;
+          },
+          py::arg("keys"), py::arg("values"),
+          "begin_step + fp32 copies of the rows + end_step(): (keys, values, positions)")
+      .def(
+          "stored",
+          [](py::object self, std::int64_t b, std::int64_t h) {
+            const auto& l = self.cast<const std::shared_ptr<LayerHandle>&>();
+            const HeadRows r = l->cache->stored(b, h);
+            const std::int64_t D = l->cache->shape().head_dim;
+            return py::make_tuple(rows_array(r, true, D, self), rows_array(r, false, D, self),
+                                  positions_array(r, self));
+          },
+          py::arg("b"), py::arg("h"),
+          "The rows stored between steps for (b, h): (keys, values, positions), read-only views "
+          "valid until the next step")
+      .def(
+          "row_scores",
+          [](const LayerHandle& l, std::int64_t b, std::int64_t h) {
+            const std::vector<float> s = l.cache->row_scores(b, h);
+            return py::array_t<float>(static_cast<py::ssize_t>(s.size()), s.data());
+          },
+          py::arg("b"), py::arg("h"))
+      .def("reset",
+           [](LayerHandle& l) {
+             l.cache->reset();
+             ++l.step;
+           })
+      .def("stats", [](const LayerHandle& l) { return stats_dict(l.cache->stats()); })
+      .def_property_readonly("step_open", [](const LayerHandle& l) { return l.cache->step_open(); })
+      .def_property_readonly("tokens_seen",
+                             [](const LayerHandle& l) { return l.cache->tokens_seen(); })
+      .def_property_readonly("tokens_kept",
+                             [](const LayerHandle& l) { return l.cache->tokens_kept(); })
+      .def_property_readonly("budget", [](const LayerHandle& l) { return l.cache->budget(); })
+      .def_property_readonly("config", [](const LayerHandle& l) { return l.cache->config(); })
+      .def_property_readonly("shape", [](const LayerHandle& l) {
+        const LayerShape& s = l.cache->shape();
+        py::dict d;
+        d["n_kv_heads"] = s.n_kv_heads;
+        d["head_dim"] = s.head_dim;
+        d["n_query_heads"] = s.n_query_heads;
+        d["layer"] = s.layer;
+        d["n_layers"] = s.n_layers;
+        return d;
+      });
+
+  py::class_<ModelHandle, std::shared_ptr<ModelHandle>>(m, "ModelCache",
+                                                        "One cache per layer of a model")
+      .def(py::init([](const CacheConfig& config, std::int64_t n_layers, std::int64_t n_kv_heads,
+                       std::int64_t head_dim, std::int64_t n_query_heads) {
+             return std::make_shared<ModelHandle>(
+                 config, ModelShape{n_layers, n_kv_heads, head_dim, n_query_heads});
+           }),
+           py::arg("config"), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
+           py::arg("n_query_heads") = 0)
+      .def("__len__", [](const ModelHandle& h) { return h.cache.n_layers(); })
+      .def(
+          "layer",
+          [](const ModelHandle& h, std::int64_t i) {
+            if (i < 0 || i >= h.cache.n_layers()) {
+              throw py::index_error("layer must be in [0, " + std::to_string(h.cache.n_layers()) +
+                                    "), got " + std::to_string(i));
+            }
+            return h.layers[static_cast<std::size_t>(i)];
+          },
+          py::arg("i"), py::keep_alive<0, 1>(), "Layer i's cache (keeps the model cache alive)")
+      .def(
+          "__getitem__",
+          [](const ModelHandle& h, std::int64_t i) {
+            if (i < 0 || i >= h.cache.n_layers()) throw py::index_error("layer out of range");
+            return h.layers[static_cast<std::size_t>(i)];
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "stats", [](const ModelHandle& h) { return stats_dict(h.cache.stats()); },
+          "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
+      .def("layer_budgets", [](const ModelHandle& h) { return h.cache.layer_budgets(); })
+      .def("mean_budget", [](const ModelHandle& h) { return h.cache.mean_budget(); })
+      .def(
+          "observe_layer_similarity",
+          [](ModelHandle& h, std::int64_t layer, double cosine) {
+            h.cache.observe_layer_similarity(layer, cosine);
+          },
+          py::arg("layer"), py::arg("cosine"))
+      .def("reset",
+           [](ModelHandle& h) {
+             h.cache.reset();
+             for (auto& l : h.layers) ++l->step;
+           })
+      .def_property_readonly("config", [](const ModelHandle& h) { return h.cache.config(); })
+      .def_property_readonly("n_layers", [](const ModelHandle& h) { return h.cache.n_layers(); });
+}
+
+}  // namespace vq::python

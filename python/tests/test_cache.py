@@ -1,0 +1,174 @@
+"""LayerCache / ModelCache over NumPy arrays.
+
+Expected rows are derived by hand from the method definitions: StreamingLLM keeps the n_sink
+first positions plus the most recent budget - n_sink; TOVA with the attention source evicts
+the non-sink row the newest query attends to least. Storage is fp16 (2 bytes per element).
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+import veloxquant as vq
+
+H, D = 2, 4
+
+
+def token(pos, dtype=np.float32):
+    """keys[h, d] = pos + h/2 + d/4 and values = -keys, [B=1, H, S=1, D]; exact in fp16."""
+    k = (pos + 0.5 * np.arange(H)[:, None] + 0.25 * np.arange(D)[None, :]).astype(dtype)
+    return k[None, :, None, :], (-k)[None, :, None, :]
+
+
+def expected_positions(pos):
+    """Positions in the view at step `pos` of streaming_llm (2 sinks + 6)."""
+    if pos < 8:
+        return list(range(pos + 1))
+    return [0, 1] + list(range(pos - 6, pos + 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_streaming_view_rows_positions_and_stats(dtype):
+    cache = vq.LayerCache(vq.CacheConfig.parse("streaming_llm:n_sink=2,window_size=6"), n_kv_heads=H, head_dim=D)
+    assert cache.budget == 8
+    for pos in range(20):
+        k, v = token(pos, dtype)
+        view = cache.begin_step(k, v)
+        assert cache.step_open and view.open
+        expect = expected_positions(pos)
+        assert (view.batch, view.n_kv_heads, view.head_dim, view.n_new) == (1, H, D, 1)
+        assert view.n_rows == len(expect)
+        for h in range(H):
+            keys, values, positions = view.keys(0, h), view.values(0, h), view.positions(0, h)
+            assert keys.dtype == np.float16 and keys.shape == (len(expect), D)
+            assert positions.dtype == np.int32
+            assert positions.tolist() == expect
+            want = np.array([token(p)[0][0, h, 0] for p in expect])
+            np.testing.assert_array_equal(keys.astype(np.float32), want)
+            np.testing.assert_array_equal(values.astype(np.float32), -want)
+        cache.end_step()
+        assert not view.open
+    s = cache.stats()
+    assert s["tokens_seen"] == 20 and s["tokens_kept"] == 8
+    assert s["tokens_kept_per_head"] == [8, 8]
+    assert s["kept_bytes"] == 8 * H * 2 * D * 2
+    assert s["full_bytes"] == 20 * H * 2 * D * 2
+    assert s["compression_ratio"] == pytest.approx(2.5)
+    assert s["evictions"] == 12 * H and s["merges"] == 0
+    assert s["resident_bytes"] >= s["allocated_bytes"] >= s["kept_bytes"]
+    keys, values, positions = cache.stored(0, 1)
+    assert positions.tolist() == [0, 1, 14, 15, 16, 17, 18, 19]
+    cache.reset()
+    assert cache.tokens_seen == 0 and cache.stats()["kept_bytes"] == 0
+
+
+def test_view_arrays_are_read_only_views_that_expire():
+    cache = vq.LayerCache(vq.CacheConfig("full"))
+    k, v = token(0)
+    view = cache.begin_step(k, v)
+    keys = view.keys(0, 0)
+    assert not keys.flags.owndata and not keys.flags.writeable
+    assert keys.base is view  # the array keeps the view (and through it the cache) alive
+    with pytest.raises(ValueError):
+        keys[0, 0] = 1
+    with pytest.raises(IndexError):
+        view.keys(0, H)
+    cache.end_step()
+    with pytest.raises(vq.Error) as e:
+        view.keys(0, 0)
+    assert e.value.code == "invalid_state"
+
+
+def test_view_points_into_cache_storage():
+    """Zero copy: the rows stored after a step are the memory the next step's view shows (no
+    copy in between), and a stored() array sees the cache's rows, not a snapshot."""
+    cache = vq.LayerCache(vq.CacheConfig.parse("streaming_llm:n_sink=2,window_size=6"))
+    for pos in range(12):
+        cache.update(*token(pos))
+    stored_keys, _, stored_pos = cache.stored(0, 0)
+    view = cache.begin_step(*token(12))
+    view_keys = view.keys(0, 0)
+    addr = lambda a: a.__array_interface__["data"][0]
+    assert addr(view_keys) == addr(stored_keys)
+    assert np.shares_memory(view_keys, stored_keys)
+    np.testing.assert_array_equal(view_keys[:8], stored_keys)
+    cache.end_step()
+    # The same memory now holds the post-eviction rows: 0, 1, 7..12.
+    assert stored_pos.tolist() == [0, 1, 7, 8, 9, 10, 11, 12]
+
+
+def test_strided_inputs_are_read_in_place_and_match_contiguous():
+    """keys given token-major ([S][H][D] memory, a transposed view) store the same rows as the
+    same values given contiguously; a non-contiguous last axis is copied first."""
+    rng = np.random.default_rng(1)
+    tok_major = rng.standard_normal((1, 5, H, D)).astype(np.float32)  # [B, S, H, D]
+    strided = tok_major.transpose(0, 2, 1, 3)  # [B, H, S, D] view, not contiguous
+    assert not strided.flags.c_contiguous
+    contiguous = np.ascontiguousarray(strided)
+    last_axis_strided = np.asfortranarray(contiguous)
+    results = []
+    for arr in (strided, contiguous, last_axis_strided):
+        cache = vq.LayerCache(vq.CacheConfig.parse("full:kv_dtype=f32"))
+        ks, vs, pos = cache.update(arr, arr * 2)
+        results.append((ks, vs, pos))
+        assert ks.shape == (1, H, 5, D) and pos.shape == (1, H, 5)
+    for ks, vs, pos in results:
+        np.testing.assert_array_equal(ks, contiguous)  # kv_dtype=f32 stores exactly
+        np.testing.assert_array_equal(vs, contiguous * 2)
+        assert pos[0, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_bad_inputs_raise():
+    cache = vq.LayerCache(vq.CacheConfig("full"), n_kv_heads=H, head_dim=D)
+    k, v = token(0)
+    with pytest.raises(TypeError, match="float32 or float16"):
+        cache.begin_step(k.astype(np.float64), v)
+    with pytest.raises(vq.Error) as e:
+        cache.begin_step(k[0], v[0])
+    assert e.value.code == "shape_mismatch"
+    with pytest.raises(vq.Error) as e:
+        cache.begin_step(np.zeros((1, H, 1, D + 1), np.float32), np.zeros((1, H, 1, D + 1), np.float32))
+    assert e.value.code == "shape_mismatch"
+    with pytest.raises(vq.Error) as e:
+        cache.end_step()
+    assert e.value.code == "invalid_state"
+    cache.begin_step(k, v)
+    with pytest.raises(vq.Error) as e:
+        cache.begin_step(k, v)
+    assert e.value.code == "invalid_state"
+    with pytest.raises(vq.Error) as e:
+        cache.end_step(np.ones((1, H, 1, 2), np.float32))  # R is 1, not 2
+    assert e.value.code == "shape_mismatch"
+    cache.end_step()
+    unvalidated = vq.CacheConfig("h2o")
+    unvalidated["budget"] = 0  # set() type-checks; the cache constructor validates
+    with pytest.raises(vq.Error) as e:
+        vq.LayerCache(unvalidated)
+    assert e.value.code == "invalid_config" and "h2o_budget" in str(e.value)
+
+
+def test_attention_probabilities_decide_tova():
+    """tova, budget 3 with 1 sink, source=attention: at the 4th token the probabilities over the
+    4 rows are {0.1, 0.5, 0.05, 0.35}; row 0 is a sink, so position 2 leaves."""
+    model = vq.ModelCache(vq.CacheConfig.parse("tova:budget=3,n_sink=1,source=attention"),
+                          n_layers=2, n_kv_heads=1, head_dim=2, n_query_heads=1)
+    layer = model.layer(0)
+    assert model.layer(0) is layer and model[0] is layer and len(model) == 2
+    assert model.layer_budgets() == [3, 3]
+    probs = [[1.0], [0.5, 0.5], [0.25, 0.25, 0.5], [0.1, 0.5, 0.05, 0.35]]
+    for pos, p in enumerate(probs):
+        kv = np.array([pos, 0], np.float32).reshape(1, 1, 1, 2)
+        view = layer.begin_step(kv, kv)
+        assert view.n_rows == pos + 1
+        layer.end_step(np.array(p, np.float64).reshape(1, 1, 1, -1))  # float64 is converted
+    assert layer.stored(0, 0)[2].tolist() == [0, 1, 3]
+    s = model.stats()
+    assert (s["tokens_seen"], s["tokens_kept"], s["evictions"]) == (4, 3, 1)
+    assert model.layer(1).tokens_seen == 0
+    with pytest.raises(IndexError):
+        model.layer(2)
+    # A layer keeps its model cache alive.
+    del model
+    gc.collect()
+    assert layer.tokens_seen == 4 and layer.stored(0, 0)[2].tolist() == [0, 1, 3]
