@@ -39,6 +39,8 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk)
   att_out.resize(sz(S * c.q_dim()));
   att.resize(sz(c.n_heads * S * R));
   row.resize(sz(D));
+  packed_k.reserve(sz(R * D));  // filled only for a quantized cache, within this capacity
+  packed_v.reserve(sz(R * D));
   hb.resize(sz(S * c.hidden_dim));
   hb2.resize(sz(S * c.hidden_dim));
   logits.resize(sz(S * c.vocab_size));
