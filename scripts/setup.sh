@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages VeloxQuant builds with, skipping those already present.
-# Idempotent; needs root (or sudo) only when something is missing.
+# `--fuzz` adds what scripts/fuzz.sh needs. Idempotent; needs root (or sudo) only when
+# something is missing.
 set -euo pipefail
 
 packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev libfmt-dev)
+# scripts/fuzz.sh (`setup.sh --fuzz`) also needs clang with its libFuzzer and sanitizer runtimes.
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-dev llvm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -125,6 +125,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                 o.text);
   }
   res.n_tokens = o.tokens;
+  if (o.before_run) o.before_run(mc);
 
   // The reference run keeps its logits; every other run is compared with it.
   engine::ForcedRun ref;
