@@ -143,6 +143,9 @@ bad "spec int 2^63" 2 "\[cam\] cam_budget must be an integer in \[.*got '9223372
 # 5. Messages name the file: null config values, result files of the wrong shape.
 mkdir -p "$tmp/null_cfg"
 sed 's/"hidden_size": 64/"hidden_size": null/' "$root/fuzz/corpus/config_json/llama.json" >"$tmp/null_cfg/config.json"
+mkdir -p "$tmp/wrap_cfg"
+sed 's/"vocab_size": 300/"vocab_size": 18446744073709551615/' "$root/fuzz/corpus/config_json/llama.json" >"$tmp/wrap_cfg/config.json"
+bad "config value 2^64-1" 2 "wrap_cfg/config.json': 'vocab_size' must be an integer below 2\^63, found 18446744073709551615" -- ev --model "$tmp/wrap_cfg"
 bad "config null value" 2 "null_cfg/config.json': 'hidden_size' must be an integer, found null" -- ev --model "$tmp/null_cfg"
 echo '{"schema": "veloxquant.results/1", "kind": "perturb", "settings": {}, "rows": [{"seq": "x"}]}' >"$tmp/badrows.json"
 bad "bench table wrong types" 2 "'$tmp/badrows.json': " -- bench table "$tmp/badrows.json"

@@ -46,7 +46,14 @@ struct ConfigReader {
   std::int64_t integer_or(const std::string& key, std::int64_t fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_number_integer()) bad(key, "an integer");
-    return j[key].get<std::int64_t>();
+    return exact(key, j[key]);
+  }
+  // An integer value as int64; one above 2^63 - 1 is an error, never wrapped.
+  std::int64_t exact(const std::string& key, const json& v) const {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+      bad(key, "an integer below 2^63");
+    }
+    return v.get<std::int64_t>();
   }
   double number_or(const std::string& key, double fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
@@ -57,8 +64,8 @@ struct ConfigReader {
   std::int64_t token_id(const std::string& key) const {
     if (!j.contains(key) || j[key].is_null()) return -1;
     const json& v = j[key];
-    if (v.is_number_integer()) return v.get<std::int64_t>();
-    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<std::int64_t>();
+    if (v.is_number_integer()) return exact(key, v);
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return exact(key, v[0]);
     bad(key, "an integer or a list of integers");
   }
   void require_value(const std::string& key, const json& allowed, const std::string& why) const {

@@ -87,7 +87,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { file_error(path, "tensor '" + name + "': " + what); };
+    // (name captured by an init-capture: clang 14 cannot capture structured bindings)
+    auto bad = [&, &tensor = name](const std::string& what) {
+      file_error(path, "tensor '" + tensor + "': " + what);
+    };
     if (!entry.is_object()) bad("entry must be a JSON object, found " + json_excerpt(entry));
     SafeTensor t;
     t.name = name;
