@@ -135,6 +135,7 @@ bad "eval --tokens -1" 2 "--tokens: must be an integer in \[2, 1048576\], got -1
 bad "eval --prefill 2^64" 2 "--prefill: must be an integer in .*got 18446744073709551616" -- ev --prefill 18446744073709551616
 bad "perturb --seeds 2^63" 2 "--seeds: must be an integer in \[1, 1000\], got 9223372036854775808" -- "${perturb[@]}" --json "$out" --seeds 9223372036854775808
 bad "top-p 1.0000001" 2 "--top-p: must be in \[0, 1\], got 1.0000001" -- generate --model "$model" --top-p 1.0000001
+bad "temperature 1e-400" 2 "--temperature: must be 0 or at least 1e-30 in magnitude, got 1e-400" -- generate --model "$model" --temperature 1e-400
 bad "temperature nan" 2 "--temperature: must be a (finite )?number" -- generate --model "$model" --temperature nan
 bad "decay 1e-400" 2 "\[h2o\] h2o_decay must be a number in \[0, 1\], got '1e-400' \(too small or too large for a double" -- demo --method h2o:decay=1e-400
 bad "kivi bits 3" 2 "\[kivi\] bit_width_inlier must be 2 or 4, got 3" -- demo --method kivi:bit_width_inlier=3

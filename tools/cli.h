@@ -32,8 +32,9 @@ std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs);
 CLI::Validator int_range(std::int64_t min_value, std::int64_t max_value);
 // The same for an unsigned 64-bit flag (seeds).
 CLI::Validator uint_range(std::uint64_t min_value, std::uint64_t max_value);
-// A floating-point flag must be finite and in [min_value, max_value] (shown with enough
-// digits that 1.0000001 is not printed as 1).
+// A floating-point flag must be finite, in [min_value, max_value] (shown with enough digits
+// that 1.0000001 is not printed as 1) and 0 or at least 1e-30 in magnitude (no silent
+// rounding to 0 in single precision).
 CLI::Validator real_range(double min_value, double max_value);
 // A file path flag must not be empty.
 CLI::Validator non_empty_path();

@@ -105,6 +105,9 @@ CLI::Validator real_range(double min_value, double max_value) {
         }
         if (used != text.size()) return "must be a number in " + range + ", got '" + text + "'";
         if (!std::isfinite(v)) return "must be a finite number in " + range + ", got " + text;
+        if (v != 0 && std::fabs(v) < 1e-30L) {  // would round to 0 (or a denormal) as a float
+          return "must be 0 or at least 1e-30 in magnitude, got " + text;
+        }
         if (v < min_value || v > max_value) {
           return "must be in " + range + ", got " + text;
         }
