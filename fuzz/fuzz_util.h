@@ -1,4 +1,4 @@
-// Shared pieces of the libFuzzer targets (fuzz/README.md): a target feeds the input to one
+// Shared pieces of the libFuzzer targets (README "Robustness"): a target feeds the input to one
 // reader; vq::Error is the expected answer to bad input, anything else is a bug.
 #pragma once
 
