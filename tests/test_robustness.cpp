@@ -12,6 +12,7 @@
 
 #include "core/checked_math.h"
 #include "engine/json_limits.h"
+#include "engine/mapped_file.h"
 #include "engine/weights_check.h"
 #include "eval/output_set.h"
 #include "eval/resources.h"
@@ -153,6 +154,17 @@ TEST(Sizes, CheckedArithmeticDetectsOverflow) {
   EXPECT_FALSE(detail::checked_product({4, -1}));
   EXPECT_FALSE(detail::checked_sum(std::numeric_limits<std::int64_t>::max(), 1));
   EXPECT_EQ(detail::checked_sum(2, 3), 5);
+}
+
+TEST(Sizes, TextFilesAreCappedWhileReading) {
+  const Dir d("text_cap");
+  std::ofstream(d / "t.txt") << "0123456789";
+  EXPECT_EQ(engine::read_text_file(d / "t.txt", 10), "0123456789");
+  test::expect_error([&] { (void)engine::read_text_file(d / "t.txt", 9); }, ErrorCode::kFileError,
+                     {"t.txt': is larger than the", "(9 bytes)"});
+  // A character device with no end: refused once the limit is passed, not read forever.
+  test::expect_error([] { (void)engine::read_text_file("/dev/zero", 1 << 20); },
+                     ErrorCode::kFileError, {"'/dev/zero': is larger than the 1 MiB limit"});
 }
 
 TEST(Sizes, MaxMemoryFlag) {
