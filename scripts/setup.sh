@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages VeloxQuant builds with, skipping those already present.
-# Idempotent; needs root (or sudo) only when something is missing.
+# `--fuzz` adds what scripts/fuzz.sh needs. Idempotent; needs root (or sudo) only when
+# something is missing.
 set -euo pipefail
 
 packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev libfmt-dev libpcre2-dev libicu-dev pkg-config)
 # The Python bindings and their tests (issue 12), and pkg-config for the installed-package test.
 packages+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest pkg-config)
+# scripts/fuzz.sh (`setup.sh --fuzz`) also needs clang with its libFuzzer and sanitizer runtimes.
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-dev llvm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -32,6 +32,7 @@ done
 for id in full streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam kivi knorm keydiff; do
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
+check "list kivi lists {2, 4}" 0 "bit_width_inlier +int +2 +\{2, 4\}" -- "$bin" list kivi
 check "help" 0 "list" -- "$bin" --help
 for cmd in list demo bench "bench perturb" "bench table" "bench decode" make-model generate eval; do
   # shellcheck disable=SC2086
@@ -76,10 +77,10 @@ check_bad "empty item" "--seq expects .*got ''" -- --method cam --seq 64,,128 --
 check_bad "zero budget" "--budget expects .*got 0" -- --method cam --budget 0 --json "$bad_json"
 check_bad "short seq" "--seq must be in \[8, [0-9]+\], got 4" -- --method cam --seq 4 --json "$bad_json"
 check_bad "duplicate seq" "--seq lists 64 twice" -- --method cam --seq 64,64 --json "$bad_json"
-check_bad "zero heads" "--heads must be in \[1, [0-9]+\], got 0" -- --method cam --heads 0 --json "$bad_json"
-check_bad "negative seeds" "--seeds must be in \[1, [0-9]+\], got -2" -- --method cam --seeds -2 --json "$bad_json"
-check_bad "zero probes" "--probes must be in" -- --method cam --probes 0 --json "$bad_json"
-check_bad "not a number" "Could not convert: --head-dim = x" -- --method cam --head-dim x --json "$bad_json"
+check_bad "zero heads" "--heads: must be an integer in \[1, [0-9]+\], got 0" -- --method cam --heads 0 --json "$bad_json"
+check_bad "negative seeds" "--seeds: must be an integer in \[1, [0-9]+\], got -2" -- --method cam --seeds -2 --json "$bad_json"
+check_bad "zero probes" "--probes: must be an integer in" -- --method cam --probes 0 --json "$bad_json"
+check_bad "not a number" "--head-dim: must be an integer in \[1, [0-9]+\], got 'x'" -- --method cam --head-dim x --json "$bad_json"
 check_bad "bad geometry" "unknown geometry 'round'; allowed: spans, shift, stable, planted" -- --method cam --geometry round --json "$bad_json"
 check_bad "bad feed" "unknown feed 'batch'; allowed: prefill, stream" -- --method cam --feed batch --json "$bad_json"
 check_bad "unknown method" "--method 'nope': unknown method 'nope'" -- --method cam --method nope --json "$bad_json"
@@ -139,7 +140,7 @@ else
   echo "FAIL bench perturb: reruns differ or files incomplete"; head -20 "$tmp/diff"; fails=$((fails + 1))
 fi
 check "bench table" 0 "^\| \`cam\` \| [0-9.]+ ± [0-9.]+ \|" -- "$bin" bench table "$run_dir/r.json"
-check "bench table missing" 2 "cannot read '$tmp/none.json': No such file" -- "$bin" bench table "$tmp/none.json"
+check "bench table missing" 2 "'$tmp/none.json': cannot open: No such file" -- "$bin" bench table "$tmp/none.json"
 echo '{"schema": "veloxquant.results/1", "kind": "eval", "rows": []}' >"$tmp/eval.json"
 check "bench table not perturb" 2 "not a perturb result document" -- "$bin" bench table "$tmp/eval.json"
 
@@ -177,7 +178,7 @@ check "generate truncated model" 2 "trunc.bin.*truncated.*needs 1056540 bytes, f
 mkdir -p "$tmp/alone" && cp "$data/stories260K.bin" "$tmp/alone/model.bin"
 check "generate no tokenizer" 2 "no tokenizer found next to the model.*tok512.bin.*--tokenizer" -- "$bin" generate --model "$tmp/alone/model.bin"
 check "generate bad seed" 2 "seed must be nonzero" -- "$bin" generate --model "$data/stories260K.bin" --seed 0 --temperature 1
-check "generate bad top-p" 2 "top-p must be in \[0, 1\]" -- "$bin" generate --model "$data/stories260K.bin" --top-p 2
+check "generate bad top-p" 2 "--top-p: must be in \[0, 1\], got 2" -- "$bin" generate --model "$data/stories260K.bin" --top-p 2
 check "generate bad method" 2 "unknown method 'nope'" -- "$bin" generate --model "$data/stories260K.bin" --method nope
 check "generate with a method" 0 "cache h2o:h2o_budget=32" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method h2o:budget=32 --prompt "Once upon a time"
 
@@ -189,9 +190,9 @@ check "eval too many tokens" 2 "--tokens 600 exceeds the model's context \(seq_l
 check "eval bad prefill" 2 "--prefill must be in \[0, 62\]" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 64 --prefill 64
 check "eval missing text" 2 "nope.txt.*cannot open" -- "$bin" eval --model "$data/stories260K.bin" --text "$tmp/nope.txt"
 echo x >"$tmp/afile"
-check "eval unwritable json" 2 "cannot write.*cannot create directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --json "$tmp/afile/out.json"
+check "eval unwritable json" 2 "--json: cannot write '$tmp/afile/out.json': '$tmp/afile' is not a directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --json "$tmp/afile/out.json"
 [ ! -e "$tmp/afile/out.json" ] && passes=$((passes + 1)) || { echo "FAIL eval left a file behind"; fails=$((fails + 1)); }
-check "eval unwritable per-token" 2 "cannot write.*cannot create directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --per-token "$tmp/afile/t.tsv"
+check "eval unwritable per-token" 2 "--per-token: cannot write '$tmp/afile/t.tsv': '$tmp/afile' is not a directory" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --per-token "$tmp/afile/t.tsv"
 check "eval per-token, later flags win" 0 "first 64 tokens, the first 32 as one prefill, then 31 decoded" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 512 --prefill 256 --tokens 64 --prefill 32 --method full:kv_dtype=f32 --per-token "$tmp/t.tsv"
 check "eval per-token header" 0 "^run	method	budget	position	token	next_token	scored	nll$" -- head -1 "$tmp/t.tsv"
 check "eval per-token fp32 row" 0 "^1	full:kv_dtype=f32	-	32	[0-9]+	[0-9]+	1	[0-9.]+$" -- cat "$tmp/t.tsv"

@@ -40,7 +40,7 @@ TEST(Results, UnwritablePathsFailBeforeWritingAnything) {
   std::ofstream(dir / "file") << "x";
   // A path "under" a regular file cannot be created.
   test::expect_error([&] { eval::write_file_atomic((dir / "file" / "out.json").string(), "x"); },
-                     ErrorCode::kIoError, {"cannot create directory"});
+                     ErrorCode::kIoError, {"is not a directory"});
   fs::remove_all(dir);
 }
 

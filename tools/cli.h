@@ -36,4 +36,25 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
 // method with its defaults.
 std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs);
 
+// Flag checks run by CLI11 before a command runs (the error names the flag):
+// an integer flag must parse exactly (no wrapping or saturation of 2^63, 2^64, -1) and lie in
+// [min_value, max_value]: "--steps must be an integer in [0, 1048576], got 18446744073709551616".
+CLI::Validator int_range(std::int64_t min_value, std::int64_t max_value);
+// The same for an unsigned 64-bit flag (seeds).
+CLI::Validator uint_range(std::uint64_t min_value, std::uint64_t max_value);
+// A floating-point flag must be finite, in [min_value, max_value] (shown with enough digits
+// that 1.0000001 is not printed as 1) and 0 or at least 1e-30 in magnitude (no silent
+// rounding to 0 in single precision).
+CLI::Validator real_range(double min_value, double max_value);
+// A file path flag must not be empty.
+CLI::Validator non_empty_path();
+
+// Adds `--max-memory SIZE` (eval/resources.h) to a command; `bytes` stays 0 when not given
+// (the limit is then the available memory).
+void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes);
+
+// What the running command is doing, for the message when it fails with an unexpected
+// exception (e.g. std::bad_alloc): "loading the model 'x.bin'". Set by the commands.
+void set_activity(std::string what);
+
 }  // namespace vq::cli

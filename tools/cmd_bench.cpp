@@ -4,17 +4,16 @@
 //   bench decode   decode speed at real model shapes and long contexts (src/eval/decode_bench.h)
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "cli.h"
 #include "eval/decode_bench.h"
+#include "engine/json_limits.h"
+#include "engine/mapped_file.h"
+#include "eval/output_set.h"
 #include "eval/perturb_bench.h"
+#include "eval/resources.h"
 #include "eval/results.h"
 #include "engine/parallel.h"
 #include "veloxquant/errors.h"
@@ -31,6 +30,7 @@ struct PerturbArgs {
   std::string json, plot;
   bool quiet = false;
   std::vector<std::string> argv;  // the command line, for the result file
+  std::uint64_t max_memory = 0;   // --max-memory; 0: the available memory
 };
 
 std::string budget_text(const CacheConfig& c) {
@@ -50,16 +50,12 @@ void run_bench_perturb(const PerturbArgs& a) {
   o.feed = eval::parse_feed(a.feed);
   // Everything is checked before the first row runs; a failed run writes nothing.
   const std::vector<eval::PerturbCase> cases = eval::plan_perturb(o);
-  if (a.json.empty()) throw Error(ErrorCode::kInvalidArgument, "bench perturb: --json FILE is required");
-  eval::check_creatable(a.json);
-  if (!a.plot.empty()) {
-    eval::check_creatable(a.plot);
-    namespace fs = std::filesystem;
-    if (fs::weakly_canonical(a.json) == fs::weakly_canonical(a.plot)) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "bench perturb: --json and --plot name the same file '" + a.json + "'");
-    }
-  }
+  eval::check_memory("bench perturb", eval::perturb_bytes(o),
+                     "synthetic K/V of every seed at the longest --seq, probes and caches",
+                     a.max_memory);
+  eval::OutputSet out;  // checked now, written together at the end (eval/output_set.h)
+  out.declare("--json", a.json);
+  if (!a.plot.empty()) out.declare("--plot", a.plot);
 
   auto progress = [&](std::size_t i, std::size_t n, const eval::PerturbCase& c,
                       const eval::PerturbMeasure& m, double seconds) {
@@ -78,9 +74,9 @@ void run_bench_perturb(const PerturbArgs& a) {
                              o.seeds, a.geometry, a.feed);
   }
   const nlohmann::json doc = eval::run_perturb(o, eval::command_line(a.argv), progress);
-  const std::string svg = a.plot.empty() ? std::string() : eval::perturb_plot_svg(doc);
-  eval::write_file_atomic(a.json, doc.dump(2) + "\n");
-  if (!a.plot.empty()) eval::write_file_atomic(a.plot, svg);
+  out.stage("--json", doc.dump(2) + "\n");
+  if (out.has("--plot")) out.stage("--plot", eval::perturb_plot_svg(doc));
+  out.commit();
 
   std::cout << fmt::format("{:<44} {:>6} {:>6} {:>7} {:>22} {:>9} {:>10}\n", "method", "seq",
                            "budget", "ratio", "perturbation (± std)", "extra", "us/token");
@@ -123,15 +119,18 @@ void run_bench_decode(DecodeArgs& a) {
     o.threads.push_back(t == 0 ? engine::available_cores() : static_cast<int>(t));
   o.weight_type = parse_weight_type(a.weights, "--weights");
   eval::validate_decode_options(o);
-  if (!a.json.empty()) eval::check_creatable(a.json);
-  if (!a.plot.empty()) eval::check_creatable(a.plot);
+  // Every output is checked before the run and all are written together at the end, or none
+  // is (eval/output_set.h).
+  eval::OutputSet out;
+  if (!a.json.empty()) out.declare("--json", a.json);
+  if (!a.plot.empty()) out.declare("--plot", a.plot);
   const nlohmann::json doc = eval::run_decode_bench(
       o, eval::command_line(a.argv), [&](const eval::DecodeProgress& p) {
         if (!a.quiet) std::cerr << p.line << "\n";
       });
-  const std::string svg = a.plot.empty() ? std::string() : eval::decode_plot_svg(doc);
-  if (!a.json.empty()) eval::write_file_atomic(a.json, doc.dump(2) + "\n");
-  if (!a.plot.empty()) eval::write_file_atomic(a.plot, svg);
+  if (out.has("--json")) out.stage("--json", doc.dump(2) + "\n");
+  if (out.has("--plot")) out.stage("--plot", eval::decode_plot_svg(doc));
+  out.commit();
   std::cout << fmt::format("{:<28} {:>7} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n",
                            "method", "context", "thr", "ms/token", "tok/s", "weights", "attn",
                            "cache", "vs full", "xBW bound");
@@ -149,17 +148,24 @@ void run_bench_decode(DecodeArgs& a) {
   if (!a.json.empty()) std::cout << "wrote " << a.json << (a.plot.empty() ? "" : " and " + a.plot) << "\n";
 }
 
+// A result file, read with the text-file size limit and parsed with the JSON depth limit.
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(ErrorCode::kFileError, "cannot read '" + path + "': " + std::strerror(errno), path);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
+  return engine::parse_json_limited(engine::read_text_file(path), path, "result file");
+}
+
+// Runs `f` (reading result documents), turning any error into one that names `file`.
+template <typename F>
+auto naming_file(const std::string& file, F&& f) {
   try {
-    return nlohmann::json::parse(text.str());
+    return f();
+  } catch (const Error& e) {
+    if (e.path() == file) throw;
+    throw Error(ErrorCode::kFileError, "'" + file + "': " + e.what(), file);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kFileError, "'" + path + "' is not valid JSON: " + e.what(), path);
+    throw Error(ErrorCode::kFileError,
+                "'" + file + "': not a perturb result document (" +
+                    engine::text_excerpt(e.what(), 160) + ")",
+                file);
   }
 }
 
@@ -185,11 +191,18 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
                       "Token budgets per KV head, comma-separated (methods without a budget, "
                       "e.g. full, run once per seq)")
       ->capture_default_str();
-  perturb->add_option("--heads", a->heads, "KV heads")->capture_default_str();
-  perturb->add_option("--head-dim", a->head_dim, "Head dimension")->capture_default_str();
-  perturb->add_option("--probes", a->probes, "Probe queries per head")->capture_default_str();
+  perturb->add_option("--heads", a->heads, "KV heads")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchHeads));
+  perturb->add_option("--head-dim", a->head_dim, "Head dimension")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchHeadDim));
+  perturb->add_option("--probes", a->probes, "Probe queries per head")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchProbes));
   perturb->add_option("--seeds", a->seeds, "Data seeds: seed s of N is data seed s (0..N-1)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchSeeds));
   perturb
       ->add_option("--geometry", a->geometry,
                    "spans (CaM's planted spans) | shift | stable (topic shift and its null "
@@ -197,8 +210,11 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
       ->capture_default_str();
   perturb->add_option("--feed", a->feed, "prefill (one call) | stream (one token per call)")
       ->capture_default_str();
-  perturb->add_option("--json", a->json, "Result file (written whole or not at all)")->required();
-  perturb->add_option("--plot", a->plot, "SVG plot of the results");
+  perturb->add_option("--json", a->json, "Result file (written whole or not at all)")
+      ->required()
+      ->check(non_empty_path());
+  perturb->add_option("--plot", a->plot, "SVG plot of the results")->check(non_empty_path());
+  add_max_memory_option(*perturb, a->max_memory);
   perturb->add_flag("--quiet", a->quiet, "No progress lines on stderr");
   perturb->callback([a]() { run_bench_perturb(*a); });
 
@@ -241,18 +257,18 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   auto files = std::make_shared<std::vector<std::string>>();
   auto* table = bench->add_subcommand(
       "table", "Markdown tables of `bench perturb` result files (the README's tables)");
-  table->add_option("files", *files, "Result files (JSON) written by bench perturb")->required();
+  table->add_option("files", *files, "Result files (JSON) written by bench perturb")
+      ->required()
+      ->check(non_empty_path());
   table->callback([files]() {
     std::vector<nlohmann::json> docs;
     for (const auto& f : *files) {
       docs.push_back(read_json_file(f));
-      try {
-        (void)eval::perturb_markdown({docs.back()});
-      } catch (const Error& e) {
-        throw Error(ErrorCode::kFileError, "'" + f + "': " + e.what(), f);
-      }
+      (void)naming_file(f, [&] { return eval::perturb_markdown({docs.back()}); });
     }
-    std::cout << eval::perturb_markdown(docs);
+    std::string names;
+    for (const auto& f : *files) names += (names.empty() ? "" : ", ") + f;
+    std::cout << naming_file(names, [&] { return eval::perturb_markdown(docs); });
   });
 }
 

@@ -6,6 +6,8 @@
 
 #include "cli.h"
 #include "eval/perturb.h"
+#include "eval/perturb_bench.h"
+#include "eval/resources.h"
 #include "eval/synthetic.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
@@ -20,15 +22,27 @@ struct DemoOptions {
   std::uint64_t seed = 0;
   std::string geometry = "spans";
   bool budget_given = false;  // --budget on the command line: it overrides the specs' budgets
+  std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
 
+// Flag ranges (the same as bench perturb's, eval/perturb_bench.h).
+constexpr std::int64_t kMaxTokens = std::int64_t{1} << 20;
+
 void run_demo(const DemoOptions& o) {
-  if (o.seq < 1 || o.budget < 2 || o.heads < 1 || o.head_dim < 1 || o.probes < 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "demo needs --seq >= 1, --budget >= 2, --heads/--head-dim/--probes >= 1");
-  }
+  // The flags' ranges are checked by CLI11 (add_demo_command); the products below stay far
+  // from overflow (at most 2^8 x 2^20 x 2^10 elements).
   const auto geometry = eval::parse_geometry(o.geometry);
   std::vector<CacheConfig> configs = parse_methods(o.methods);
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  // Synthetic keys, values, probes (fp32), two full-cache references (fp16 and fp32) and the
+  // method's cache (fp32 at most).
+  const double bytes = 4 * d(o.heads) * d(o.head_dim) * (2 * d(o.seq) + d(o.probes) + 1) +
+                       (2 * 2 + 2 * 4 + 2 * 4) * d(o.heads) * d(o.seq) * d(o.head_dim);
+  eval::check_memory("demo", bytes,
+                     "--heads " + std::to_string(o.heads) + " x --seq " + std::to_string(o.seq) +
+                         " x --head-dim " + std::to_string(o.head_dim) +
+                         " of synthetic K/V and caches, plus --probes " + std::to_string(o.probes),
+                     o.max_memory);
   const eval::SyntheticKV kv =
       eval::make_synthetic(geometry, o.heads, o.seq, o.head_dim, o.probes, o.seed);
   const TensorRef all_k = TensorRef::f32(kv.keys.data(), 1, o.heads, o.seq, o.head_dim);
@@ -107,15 +121,27 @@ void add_demo_command(CLI::App& app) {
               "bytes, compression ratio and output perturbation");
   cmd->add_option("--method", opts->methods,
                   "Method spec ID[:key=value,...]; repeatable (default: every registered method)");
-  cmd->add_option("--seq", opts->seq, "Tokens to feed")->capture_default_str();
+  cmd->add_option("--seq", opts->seq, "Tokens to feed")
+      ->capture_default_str()
+      ->check(int_range(eval::kMinSyntheticTokens, kMaxTokens));
   cmd->add_option("--budget", opts->budget,
                   "Token budget per KV head; overrides a budget given in a spec (budget=B), which "
                   "is used otherwise")
-      ->capture_default_str();
-  cmd->add_option("--heads", opts->heads, "KV heads")->capture_default_str();
-  cmd->add_option("--head-dim", opts->head_dim, "Head dimension")->capture_default_str();
-  cmd->add_option("--probes", opts->probes, "Probe queries per head")->capture_default_str();
-  cmd->add_option("--seed", opts->seed, "Data seed")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(2, kMaxTokens));
+  cmd->add_option("--heads", opts->heads, "KV heads")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchHeads));
+  cmd->add_option("--head-dim", opts->head_dim, "Head dimension")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchHeadDim));
+  cmd->add_option("--probes", opts->probes, "Probe queries per head")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxBenchProbes));
+  cmd->add_option("--seed", opts->seed, "Data seed")
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));
+  add_max_memory_option(*cmd, opts->max_memory);
   cmd->add_option("--geometry", opts->geometry, "spans | shift | stable | planted")
       ->capture_default_str();
   cmd->callback([opts, cmd]() {

@@ -1,12 +1,14 @@
 // `veloxquant generate`: text from a model through a compressed KV cache, with run.c's sampler.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "cli.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "eval/resources.h"
 #include "veloxquant/config.h"
 #include "veloxquant/errors.h"
 
@@ -19,7 +21,11 @@ struct GenerateCliOptions {
   float temperature = 0.0f, top_p = 0.9f;
   std::uint64_t seed = 42;
   int threads = 0;
+  std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
+
+// Most positions --steps may ask for (the engine's largest context, engine/model_builder.h).
+constexpr std::int64_t kMaxSteps = std::int64_t{1} << 20;
 
 void run_generate(const GenerateCliOptions& o) {
   apply_threads(o.threads);
@@ -33,8 +39,22 @@ void run_generate(const GenerateCliOptions& o) {
   if (o.steps < 0)
     throw Error(ErrorCode::kInvalidArgument,
                 "--steps must be >= 0 (0 = the model's context), got " + std::to_string(o.steps));
+  set_activity("loading the model '" + o.model + "'");
   const engine::Model model = engine::Model::load(o.model);
+  set_activity("loading the tokenizer");
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
+  {
+    const engine::ModelConfig& c = model.config();
+    const std::int64_t context = o.steps == 0 || o.steps > c.seq_len ? c.seq_len : o.steps;
+    const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt, true).size());
+    eval::check_memory(
+        "generate",
+        eval::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context),
+        "the engine's buffers and a " + std::to_string(context) + "-position cache for " +
+            model.path(),
+        o.max_memory);
+  }
+  set_activity("generating");
   const engine::GenerateResult r = engine::generate(
       model, *tokenizer, g, [](const std::string& piece) { std::cout << piece << std::flush; });
   std::cout << "\n" << std::flush;
@@ -59,18 +79,27 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", o->model,
                   "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
                   "(config.json beside it)")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   cmd->add_option("--tokenizer", o->tokenizer,
                   "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model "
-                  "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)");
+                  "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)")
+      ->check(non_empty_path());
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
   cmd->add_option("--steps", o->steps,
                   "Positions to run, prompt included (0 = the model's context)")
-      ->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "0 = greedy (argmax)")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, kMaxSteps));
+  cmd->add_option("--temperature", o->temperature, "0 = greedy (argmax)")
+      ->capture_default_str()
+      ->check(real_range(0, 1e6));
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling threshold in [0, 1] (0 or 1: off)")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "xorshift RNG seed (nonzero)")->capture_default_str();
+      ->capture_default_str()
+      ->check(real_range(0, 1));
+  cmd->add_option("--seed", o->seed, "xorshift RNG seed (nonzero)")
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));
+  add_max_memory_option(*cmd, o->max_memory);
   cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
       ->capture_default_str();
   add_threads_option(cmd, o->threads);

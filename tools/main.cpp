@@ -1,8 +1,14 @@
 // veloxquant: the command-line tool. `veloxquant --help` lists the commands.
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <new>
+#include <type_traits>
 
 #include "cli.h"
+#include "engine/json_limits.h"
+#include "eval/resources.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 #include "veloxquant/version.h"
@@ -39,6 +45,98 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
   return out;
 }
 
+namespace {
+std::string g_activity;  // what the running command is doing (set_activity)
+
+std::string range_text(long double lo, long double hi) {
+  auto one = [](long double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17Lg", v);
+    return std::string(buf);
+  };
+  return "[" + one(lo) + ", " + one(hi) + "]";
+}
+
+template <typename T>
+CLI::Validator integer_range(T min_value, T max_value) {
+  const std::string range =
+      "[" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
+  return CLI::Validator(
+      [min_value, max_value, range](std::string& text) -> std::string {
+        T v{};
+        const char* begin = text.data();
+        const char* end = text.data() + text.size();
+        // std::from_chars accepts no '+', no spaces and (for unsigned types) no '-'.
+        const auto [ptr, ec] = std::from_chars(begin, end, v);
+        const bool negative_unsigned = std::is_unsigned_v<T> && !text.empty() && text[0] == '-';
+        if (ec == std::errc::result_out_of_range || negative_unsigned) {
+          return "must be an integer in " + range + ", got " + text + " (out of range)";
+        }
+        if (ec != std::errc() || ptr != end || text.empty()) {
+          return "must be an integer in " + range + ", got '" + text + "'";
+        }
+        if (v < min_value || v > max_value) {
+          return "must be an integer in " + range + ", got " + text;
+        }
+        return {};
+      },
+      "INT in " + range);
+}
+}  // namespace
+
+CLI::Validator int_range(std::int64_t min_value, std::int64_t max_value) {
+  return integer_range<std::int64_t>(min_value, max_value);
+}
+
+CLI::Validator uint_range(std::uint64_t min_value, std::uint64_t max_value) {
+  return integer_range<std::uint64_t>(min_value, max_value);
+}
+
+CLI::Validator real_range(double min_value, double max_value) {
+  const std::string range = range_text(min_value, max_value);
+  return CLI::Validator(
+      [min_value, max_value, range](std::string& text) -> std::string {
+        std::size_t used = 0;
+        long double v = 0;
+        try {
+          v = std::stold(text, &used);
+        } catch (const std::exception&) {
+          return "must be a number in " + range + ", got '" + text + "'";
+        }
+        if (used != text.size()) return "must be a number in " + range + ", got '" + text + "'";
+        if (!std::isfinite(v)) return "must be a finite number in " + range + ", got " + text;
+        if (v != 0 && std::fabs(v) < 1e-30L) {  // would round to 0 (or a denormal) as a float
+          return "must be 0 or at least 1e-30 in magnitude, got " + text;
+        }
+        if (v < min_value || v > max_value) {
+          return "must be in " + range + ", got " + text;
+        }
+        return {};
+      },
+      "NUMBER in " + range);
+}
+
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "expects a file path, got an empty string" : std::string();
+      },
+      "PATH");
+}
+
+void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
+  cmd.add_option_function<std::string>(
+         "--max-memory",
+         [&bytes](const std::string& text) {
+           bytes = eval::parse_memory_size(text, "--max-memory");
+         },
+         "Refuse a run estimated to need more memory than SIZE (e.g. 512M, 8G; default: the "
+         "memory available, MemAvailable in /proc/meminfo)")
+      ->type_name("SIZE");
+}
+
+void set_activity(std::string what) { g_activity = std::move(what); }
+
 std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs) {
   std::vector<CacheConfig> out;
   if (specs.empty()) {
@@ -49,6 +147,24 @@ std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs) {
 }
 
 }  // namespace vq::cli
+
+namespace {
+// "eval", "bench perturb": the command that ran.
+std::string command_name(const CLI::App& app) {
+  std::string name = "veloxquant";
+  const CLI::App* at = &app;
+  while (true) {
+    const auto subs = at->get_subcommands();
+    if (subs.empty()) break;
+    at = subs.front();
+    name += " " + at->get_name();
+  }
+  return name;
+}
+std::string doing() {
+  return vq::cli::g_activity.empty() ? std::string() : " while " + vq::cli::g_activity;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"VeloxQuant: compressed KV caches for transformer inference, with a reference "
@@ -103,8 +219,18 @@ int main(int argc, char** argv) {
   } catch (const vq::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: " << command_name(app) << ": out of memory" << doing()
+              << " (the memory guard's estimate fell short; try smaller sizes or a lower "
+                 "--max-memory)\n";
+    return 3;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << command_name(app) << ": internal error" << doing() << ": "
+              << vq::engine::text_excerpt(e.what(), 200) << "\n";
+    return 3;
+  } catch (...) {
+    std::cerr << "error: " << command_name(app) << ": internal error" << doing()
+              << ": an unknown exception\n";
     return 3;
   }
   return 0;

@@ -41,7 +41,9 @@ struct VQ_API FieldSpec {
   FieldValue default_value;
   double min = 0;                    // inclusive range for kInt / kFloat
   double max = 0;
-  std::vector<std::string> choices;  // allowed values for kEnum
+  std::vector<std::string> choices;  // allowed values for kEnum; for a kInt that takes only
+                                     // some values of its range (e.g. {"2", "4"}), the values
+                                     // listed (the method's check enforces them)
   std::string doc;                   // one line
 
   // "[1, 1048576]", "{sim_weighted, mean, drop}", "{true, false}".

@@ -57,7 +57,13 @@ std::string value_text(const FieldValue& value) {
 
 std::string FieldSpec::allowed_text() const {
   switch (type) {
-    case FieldType::kInt: return "[" + int_text(min) + ", " + int_text(max) + "]";
+    case FieldType::kInt:
+      if (!choices.empty()) {  // an integer field that takes only some values, e.g. {2, 4}
+        std::string s = "{";
+        for (std::size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
+        return s + "}";
+      }
+      return "[" + int_text(min) + ", " + int_text(max) + "]";
     case FieldType::kFloat: return "[" + double_text(min) + ", " + double_text(max) + "]";
     case FieldType::kBool: return "{true, false}";
     case FieldType::kEnum: {
@@ -70,10 +76,10 @@ std::string FieldSpec::allowed_text() const {
 }
 
 FieldValue FieldSpec::parse(std::string_view text, std::string_view method) const {
-  auto bad = [&]() -> Error {
+  auto bad = [&](const std::string& why = {}) -> Error {
     return Error(ErrorCode::kInvalidSpec, "[" + std::string(method) + "] " + name + " must be " +
                                               type_article(type) + " in " + allowed_text() +
-                                              ", got '" + std::string(text) + "'");
+                                              ", got '" + std::string(text) + "'" + why);
   };
   const char* b = text.data();
   const char* e = text.data() + text.size();
@@ -81,12 +87,16 @@ FieldValue FieldSpec::parse(std::string_view text, std::string_view method) cons
     case FieldType::kInt: {
       std::int64_t v = 0;
       auto res = std::from_chars(b, e, v);
+      if (res.ec == std::errc::result_out_of_range) throw bad(" (outside the 64-bit range)");
       if (text.empty() || res.ec != std::errc() || res.ptr != e) throw bad();
       return v;
     }
     case FieldType::kFloat: {
       double v = 0;
       auto res = std::from_chars(b, e, v);
+      if (res.ec == std::errc::result_out_of_range && res.ptr == e) {
+        throw bad(" (too small or too large for a double: it would round to 0 or infinity)");
+      }
       if (text.empty() || res.ec != std::errc() || res.ptr != e || !std::isfinite(v)) throw bad();
       return v;
     }

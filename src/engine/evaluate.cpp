@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/transformer.h"
+#include "engine/weights_check.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 
@@ -82,6 +83,10 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
       const std::int64_t pos = t + s;
       const float* row = logits + s * V;
       const auto i = static_cast<std::size_t>(pos);
+      if (!all_finite(row, V)) {
+        check_finite(row, V,
+                     "[evaluate] " + method.spec() + ": logits at position " + std::to_string(pos));
+      }
       run.nll[i] = log_sum_exp(row, V) - static_cast<double>(row[tokens[i + 1]]);
       run.top1[i] = argmax(row, V);
       if (o.reference != nullptr)

@@ -5,6 +5,7 @@
 
 #include "engine/sampler.h"
 #include "engine/transformer.h"
+#include "engine/weights_check.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 
@@ -47,6 +48,10 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   auto t0 = clock::now();
   std::vector<float> work(static_cast<std::size_t>(c.vocab_size));  // the sampler scales in place
   auto sample = [&](const float* logits) {
+    if (!all_finite(logits, c.vocab_size)) {
+      check_finite(logits, c.vocab_size,
+                   "[generate] logits after position " + std::to_string(res.ids.size() - 1));
+    }
     std::copy(logits, logits + c.vocab_size, work.begin());
     return sampler.sample(work.data());
   };

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "engine/json_limits.h"
 #include "engine/mapped_file.h"
 #include "engine/model.h"
 #include "engine/model_builder.h"
@@ -35,16 +36,24 @@ struct ConfigReader {
   const json& j;
 
   [[noreturn]] void bad(const std::string& key, const std::string& expected) const {
-    file_error(path, "'" + key + "' must be " + expected + ", found " + j[key].dump());
+    file_error(path, "'" + key + "' must be " + expected + ", found " + json_excerpt(j[key]));
   }
   std::int64_t integer(const std::string& key) const {
     if (!j.contains(key)) file_error(path, "missing required key '" + key + "'");
+    if (j[key].is_null()) bad(key, "an integer");
     return integer_or(key, 0);
   }
   std::int64_t integer_or(const std::string& key, std::int64_t fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_number_integer()) bad(key, "an integer");
-    return j[key].get<std::int64_t>();
+    return exact(key, j[key]);
+  }
+  // An integer value as int64; one above 2^63 - 1 is an error, never wrapped.
+  std::int64_t exact(const std::string& key, const json& v) const {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+      bad(key, "an integer below 2^63");
+    }
+    return v.get<std::int64_t>();
   }
   double number_or(const std::string& key, double fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
@@ -55,14 +64,14 @@ struct ConfigReader {
   std::int64_t token_id(const std::string& key) const {
     if (!j.contains(key) || j[key].is_null()) return -1;
     const json& v = j[key];
-    if (v.is_number_integer()) return v.get<std::int64_t>();
-    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<std::int64_t>();
+    if (v.is_number_integer()) return exact(key, v);
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return exact(key, v[0]);
     bad(key, "an integer or a list of integers");
   }
   void require_value(const std::string& key, const json& allowed, const std::string& why) const {
     if (j.contains(key) && !j[key].is_null() && j[key] != allowed) {
-      file_error(path, "'" + key + "' is " + j[key].dump() + "; only " + allowed.dump() +
-                           " is supported (" + why + ")");
+      file_error(path, "'" + key + "' is " + json_excerpt(j[key]) + "; only " +
+                           json_excerpt(allowed) + " is supported (" + why + ")");
     }
   }
 };
@@ -169,13 +178,7 @@ Model Model::load_hf(const std::string& path) {
   }
 
   // config.json
-  json cj;
-  const std::string config_text = read_text_file(config_path);
-  try {
-    cj = json::parse(config_text);
-  } catch (const json::exception& e) {
-    file_error(config_path, std::string("not valid JSON: ") + e.what());
-  }
+  json cj = parse_json_limited(read_text_file(config_path), config_path, "config.json");
   if (!cj.is_object()) {
     file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
   }
@@ -213,9 +216,10 @@ Model Model::load_hf(const std::string& path) {
   const double eps = r.number_or("rms_norm_eps", 1e-6);
   const double theta = r.number_or("rope_theta", 10000.0);
   if (!(eps > 0 && eps < 1))
-    file_error(config_path, "'rms_norm_eps' must be in (0, 1), found " + cj["rms_norm_eps"].dump());
+    file_error(config_path,
+               "'rms_norm_eps' must be in (0, 1), found " + json_excerpt(cj["rms_norm_eps"]));
   if (!(theta > 1))
-    file_error(config_path, "'rope_theta' must be > 1, found " + cj["rope_theta"].dump());
+    file_error(config_path, "'rope_theta' must be > 1, found " + json_excerpt(cj["rope_theta"]));
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
   c.rope = RopeStyle::kRotateHalf;

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "engine/hf_pretokenizer.h"
+#include "engine/json_limits.h"
 #include "engine/mapped_file.h"
 #include "engine/model_builder.h"
 #include "engine/tokenizer.h"
@@ -81,12 +82,7 @@ class HfTokenizer final : public Tokenizer {
     path_ = path;
     kind_ = "hf";
     const std::string text = read_text_file(path);
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      bad(std::string("not valid JSON: ") + e.what());
-    }
+    json j = parse_json_limited(text, path, "tokenizer.json");
     try {
       if (!j.is_object()) bad("must be a JSON object, found " + std::string(j.type_name()));
       load_model(field(j, "model", json::value_t::object, "the BPE model"));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "veloxquant/errors.h"
 
@@ -51,17 +52,28 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
 }
 
-std::string read_text_file(const std::string& path) {
+std::string read_text_file(const std::string& path, std::size_t max_bytes) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     file_error(path, "is a directory, expected a file");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) file_error(path, std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  auto too_big = [&] {
+    file_error(path, "is larger than the " + std::to_string(max_bytes >> 20) +
+                         " MiB limit for text files (" + std::to_string(max_bytes) + " bytes)");
+  };
+  if (S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > max_bytes) too_big();
+  std::string out;
+  std::vector<char> buf(std::size_t{1} << 16);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got > max_bytes - out.size()) too_big();
+    out.append(buf.data(), got);
+  }
   if (in.bad()) file_error(path, "read failed");
-  return ss.str();
+  return out;
 }
 
 }  // namespace vq::engine

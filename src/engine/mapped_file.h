@@ -26,7 +26,12 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// The whole file as a string (tokenizers and JSON). Throws Error(kFileError) naming the path.
-std::string read_text_file(const std::string& path);
+// Largest text file read whole (eval texts, config.json, tokenizer.json, result files).
+inline constexpr std::size_t kMaxTextFileBytes = std::size_t{64} << 20;  // 64 MiB
+
+// The whole file as a string (tokenizers and JSON). Throws Error(kFileError) naming the path,
+// also when it holds more than `max_bytes` (checked while reading, so /dev/zero or a FIFO
+// cannot exhaust memory).
+std::string read_text_file(const std::string& path, std::size_t max_bytes = kMaxTextFileBytes);
 
 }  // namespace vq::engine

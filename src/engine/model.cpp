@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "engine/model_builder.h"
+#include "engine/weights_check.h"
 
 namespace vq::engine {
 
@@ -97,9 +98,12 @@ bool has_gguf_magic(const std::string& path) {
 Model Model::load(const std::string& path) {
   struct stat st {};
   const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  if (is_dir || ends_with(path, ".safetensors") || ends_with(path, ".json")) return load_hf(path);
-  if (ends_with(path, ".gguf") || has_gguf_magic(path)) return load_gguf(path);
-  return load_llama2c(path);
+  Model m = is_dir || ends_with(path, ".safetensors") || ends_with(path, ".json")
+                ? load_hf(path)
+                : (ends_with(path, ".gguf") || has_gguf_magic(path)) ? load_gguf(path)
+                                                                     : load_llama2c(path);
+  check_finite_weights(m);  // a corrupt checkpoint is reported here, naming the tensor
+  return m;
 }
 
 // llama2.c legacy (v0) checkpoint: 7 little-endian int32 (dim, hidden_dim, n_layers, n_heads,

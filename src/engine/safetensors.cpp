@@ -4,6 +4,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "engine/json_limits.h"
 #include "engine/model_builder.h"
 
 namespace vq::engine {
@@ -65,12 +66,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
   }
   header_len_ = static_cast<std::int64_t>(n);
   const char* text = reinterpret_cast<const char*>(file_->data() + 8);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text, text + header_len_);
-  } catch (const nlohmann::json::exception& e) {
-    file_error(path, std::string("safetensors header is not valid JSON: ") + e.what());
-  }
+  const nlohmann::json header = parse_json_limited(
+      std::string_view(text, static_cast<std::size_t>(header_len_)), path, "safetensors header");
   if (!header.is_object()) {
     file_error(
         path, "safetensors header must be a JSON object, found " + std::string(header.type_name()));
@@ -83,14 +80,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
       if (!entry.is_object()) file_error(path, "__metadata__ must be a JSON object of strings");
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) {
-          file_error(path, "__metadata__ entry '" + k + "' must be a string, found " + v.dump());
+          file_error(path,
+                     "__metadata__ entry '" + k + "' must be a string, found " + json_excerpt(v));
         }
         metadata_[k] = v.get<std::string>();
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { file_error(path, "tensor '" + name + "': " + what); };
-    if (!entry.is_object()) bad("entry must be a JSON object, found " + entry.dump());
+    // (name captured by an init-capture: clang 14 cannot capture structured bindings)
+    auto bad = [&, &tensor = name](const std::string& what) {
+      file_error(path, "tensor '" + tensor + "': " + what);
+    };
+    if (!entry.is_object()) bad("entry must be a JSON object, found " + json_excerpt(entry));
     SafeTensor t;
     t.name = name;
     if (!entry.contains("dtype") || !entry["dtype"].is_string())
@@ -102,10 +103,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     std::int64_t numel = 1;
     for (const auto& d : entry["shape"]) {
       const std::int64_t v = as_count(d);
-      if (v < 0) bad("shape entries must be non-negative integers, found " + entry["shape"].dump());
+      if (v < 0)
+        bad("shape entries must be non-negative integers, found " + json_excerpt(entry["shape"]));
       t.shape.push_back(v);
       if (v != 0 && numel > (INT64_MAX / esize) / v)
-        bad("shape " + entry["shape"].dump() + " is too large");
+        bad("shape " + json_excerpt(entry["shape"]) + " is too large");
       numel *= v;
     }
     if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
@@ -116,14 +118,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     t.end = as_count(entry["data_offsets"][1]);
     if (t.begin < 0 || t.end < 0 || t.begin > t.end) {
       bad("data_offsets must be non-negative integers with begin <= end, found " +
-          entry["data_offsets"].dump());
+          json_excerpt(entry["data_offsets"]));
     }
     if (t.end > data_size) {
-      bad("data_offsets " + entry["data_offsets"].dump() + " end past the data section (" +
+      bad("data_offsets " + json_excerpt(entry["data_offsets"]) + " end past the data section (" +
           std::to_string(data_size) + " bytes; file truncated?)");
     }
     if (t.end - t.begin != numel * esize) {
-      bad("data_offsets " + entry["data_offsets"].dump() + " span " +
+      bad("data_offsets " + json_excerpt(entry["data_offsets"]) + " span " +
           std::to_string(t.end - t.begin) + " bytes, but " + t.dtype + " " + shape_text(t.shape) +
           " needs " + std::to_string(numel * esize));
     }

@@ -138,6 +138,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   res.n_tokens = o.tokens;
   res.ids = ids;
   res.scored_from = o.prefill >= 2 ? o.prefill : 0;
+  if (o.before_run) o.before_run(mc);
 
   // The reference run keeps its logits; every other run is compared with it. The summaries
   // count the decoded predictions only (scored_from on).

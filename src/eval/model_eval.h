@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -22,6 +23,9 @@ struct ModelEvalOptions {
   std::vector<std::string> methods;    // specs; empty = every registered method
   std::vector<std::int64_t> budgets = {32, 64, 128, 256};
   std::string reference = "full";  // the run every other is compared with
+  // Called once the model is loaded and the text encoded, before the runs allocate anything
+  // (the CLI's memory guard); may throw to refuse the run.
+  std::function<void(const engine::ModelConfig&)> before_run;
 };
 
 struct ModelEvalRow {

@@ -245,6 +245,15 @@ nlohmann::json row_json(const PerturbOptions& o, const PerturbCase& c, const Per
 
 }  // namespace
 
+double perturb_bytes(const PerturbOptions& o) {
+  // Every seed's K/V of one sequence length is held at once (fp32), plus the full-cache
+  // references (up to fp32 again): 16 bytes per element at most; and every seed's probes
+  // (fp32). The sizes are range-checked by plan_perturb, so this is far from overflow.
+  const std::int64_t max_seq = o.seqs.empty() ? 0 : *std::max_element(o.seqs.begin(), o.seqs.end());
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  return d(o.seeds) * d(o.heads) * d(o.head_dim) * (16.0 * d(max_seq) + 4.0 * d(o.probes));
+}
+
 std::vector<PerturbCase> plan_perturb(const PerturbOptions& o) {
   if (o.methods.empty()) bad_option("needs at least one --method SPEC");
   check_list("--seq", o.seqs, kMinSyntheticTokens, kMaxBenchTokens);
@@ -253,16 +262,14 @@ std::vector<PerturbCase> plan_perturb(const PerturbOptions& o) {
   check_range("--head-dim", o.head_dim, 1, kMaxBenchHeadDim);
   check_range("--probes", o.probes, 1, kMaxBenchProbes);
   check_range("--seeds", o.seeds, 1, kMaxBenchSeeds);
-  // Every seed's K/V of one sequence length is held at once (fp32), plus the full-cache
-  // references (up to fp32 again): 16 bytes per element at most.
   const std::int64_t max_seq = *std::max_element(o.seqs.begin(), o.seqs.end());
-  const double bytes = 16.0 * static_cast<double>(o.seeds) * static_cast<double>(o.heads) *
-                       static_cast<double>(max_seq) * static_cast<double>(o.head_dim);
+  const double bytes = perturb_bytes(o);
   if (bytes > static_cast<double>(kMaxBenchBytes)) {
     bad_option(fmt::format(
-        "--seeds {} x --heads {} x --seq {} x --head-dim {} needs about {:.1f} GiB of synthetic "
-        "K/V at once; the limit is {} GiB (use fewer seeds or a shorter sequence)",
-        o.seeds, o.heads, max_seq, o.head_dim, bytes / (1 << 30), kMaxBenchBytes >> 30));
+        "--seeds {} x --heads {} x (--seq {} + --probes {}) x --head-dim {} needs about {:.1f} "
+        "GiB of synthetic K/V at once; the limit is {} GiB (use fewer seeds, probes or a "
+        "shorter sequence)",
+        o.seeds, o.heads, max_seq, o.probes, o.head_dim, bytes / (1 << 30), kMaxBenchBytes >> 30));
   }
 
   // Parse every spec and apply every budget first, so a bad one fails before anything runs.

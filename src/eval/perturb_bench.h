@@ -66,6 +66,10 @@ struct PerturbCase {
   std::int64_t seq = 0;
 };
 
+// Bytes of synthetic data (K/V and probes of every seed at the longest --seq) and full-cache
+// references a run of `o` holds at once; plan_perturb refuses more than kMaxBenchBytes.
+double perturb_bytes(const PerturbOptions& o);
+
 // Validates every option and returns the rows to run, ordered by sequence length, then method
 // (as given), then budget (as given). Methods without a token budget (full) get one row per
 // sequence length. Throws Error before anything runs: kInvalidArgument for bad values (empty

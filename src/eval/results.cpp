@@ -1,14 +1,9 @@
 #include "eval/results.h"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "eval/output_set.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 #include "veloxquant/version.h"
@@ -18,75 +13,15 @@
 #endif
 
 namespace vq::eval {
-namespace fs = std::filesystem;
+void check_writable(const std::string& path) { check_output_path("", path); }
 
-namespace {
-[[noreturn]] void io_error(const std::string& path, const std::string& what) {
-  throw Error(ErrorCode::kIoError, "cannot write '" + path + "': " + what, path);
-}
-
-fs::path parent_of(const std::string& path) {
-  fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? fs::path(".") : parent;
-}
-}  // namespace
-
-void check_writable(const std::string& path) {
-  if (path.empty()) io_error(path, "empty path");
-  if (fs::is_directory(path)) io_error(path, "it is a directory");
-  const fs::path parent = parent_of(path);
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) io_error(path, "cannot create directory '" + parent.string() + "': " + ec.message());
-  if (::access(parent.c_str(), W_OK) != 0) {
-    io_error(path, "directory '" + parent.string() + "' is not writable: " + std::strerror(errno));
-  }
-}
-
-void check_creatable(const std::string& path) {
-  if (path.empty()) io_error(path, "empty path");
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) io_error(path, "it is a directory");
-  // Walk up to the nearest existing ancestor; it must be a directory we can write into.
-  fs::path dir = parent_of(path);
-  while (!fs::exists(dir, ec)) {
-    const fs::path up = dir.parent_path();
-    if (up.empty() || up == dir) {
-      dir = fs::path(".");
-      break;
-    }
-    dir = up;
-  }
-  if (!fs::is_directory(dir, ec)) {
-    io_error(path, "'" + dir.string() + "' is not a directory");
-  }
-  if (::access(dir.c_str(), W_OK) != 0) {
-    io_error(path, "directory '" + dir.string() + "' is not writable: " + std::strerror(errno));
-  }
-}
+void check_creatable(const std::string& path) { check_output_path("", path); }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  check_writable(path);
-  const fs::path target(path);
-  const fs::path tmp = parent_of(path) / ("." + target.filename().string() + ".tmp." +
-                                          std::to_string(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) io_error(path, "cannot create temporary file '" + tmp.string() + "'");
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      io_error(path, "write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    io_error(path, "rename failed: " + ec.message());
-  }
+  OutputSet out;
+  out.declare("", path);
+  out.stage("", content);
+  out.commit();
 }
 
 nlohmann::json results_envelope(const std::string& kind, const std::string& command,

@@ -25,19 +25,17 @@ std::string command_line(int argc, const char* const* argv);
 // The same with the arguments a caller kept (for commands run through CLI11).
 std::string command_line(const std::vector<std::string>& args);
 
-// Writes `content` to `path` atomically: a temporary file in the same directory, flushed, then
-// renamed over `path`. Creates missing parent directories. Throws Error(kIoError) naming the
-// path; on failure nothing is left at `path` (an earlier file there stays as it was).
+// Writes `content` to `path` atomically: a one-output OutputSet (eval/output_set.h), so the
+// target must be absent or a regular file (not a device, FIFO, directory or symbolic link),
+// missing parent directories are created, and on failure nothing is left behind (an earlier
+// file at `path` stays as it was). Throws Error(kIoError) naming the path. A command with more
+// than one output should use OutputSet directly, so they are committed together.
 void write_file_atomic(const std::string& path, const std::string& content);
 
-// Checks up front that `path` can be written (its directory exists or can be created and is
-// writable), so a long run fails before it starts. Throws Error(kIoError).
+// Checks up front, creating nothing, that `path` can be written: the checks of
+// OutputSet::declare (eval/output_set.h). Throws Error(kIoError).
 void check_writable(const std::string& path);
-
-// Like check_writable, but creates nothing: `path` must not be a directory and its nearest
-// existing ancestor must be a writable directory (missing directories below it would be
-// created by write_file_atomic). For validating flags before a run that must leave nothing
-// behind when it fails. Throws Error(kIoError).
+// The same (kept for callers written before check_writable stopped creating directories).
 void check_creatable(const std::string& path);
 
 // The git commit of the source tree the binary was built from ("unknown" when not built from

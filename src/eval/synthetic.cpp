@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checked_math.h"
 #include "core/rng.h"
 #include "veloxquant/errors.h"
 
@@ -102,6 +103,17 @@ SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t t
                     std::to_string(heads) + ", tokens " + std::to_string(tokens) +
                     ", head_dim " + std::to_string(head_dim) + ", probes " +
                     std::to_string(n_probes));
+  }
+  // Sizes come from flags: the element counts must fit in memory's address range.
+  const auto kv_elems = detail::checked_product({heads, tokens, head_dim});
+  const auto probe_elems = detail::checked_product({heads, n_probes, head_dim});
+  constexpr std::int64_t kMaxElems = std::int64_t{1} << 40;  // 4 TiB of fp32: never allocatable
+  if (!kv_elems || !probe_elems || *kv_elems > kMaxElems || *probe_elems > kMaxElems) {
+    throw Error(ErrorCode::kInvalidArgument, "[synthetic] heads " + std::to_string(heads) +
+                                                 " x tokens " + std::to_string(tokens) +
+                                                 " (or probes " + std::to_string(n_probes) +
+                                                 ") x head_dim " + std::to_string(head_dim) +
+                                                 " elements is too large (at most 2^40)");
   }
   SyntheticKV kv;
   kv.heads = heads;

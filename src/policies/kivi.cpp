@@ -46,7 +46,11 @@ MethodInfo kivi_method() {
   m.deviations = "keys and values leave the fp16 tail together; fp16 scale/zero rounded "
                  "outward; no outlier handling";
   m.fields = {
-      int_field("bit_width_inlier", 2, 2, 4, "code width: 2 or 4 bits"),
+      [] {
+        FieldSpec f = int_field("bit_width_inlier", 2, 2, 4, "code width: 2 or 4 bits");
+        f.choices = {"2", "4"};  // listed and parsed as {2, 4}, not the range [2, 4]
+        return f;
+      }(),
       int_field("kivi_group_size", 32, 1, 4096,
                 "G tokens per key channel group, G channels per value group"),
       int_field("residual_length", 128, 0, kMaxTokens,

@@ -1,0 +1,94 @@
+#include "eval/resources.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <fstream>
+
+#include "veloxquant/errors.h"
+
+namespace vq::eval {
+
+std::uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t value = 0;
+  std::string unit;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;  // the file counts kB (KiB)
+  }
+  return 0;
+}
+
+std::uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument,
+                 flag +
+                     " expects a size in bytes with an optional K, M, G or T suffix (e.g. "
+                     "512M, 8G), " +
+                     why);
+  };
+  std::uint64_t n = 0;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, n);
+  if (ec == std::errc::result_out_of_range) throw bad("got '" + text + "' (too large)");
+  if (ec != std::errc() || ptr == begin) throw bad("got '" + text + "'");
+  std::string suffix(ptr, end);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (suffix.empty() || suffix == "B") {
+    shift = 0;
+  } else if (suffix == "K" || suffix == "KB" || suffix == "KIB") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "MB" || suffix == "MIB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "GB" || suffix == "GIB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "TB" || suffix == "TIB") {
+    shift = 40;
+  } else {
+    throw bad("got '" + text + "' (unknown suffix '" + std::string(ptr, end) + "')");
+  }
+  if (n == 0) throw bad("got '" + text + "' (must be > 0)");
+  if (shift > 0 && n > (UINT64_MAX >> shift)) throw bad("got '" + text + "' (too large)");
+  return n << shift;
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", bytes / (1 << 30));
+  if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1 << 20));
+  if (bytes >= 1024.0) return fmt::format("{:.1f} KiB", bytes / 1024);
+  return fmt::format("{:.0f} bytes", bytes);
+}
+
+void check_memory(const std::string& command, double estimate_bytes, const std::string& what,
+                  std::uint64_t max_memory) {
+  const std::uint64_t limit = max_memory != 0 ? max_memory : available_memory_bytes();
+  if (limit == 0 || estimate_bytes <= static_cast<double>(limit)) return;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{}: the run needs about {} ({}), more than {} ({}); nothing was "
+                          "allocated. Use smaller sizes{}",
+                          command, format_bytes(estimate_bytes), what,
+                          format_bytes(static_cast<double>(limit)),
+                          max_memory != 0 ? "the --max-memory limit"
+                                          : "the memory available, MemAvailable in /proc/meminfo",
+                          max_memory != 0 ? " or a larger --max-memory"
+                                          : " (or --max-memory SIZE to set the limit yourself)"));
+}
+
+double engine_run_bytes(const engine::ModelConfig& c, std::int64_t chunk, std::int64_t context) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double S = d(chunk), R = d(c.seq_len), T = d(context);
+  const double per_position =
+      3 * d(c.dim) + 2 * d(c.q_dim()) + 2 * d(c.kv_dim()) + 2 * d(c.hidden_dim) + d(c.vocab_size);
+  const double work =
+      4 * (S * per_position + d(c.n_heads) * S * R + R * d(c.head_dim) + 2 * d(c.vocab_size));
+  // K and V rows (fp32 worst case) plus a position per row and head.
+  const double cache = d(c.n_layers) * d(c.n_kv_heads) * T * (8 * d(c.head_dim) + 8);
+  return work + cache;
+}
+
+}  // namespace vq::eval

@@ -1,0 +1,35 @@
+// The memory guard: every command estimates what a run needs and refuses it, before
+// allocating, when that exceeds the memory available (or the --max-memory flag).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model.h"
+
+namespace vq::eval {
+
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+std::uint64_t available_memory_bytes();
+
+// Parses a --max-memory value: a positive integer number of bytes with an optional suffix K, M,
+// G or T (powers of 1024; "KiB", "MB" etc. accepted too), e.g. "512M", "8G". Throws
+// Error(kInvalidArgument) naming `flag`.
+std::uint64_t parse_memory_size(const std::string& text, const std::string& flag);
+
+// "1.5 GiB", "12.0 MiB", "512 bytes".
+std::string format_bytes(double bytes);
+
+// Throws Error(kInvalidArgument) when `estimate_bytes` exceeds the limit: `max_memory` when
+// nonzero (the user's --max-memory), else the available memory (no check when that is unknown).
+// The message names `command`, the estimate, `what` (what the memory is for) and the limit.
+void check_memory(const std::string& command, double estimate_bytes, const std::string& what,
+                  std::uint64_t max_memory);
+
+// An upper estimate of what the reference engine allocates for one run of `model`: its working
+// buffers for `chunk` positions per forward call over a `context`-position run (attention
+// scores, RoPE tables and logits are sized by the model's seq_len, as engine/transformer.cpp
+// allocates them), plus a cache holding all `context` positions of every layer in fp32.
+double engine_run_bytes(const engine::ModelConfig& model, std::int64_t chunk, std::int64_t context);
+
+}  // namespace vq::eval

@@ -1,0 +1,215 @@
+// Hostile-input defences (README "Robustness"): output files committed together or not at all
+// and never over a non-regular file, JSON depth limits and short excerpts, overflow-safe sizes,
+// the memory-size flag and the memory guard, non-finite detection.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "core/checked_math.h"
+#include "engine/json_limits.h"
+#include "engine/mapped_file.h"
+#include "engine/weights_check.h"
+#include "eval/output_set.h"
+#include "eval/resources.h"
+#include "test_util.h"
+
+namespace vq {
+namespace {
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path path;
+  explicit Dir(const std::string& name)
+      : path(fs::temp_directory_path() / ("vq_robust_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Dir() { fs::remove_all(path); }
+  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
+};
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::size_t entries(const fs::path& dir) {
+  return static_cast<std::size_t>(
+      std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+TEST(OutputSet, WritesEveryOutputAndCreatesDirectories) {
+  const Dir d("outputs");
+  eval::OutputSet out;
+  out.declare("--json", d / "a/b/r.json");
+  out.declare("--plot", d / "a/r.svg");
+  EXPECT_FALSE(fs::exists(d.path / "a")) << "declare must create nothing";
+  out.stage("--json", "{}\n");
+  out.stage("--plot", "<svg/>");
+  out.commit();
+  EXPECT_EQ(read(d / "a/b/r.json"), "{}\n");
+  EXPECT_EQ(read(d / "a/r.svg"), "<svg/>");
+  EXPECT_EQ(entries(d.path / "a/b"), 1u) << "a temporary file was left behind";
+  EXPECT_EQ(entries(d.path / "a"), 2u);
+}
+
+TEST(OutputSet, RefusesNonRegularTargetsEmptyPathsAndDuplicates) {
+  const Dir d("refuse");
+  eval::OutputSet out;
+  test::expect_error([&] { out.declare("--json", "/dev/null"); }, ErrorCode::kIoError,
+                     {"--json: cannot write '/dev/null': it is a device"});
+  ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0);
+  test::expect_error([&] { out.declare("--json", d / "fifo"); }, ErrorCode::kIoError,
+                     {"it is a FIFO"});
+  std::ofstream(d / "real") << "keep";
+  fs::create_symlink(d / "real", d / "link");
+  test::expect_error([&] { out.declare("--json", d / "link"); }, ErrorCode::kIoError,
+                     {"it is a symbolic link"});
+  test::expect_error([&] { out.declare("--json", d.path.string()); }, ErrorCode::kIoError,
+                     {"it is a directory"});
+  test::expect_error([&] { out.declare("--json", ""); }, ErrorCode::kIoError, {"empty"});
+  test::expect_error([&] { out.declare("--json", d / "real/x.json"); }, ErrorCode::kIoError,
+                     {"is not a directory"});
+  out.declare("--json", d / "r.json");
+  // The same file through another spelling.
+  test::expect_error([&] { out.declare("--plot", d / "sub/../r.json"); },
+                     ErrorCode::kInvalidArgument, {"--json and --plot name the same file"});
+  EXPECT_EQ(read(d / "real"), "keep");
+  struct stat st {};
+  ASSERT_EQ(::lstat((d / "fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::lstat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST(OutputSet, AFailedCommitWritesNothingAndRemovesCreatedDirectories) {
+  const Dir d("all_or_none");
+  std::ofstream(d / "r.json") << "old";
+  eval::OutputSet out;
+  out.declare("--json", d / "r.json");
+  out.declare("--plot", d / "new/deeper/r.svg");
+  out.declare("--per-token", d / "p.tsv");
+  out.stage("--json", "new");
+  out.stage("--plot", "<svg/>");
+  out.stage("--per-token", "x");
+  // The third target turns into a FIFO during the run: the commit must refuse it and leave
+  // the first two untouched, removing the directories it created for the second.
+  ASSERT_EQ(::mkfifo((d / "p.tsv").c_str(), 0600), 0);
+  test::expect_error([&] { out.commit(); }, ErrorCode::kIoError,
+                     {"--per-token: cannot write", "it is a FIFO"});
+  EXPECT_EQ(read(d / "r.json"), "old");
+  EXPECT_FALSE(fs::exists(d.path / "new")) << "a created directory was left behind";
+  EXPECT_EQ(entries(d.path), 2u) << "a temporary file was left behind";
+}
+
+TEST(OutputSet, CommitNeedsEveryOutputStaged) {
+  const Dir d("staged");
+  eval::OutputSet out;
+  out.declare("--json", d / "r.json");
+  test::expect_error([&] { out.commit(); }, ErrorCode::kInvalidState, {"not staged"});
+  EXPECT_FALSE(fs::exists(d.path / "r.json"));
+}
+
+TEST(JsonLimits, DepthIsLimitedBeforeAnyRecursiveWalk) {
+  const std::string ok = std::string(128, '[') + std::string(128, ']');
+  EXPECT_NO_THROW((void)engine::parse_json_limited(ok, "f.json", "config.json"));
+  const std::string deep = std::string(129, '[') + std::string(129, ']');
+  test::expect_error([&] { (void)engine::parse_json_limited(deep, "f.json", "config.json"); },
+                     ErrorCode::kFileError, {"'f.json': config.json nests", "deeper than 128"});
+  // Far deeper than any stack: refused, no crash (and unbalanced: never parsed to the end).
+  std::string abyss;
+  for (int i = 0; i < (1 << 19); ++i) abyss += "{\"a\":";
+  test::expect_error([&] { (void)engine::parse_json_limited(abyss, "t.json", "tokenizer.json"); },
+                     ErrorCode::kFileError, {"t.json", "deeper than 128"});
+  const std::string mixed = std::string(100, '[') + "{\"a\":" + std::string(40, '[');
+  test::expect_error([&] { (void)engine::parse_json_limited(mixed, "m.json", "x"); },
+                     ErrorCode::kFileError, {"found level 129"});
+}
+
+TEST(JsonLimits, SyntaxErrorsQuoteAShortEscapedExcerpt) {
+  const std::string bad = "{\"a\": " + std::string(100000, 'x') + "\x01}";
+  try {
+    (void)engine::parse_json_limited(bad, "big.json", "result file");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'big.json': result file is not valid JSON"),
+              std::string::npos);
+  }
+  EXPECT_EQ(engine::text_excerpt("a\x01\xff", 10), "a\\x01\\xFF");
+  EXPECT_EQ(engine::text_excerpt("abcdef", 3), "abc...");
+  const nlohmann::json big = nlohmann::json::array({1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  EXPECT_EQ(engine::json_excerpt(big, 5), "an array of 10 entries");
+  EXPECT_EQ(engine::json_excerpt(nlohmann::json{{"k", nullptr}}), "{\"k\":null}");
+}
+
+TEST(Sizes, CheckedArithmeticDetectsOverflow) {
+  EXPECT_EQ(detail::checked_product({1 << 20, 1 << 20, 1 << 20}), std::int64_t{1} << 60);
+  EXPECT_FALSE(detail::checked_product({std::int64_t{1} << 32, std::int64_t{1} << 32}));
+  EXPECT_FALSE(detail::checked_product({4, -1}));
+  EXPECT_FALSE(detail::checked_sum(std::numeric_limits<std::int64_t>::max(), 1));
+  EXPECT_EQ(detail::checked_sum(2, 3), 5);
+}
+
+TEST(Sizes, TextFilesAreCappedWhileReading) {
+  const Dir d("text_cap");
+  std::ofstream(d / "t.txt") << "0123456789";
+  EXPECT_EQ(engine::read_text_file(d / "t.txt", 10), "0123456789");
+  test::expect_error([&] { (void)engine::read_text_file(d / "t.txt", 9); }, ErrorCode::kFileError,
+                     {"t.txt': is larger than the", "(9 bytes)"});
+  // A character device with no end: refused once the limit is passed, not read forever.
+  test::expect_error([] { (void)engine::read_text_file("/dev/zero", 1 << 20); },
+                     ErrorCode::kFileError, {"'/dev/zero': is larger than the 1 MiB limit"});
+}
+
+TEST(Sizes, MaxMemoryFlag) {
+  EXPECT_EQ(eval::parse_memory_size("512M", "--max-memory"), std::uint64_t{512} << 20);
+  EXPECT_EQ(eval::parse_memory_size("8g", "--max-memory"), std::uint64_t{8} << 30);
+  EXPECT_EQ(eval::parse_memory_size("1000", "--max-memory"), 1000u);
+  EXPECT_EQ(eval::parse_memory_size("2KiB", "--max-memory"), 2048u);
+  for (const char* bad : {"", "-1", "0", "12Q", "M", "18446744073709551616", "17179869184G"}) {
+    test::expect_error([&] { (void)eval::parse_memory_size(bad, "--max-memory"); },
+                       ErrorCode::kInvalidArgument, {"--max-memory expects a size"});
+  }
+}
+
+TEST(Sizes, MemoryGuardRefusesWithTheEstimate) {
+  test::expect_error(
+      [] { eval::check_memory("demo", 3.0 * (1 << 30), "synthetic K/V", std::uint64_t{1} << 30); },
+      ErrorCode::kInvalidArgument,
+      {"demo: the run needs about 3.0 GiB (synthetic K/V), more than 1.0 GiB (the --max-memory "
+       "limit)"});
+  EXPECT_NO_THROW(eval::check_memory("demo", 1000, "x", 1 << 20));
+  // Without --max-memory the limit is MemAvailable: a petabyte never fits.
+  if (eval::available_memory_bytes() > 0) {
+    test::expect_error([] { eval::check_memory("eval", 1e15, "x", 0); },
+                       ErrorCode::kInvalidArgument, {"MemAvailable"});
+  }
+}
+
+TEST(NonFinite, FoundAndNamed) {
+  std::vector<float> v(10000, 1.0f);
+  EXPECT_TRUE(engine::all_finite(v.data(), static_cast<std::int64_t>(v.size())));
+  v[9000] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(engine::all_finite(v.data(), static_cast<std::int64_t>(v.size())));
+  test::expect_error(
+      [&] {
+        engine::check_finite(v.data(), static_cast<std::int64_t>(v.size()), "logits at position 7");
+      },
+      ErrorCode::kInvalidState, {"logits at position 7: value 9000 of 10000 is inf"});
+  v[9000] = 1.0f;
+  v[3] = std::nanf("");
+  test::expect_error([&] { engine::check_finite(v.data(), 10000, "w"); }, ErrorCode::kInvalidState,
+                     {"value 3 of 10000 is nan"});
+  // Huge finite values are finite (a sum of them would overflow; the test must not).
+  std::vector<float> big(100, 3e38f);
+  EXPECT_TRUE(engine::all_finite(big.data(), 100));
+}
+
+}  // namespace
+}  // namespace vq
