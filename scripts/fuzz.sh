@@ -18,7 +18,7 @@ CXX=clang++ CC=clang scripts/build.sh -DVELOXQUANT_FUZZ=ON -DVELOXQUANT_BUILD_TE
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(spec llama2c tokenizer_bin safetensors config_json tokenizer_json result_table)
+  targets=(spec llama2c tokenizer_bin safetensors config_json tokenizer_json result_table gguf)
 fi
 shared=${VELOXQUANT_SHARED_DIR:-../shared}/data
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
@@ -32,6 +32,7 @@ for t in "${targets[@]}"; do
   case $t in
     llama2c) cp data/stories260K.bin "$work/" ;;
     tokenizer_bin) cp data/tok512.bin "$work/" ;;
+    gguf) cp data/ggml-vocab-llama-spm.gguf "$work/" ;;
     config_json) cp "$shared/models/tinystories-656K/config.json" "$work/" 2>/dev/null || true ;;
     tokenizer_json) cp "$shared/models/tinystories-656K/tokenizer.json" "$work/" 2>/dev/null || true ;;
     safetensors)

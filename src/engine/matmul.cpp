@@ -7,6 +7,7 @@
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define VQ_MATMUL_X86 1
 #endif
@@ -176,7 +177,10 @@ VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::i
 bool isa_supported(Isa isa) noexcept {
   if (isa == Isa::kScalar) return true;
 #ifdef VQ_MATMUL_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 29) & 1u) != 0;
+  return __builtin_cpu_supports("avx2") && f16c;
 #else
   return false;
 #endif
