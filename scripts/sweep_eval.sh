@@ -2,8 +2,8 @@
 # The committed evaluation sweep (results/eval/): stories260K on the first 512 tokens of the
 # TinyStories and WikiText-2 excerpts (data/), every registered method with its defaults plus
 # the variants the README discusses, at budgets 32, 64, 128 and 256 rows per KV head; each
-# attention-scored method twice, with the key-as-query proxy and with the engine's true
-# attention (source=attention). A third run reads TinyStories after a 256-token prefill, where
+# attention-scored method twice: with its default source=auto, which the engine's probabilities
+# resolve to true attention, and with the key-as-query proxy (source=proxy). A third run reads TinyStories after a 256-token prefill, where
 # prefill-time methods (snapkv) compress and every method makes its prefill decision; its
 # summaries count the 255 decoded predictions. Writes results/eval/stories260K_<run>.{json,svg,txt}.
 # Expects a build (scripts/build.sh).
@@ -17,21 +17,21 @@ for id in $("$bin" list | awk '{print $1}'); do methods+=(--method "$id"); done
 methods+=(--method "h2o:grace=0,decay=1" --method "cam:merge_gate=false"
           --method "h2o:merge=sim_weighted" --method "streaming_llm:merge=sim_weighted"
           --method "streaming_llm:merge=mean,target=window")
-# The same methods scored by the engine's true attention (every method with a `source` field),
-# the paper's H2O rule and CaM's paper variant (window target) on true attention.
+# The same methods scored by the key-as-query proxy (every method with a `source` field), the
+# paper's H2O rule with the proxy, and CaM's other gate and the seed's nearest blend.
 for id in $("$bin" list | awk '{print $1}'); do
-  if "$bin" list "$id" | grep -q '^source '; then methods+=(--method "$id:source=attention"); fi
+  if "$bin" list "$id" | grep -q '^source '; then methods+=(--method "$id:source=proxy"); fi
 done
-methods+=(--method "h2o:grace=0,decay=1,source=attention"
-          --method "cam:source=attention,merge_attention=cumulative"
-          --method "cam:source=attention,target=nearest,merge=sim_weighted")
+methods+=(--method "h2o:grace=0,decay=1,source=proxy"
+          --method "cam:merge_attention=cumulative"
+          --method "cam:target=nearest,merge=sim_weighted")
 # The methods whose defaults are H2O's paper rule (no recent window: pyramidkv, squeeze, chunkkv,
 # keyformer) on H2O's usable base (grace 16, decay 0.98, as h2o's defaults), with both sources,
 # and CaM's merging on that base.
 for base in "pyramidkv:grace=16,decay=0.98" "squeeze:grace=16,decay=0.98" \
             "chunkkv:grace=16,decay=0.98" "keyformer:recent=16" \
             "h2o:merge=sim_weighted,merge_gate=false" "h2o:target=window,merge=mean"; do
-  methods+=(--method "$base" --method "$base,source=attention")
+  methods+=(--method "$base" --method "$base,source=proxy")
 done
 mkdir -p results/eval
 run() {  # run NAME TEXT [extra eval flags]
