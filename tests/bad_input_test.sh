@@ -115,6 +115,9 @@ if [ -f "$shared/models/tinystories-656K/config.json" ]; then
   sed 's/"max_position_embeddings": 512/"max_position_embeddings": 1048576/' \
     "$shared/models/tinystories-656K/config.json" >"$tmp/huge_ctx/config.json"
   bad "huge context, memory guard" 2 "generate: the run needs about [0-9.]+ [GM]iB \(the engine's buffers and a 1048576-position cache" -- generate --model "$tmp/huge_ctx" --steps 0 --max-memory 64M
+  # The same checkpoint for a 64-position run: the engine's buffers are sized by the run, not by
+  # max_position_embeddings, so it fits in 64 MiB.
+  bad "huge context, a short run fits" 0 "generate: 65 tokens" -- generate --model "$tmp/huge_ctx" --steps 64 --max-memory 64M
 fi
 
 # 4. Numbers: non-finite weights named at load; out-of-range integers and reals name the flag.

@@ -70,7 +70,7 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
   if (o.reference != nullptr) run.kl.resize(static_cast<std::size_t>(P));
   if (o.keep_logits) run.logits.resize(static_cast<std::size_t>(P * V));
 
-  Transformer tf(model, chunk);
+  Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
   ModelCache cache = KVCacheBuilder::for_model(method, model_shape(c));
   double kept_weighted = 0.0;
   std::int64_t t = 0;

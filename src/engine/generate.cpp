@@ -44,7 +44,8 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   // Prefill: positions 0 .. chunk-1 in one step. Each position's successor is the next prompt
   // token (forced) while there is one; the last position's is sampled.
   const std::int64_t chunk = std::min<std::int64_t>(res.n_prompt, steps);
-  Transformer tf(model, std::max<std::int64_t>(1, chunk));
+  // Buffers sized by this run (steps positions), not by the model's trained context.
+  Transformer tf(model, std::max<std::int64_t>(1, chunk), steps);
   auto t0 = clock::now();
   std::vector<float> work(static_cast<std::size_t>(c.vocab_size));  // the sampler scales in place
   auto sample = [&](const float* logits) {

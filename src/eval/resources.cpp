@@ -81,7 +81,7 @@ void check_memory(const std::string& command, double estimate_bytes, const std::
 
 double engine_run_bytes(const engine::ModelConfig& c, std::int64_t chunk, std::int64_t context) {
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
-  const double S = d(chunk), R = d(c.seq_len), T = d(context);
+  const double S = d(chunk), R = d(context), T = d(context);
   const double per_position =
       3 * d(c.dim) + 2 * d(c.q_dim()) + 2 * d(c.kv_dim()) + 2 * d(c.hidden_dim) + d(c.vocab_size);
   const double work =
