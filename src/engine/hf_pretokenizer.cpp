@@ -1,5 +1,6 @@
 // Hugging Face pre-tokenizers (see hf_pretokenizer.h) and Unicode normalization (ICU).
 #include "engine/hf_pretokenizer.h"
+#include "engine/json_limits.h"
 
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
@@ -16,7 +17,7 @@ const char* const kGpt2Regex =
 std::string type_name(const json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string()
              ? "'" + j["type"].get<std::string>() + "'"
-             : j.dump().substr(0, 80);
+             : json_excerpt(j);
 }
 
 }  // namespace
@@ -27,12 +28,12 @@ HfPreTokenizer::HfPreTokenizer(const json& j, const std::string& path) : path_(p
 
 void HfPreTokenizer::add(const json& j) {
   auto bad = [&](const std::string& what) { file_error(path_, "pre_tokenizer: " + what); };
-  if (!j.is_object()) bad("expected an object, found " + j.dump().substr(0, 80));
+  if (!j.is_object()) bad("expected an object, found " + json_excerpt(j));
   const std::string type = j.value("type", std::string());
   auto flag = [&](const char* key, bool fallback) {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_boolean())
-      bad(type + "." + key + " must be true or false, found " + j[key].dump());
+      bad(type + "." + key + " must be true or false, found " + json_excerpt(j[key]));
     return j[key].get<bool>();
   };
   if (type == "Sequence") {
@@ -79,7 +80,7 @@ void HfPreTokenizer::add(const json& j) {
       // A literal: quote it for PCRE2.
       regex = "\\Q" + p["String"].get<std::string>() + "\\E";
     } else {
-      bad("Split.pattern must be {\"Regex\": ...} or {\"String\": ...}, found " + p.dump());
+      bad("Split.pattern must be {\"Regex\": ...} or {\"String\": ...}, found " + json_excerpt(p));
     }
     s.regex = std::make_shared<RegexSplitter>(regex, path_);
   } else {

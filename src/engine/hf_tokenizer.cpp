@@ -188,7 +188,7 @@ class HfTokenizer final : public Tokenizer {
   static std::string type_of(const json& j) {
     return j.is_object() && j.contains("type") && j["type"].is_string()
                ? "'" + j["type"].get<std::string>() + "'"
-               : j.dump();
+               : json_excerpt(j);
   }
 
   const json& field(const json& j, const char* key, json::value_t type,
@@ -198,7 +198,7 @@ class HfTokenizer final : public Tokenizer {
     const json& v = j[key];
     if (v.type() != type && !(type == json::value_t::number_integer && v.is_number_unsigned())) {
       bad(std::string("'") + key + "' must be " + json(type).type_name() + "-typed (" + what +
-          "), found " + v.dump().substr(0, 80));
+          "), found " + json_excerpt(v));
     }
     return v;
   }
@@ -206,7 +206,7 @@ class HfTokenizer final : public Tokenizer {
   bool flag(const json& j, const char* key, bool fallback, const std::string& where) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_boolean())
-      bad(where + ": '" + key + "' must be true or false, found " + j[key].dump());
+      bad(where + ": '" + key + "' must be true or false, found " + json_excerpt(j[key]));
     return j[key].get<bool>();
   }
 
@@ -231,7 +231,7 @@ class HfTokenizer final : public Tokenizer {
       if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 ||
           idj.get<std::int64_t>() >= kMaxWidth) {
         bad("model.vocab['" + tok + "'] must be an id in [0, " + std::to_string(kMaxWidth) +
-            "), found " + idj.dump());
+            "), found " + json_excerpt(idj));
       }
       const auto id = static_cast<std::int32_t>(idj.get<std::int64_t>());
       grow(id);
@@ -245,12 +245,12 @@ class HfTokenizer final : public Tokenizer {
     }
     if (m.contains("dropout") && !m["dropout"].is_null() &&
         !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0)) {
-      bad("model.dropout " + m["dropout"].dump() +
+      bad("model.dropout " + json_excerpt(m["dropout"]) +
           " is not supported (tokenization must be deterministic)");
     }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (m.contains(key) && !m[key].is_null() && m[key] != "") {
-        bad(std::string("model.") + key + " " + m[key].dump() + " is not supported");
+        bad(std::string("model.") + key + " " + json_excerpt(m[key]) + " is not supported");
       }
     }
     byte_fallback_ = flag(m, "byte_fallback", false, "model");
@@ -271,7 +271,7 @@ class HfTokenizer final : public Tokenizer {
         const std::string s = mj.get<std::string>();
         const std::size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-          bad("merge #" + std::to_string(rank) + " " + mj.dump() +
+          bad("merge #" + std::to_string(rank) + " " + json_excerpt(mj) +
               " must be two pieces separated by one space");
         }
         a = s.substr(0, sp);
@@ -281,12 +281,12 @@ class HfTokenizer final : public Tokenizer {
         b = mj[1].get<std::string>();
       } else {
         bad("merge #" + std::to_string(rank) + " must be \"a b\" or [\"a\", \"b\"], found " +
-            mj.dump().substr(0, 80));
+            json_excerpt(mj));
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
       for (const auto& [it, name] : {std::pair{ia, a}, std::pair{ib, b}, std::pair{iab, a + b}}) {
         if (it == vocab_.end()) {
-          bad("merge #" + std::to_string(rank) + " (" + mj.dump() + "): '" + name +
+          bad("merge #" + std::to_string(rank) + " (" + json_excerpt(mj) + "): '" + name +
               "' is not in model.vocab");
         }
       }
@@ -302,7 +302,7 @@ class HfTokenizer final : public Tokenizer {
       Added a;
       const json& idj = field(t, "id", json::value_t::number_integer, "added_tokens[].id");
       if (idj.get<std::int64_t>() < 0 || idj.get<std::int64_t>() >= kMaxWidth) {
-        bad("added token id " + idj.dump() + " is out of range");
+        bad("added token id " + json_excerpt(idj) + " is out of range");
       }
       a.id = static_cast<std::int32_t>(idj.get<std::int64_t>());
       a.content =
@@ -352,7 +352,7 @@ class HfTokenizer final : public Tokenizer {
   std::string string_pattern(const json& n, const std::string& what) const {
     const json& p = field(n, "pattern", json::value_t::object, what);
     if (!p.contains("String") || !p["String"].is_string()) {
-      bad(what + ": only {\"String\": ...} patterns are supported, found " + p.dump());
+      bad(what + ": only {\"String\": ...} patterns are supported, found " + json_excerpt(p));
     }
     const std::string s = p["String"].get<std::string>();
     if (s.empty()) bad(what + ": empty pattern");
@@ -380,7 +380,7 @@ class HfTokenizer final : public Tokenizer {
         }
         if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id") ||
             !item["SpecialToken"]["id"].is_string()) {
-          bad("TemplateProcessing.single item " + item.dump() +
+          bad("TemplateProcessing.single item " + json_excerpt(item) +
               " is neither a Sequence nor a SpecialToken");
         }
         const std::string name = item["SpecialToken"]["id"].get<std::string>();
@@ -392,7 +392,7 @@ class HfTokenizer final : public Tokenizer {
         for (const json& idj : specials[name]["ids"]) {
           if (!idj.is_number_integer() || idj.get<std::int64_t>() < 0 ||
               idj.get<std::int64_t>() >= vocab_size_) {
-            bad("TemplateProcessing special token '" + name + "' has id " + idj.dump() +
+            bad("TemplateProcessing special token '" + name + "' has id " + json_excerpt(idj) +
                 " outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
           }
           (seen_text ? suffix_ : prefix_)
@@ -425,7 +425,7 @@ class HfTokenizer final : public Tokenizer {
                 field(d, "content", json::value_t::string, "Strip decoder").get<std::string>(),
                 {}};
       if (utf8_len(s.a, 0) != s.a.size())
-        bad("Strip decoder content must be one character, found " + d["content"].dump());
+        bad("Strip decoder content must be one character, found " + json_excerpt(d["content"]));
       s.start =
           field(d, "start", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
       s.stop = field(d, "stop", json::value_t::number_integer, "Strip decoder").get<std::int64_t>();
