@@ -79,6 +79,18 @@ class PlainStore final : public RowStore {
     k_.resize(static_cast<std::size_t>(n_ * d_));
     v_.resize(static_cast<std::size_t>(n_ * d_));
     pos_.resize(static_cast<std::size_t>(n_));
+    // A large cut (a prefill cut to the budget) gives the memory back: a cache holds what it
+    // keeps, not the capacity of its largest step. Small cuts (decode steps) keep the capacity,
+    // so the steady state reallocates nothing.
+    if (pos_.capacity() > 2 * pos_.size() + 64) {
+      // Room for the kept rows and one decode step's row, exactly (not the vector's doubling).
+      std::vector<T>(k_.begin(), k_.end()).swap(k_);
+      std::vector<T>(v_.begin(), v_.end()).swap(v_);
+      std::vector<std::int32_t>(pos_.begin(), pos_.end()).swap(pos_);
+      k_.reserve(static_cast<std::size_t>((n_ + 1) * d_));
+      v_.reserve(static_cast<std::size_t>((n_ + 1) * d_));
+      pos_.reserve(static_cast<std::size_t>(n_ + 1));
+    }
   }
 
   void clear() noexcept override {
