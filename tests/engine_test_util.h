@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/model.h"
+#include "engine/transformer.h"
 #include "test_util.h"
+#include "veloxquant/builder.h"
 #include "veloxquant/types.h"
 
 #ifndef VELOXQUANT_DATA_DIR
@@ -253,6 +258,29 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   std::string out;
   append_pod(out, static_cast<std::uint64_t>(header.size()));
   return out + header + data;
+}
+
+// Logits for 12 tokens fed one at a time through a full fp32 cache: [12][vocab].
+inline std::vector<float> run_logits(const engine::Model& m) {
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
+                                               engine::model_shape(m.config()));
+  engine::Transformer tf(m);
+  std::vector<float> out;
+  for (std::int32_t t = 0; t < 12; ++t) {
+    const std::int32_t tok = (t * 7 + 3) % static_cast<std::int32_t>(m.config().vocab_size);
+    const float* l = tf.forward(&tok, 1, cache);
+    out.insert(out.end(), l, l + m.config().vocab_size);
+  }
+  return out;
+}
+
+// The largest |a[i] - b[i]| (the sizes must match).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return d;
 }
 
 }  // namespace vq::test

@@ -13,29 +13,9 @@
 namespace vq {
 namespace {
 using engine::Model;
+using test::max_abs_diff;
+using test::run_logits;
 using test::TinyModel;
-
-// Logits for 12 tokens fed one at a time through a full fp32 cache.
-std::vector<float> run_logits(const Model& m) {
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
-                                               engine::model_shape(m.config()));
-  engine::Transformer tf(m);
-  std::vector<float> out;
-  for (std::int32_t t = 0; t < 12; ++t) {
-    const std::int32_t tok = (t * 7 + 3) % static_cast<std::int32_t>(m.config().vocab_size);
-    const float* l = tf.forward(&tok, 1, cache);
-    out.insert(out.end(), l, l + m.config().vocab_size);
-  }
-  return out;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return d;
-}
 
 void write_hf(const test::TempDir& dir, const TinyModel& tm, const std::string& dtype,
               TinyModel::Head head, std::size_t pad = 0, nlohmann::json config = nullptr) {
