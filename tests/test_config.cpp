@@ -186,7 +186,8 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
       const bool common = f.name == "seed" || f.name == "kv_dtype" || f.name == "quantize" ||
                           f.name == "kivi_group_size" || f.name == "residual_length" ||
                           f.name == "bit_width_inlier" || f.name == "source" ||
-                          f.name == "gqa_reduce";
+                          f.name == "gqa_reduce" || f.name == "demote" ||
+                          f.name == "demote_budget" || f.name == "demote_group";
       if (!m.prefix.empty() && !common) {
         EXPECT_EQ(f.name.rfind(m.prefix + "_", 0), 0u) << m.id << "." << f.name;
       }

@@ -162,6 +162,84 @@ TEST_P(Conformance, StatsAreConsistent) {
                    static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes));
 }
 
+// demote= on every method with a token budget (a merge disposition, which demote excludes, is
+// set to drop): the method's budget rows and at most demote_budget demoted rows per head, every
+// head alike; sinks first and bit exact; distinct true positions; deterministic, chunking
+// invariant (prefill-only methods aside) and reset-clean; deferred eviction (a step returns the
+// rows held before it, demoted ones included, then the new rows); fewer bytes than fp16 rows.
+TEST_P(Conformance, DemoteKeepsTheContracts) {
+  const CacheConfig probe(GetParam());
+  if (!has_token_budget(probe)) GTEST_SKIP() << GetParam() << " has no token budget";
+  const MethodInfo& m = find_method(GetParam());
+  std::string extra = "demote=kivi2,demote_budget=24";
+  if (probe.has("merge") && probe.get_enum("merge") != "drop") extra += ",merge=drop";
+  KV kv(1, 3, 150, 16, 15);
+  for (std::int64_t chunk : {1, 13}) {
+    LayerCache c = cache(48, extra);
+    const std::int64_t budget = c.budget();
+    for (std::int64_t t = 0; t < kv.S; t += chunk) {
+      const test::Snapshot before = test::snapshot(c, 1, 3);
+      const std::int64_t n = std::min(chunk, kv.S - t);
+      const KVRows rows = c.update(kv.keys(t, n), kv.values(t, n));
+      for (std::int64_t h = 0; h < 3; ++h) {
+        const std::int64_t kept =
+            static_cast<std::int64_t>(before.positions[static_cast<std::size_t>(h)].size());
+        ASSERT_EQ(rows.n_rows, kept + n);
+        for (std::int64_t r = 0; r < kept; ++r) {
+          ASSERT_EQ(rows.position(0, h, r),
+                    before.positions[static_cast<std::size_t>(h)][static_cast<std::size_t>(r)]);
+          ASSERT_EQ(
+              rows.value(0, h, r)[3],
+              before.values[static_cast<std::size_t>(h)][static_cast<std::size_t>(r * 16 + 3)]);
+        }
+      }
+      const CacheStats s = c.stats();
+      EXPECT_EQ(s.tokens_kept_per_head, std::vector<std::int64_t>(3, c.tokens_kept()));
+      const std::int64_t demoted = s.demoted_rows / 3;
+      EXPECT_EQ(s.demoted_rows % 3, 0);
+      EXPECT_LE(demoted, 24);
+      if (m.exact_budget && !m.prefill_only) {
+        EXPECT_EQ(c.tokens_kept(), std::min(c.tokens_seen(), budget + 24))
+            << "chunk " << chunk << " t " << t;
+        EXPECT_EQ(demoted,
+                  std::min<std::int64_t>(std::max<std::int64_t>(c.tokens_seen() - budget, 0), 24));
+      }
+    }
+    const CacheStats s = c.stats();
+    if (!(m.prefill_only && chunk == 1)) {  // a prefill-only method evicts only from chunks
+      EXPECT_GT(s.demoted_rows, 0) << "nothing was demoted";
+      EXPECT_LT(s.kept_bytes, c.tokens_kept() * 3 * 16 * 2 * 2) << "demoted rows cost fp16 bytes";
+    }
+    const std::int64_t n_sink = probe.has("n_sink") ? c.config().get_int("n_sink") : 0;
+    for (std::int64_t h = 0; h < 3; ++h) {
+      const HeadRows r = c.stored(0, h);
+      std::vector<std::int32_t> pos(r.positions, r.positions + r.n_rows);
+      for (std::int64_t i = 0; i < n_sink; ++i) {
+        EXPECT_EQ(pos[static_cast<std::size_t>(i)], i);
+        EXPECT_EQ(
+            r.key(i, 5),
+            half_to_float(float_to_half(kv.k[static_cast<std::size_t>((h * 150 + i) * 16 + 5)])));
+      }
+      std::sort(pos.begin(), pos.end());
+      EXPECT_TRUE(std::adjacent_find(pos.begin(), pos.end()) == pos.end()) << "a position twice";
+      EXPECT_LT(pos.back(), kv.S);
+    }
+  }
+  LayerCache a = cache(48, extra), b = cache(48, extra), c = cache(48, extra);
+  test::feed(a, kv, 1);
+  test::feed(b, kv, 1);
+  EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(b, 1, 3)) << "not deterministic";
+  test::feed(c, kv, 13);
+  if (!m.prefill_only) {
+    EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3)) << "chunk of 13 differs";
+  }
+  c.reset();
+  EXPECT_EQ(c.stats().demoted_rows, 0);
+  EXPECT_EQ(c.kept_bytes(), 0);
+  test::feed(c, kv, 1);
+  EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3)) << "reset left state behind";
+}
+
 // ---- Per-layer budgets inside a ModelCache (pyramidkv, squeeze) ----
 //
 // Driven as an engine drives it: a prefill chunk, then one token per step, each step through

@@ -161,6 +161,9 @@ struct CacheStats {
   std::int64_t resident_bytes = 0;
   std::int64_t evictions = 0;        // rows removed since reset, all heads (merged or dropped)
   std::int64_t merges = 0;           // of those, rows merged into a survivor
+  // Rows held now in the low-bit tier of demote= (mixed precision), all heads; they are among
+  // the rows counted by tokens_kept and their codes, scales and zeros are in kept_bytes.
+  std::int64_t demoted_rows = 0;
   // The score source that ran: "none" (the method uses no attention), "proxy", "attention",
   // "auto" (source=auto, no step yet); a ModelCache whose layers differ: "mixed".
   const char* score_source = "none";
@@ -206,7 +209,8 @@ class VQ_API LayerCache {
   HeadRows stored(std::int64_t b, std::int64_t h) const;
   // The method's per-row scores for the stored rows of (b, h), parallel to stored(b, h)
   // (diagnostic: H2O's cumulative mass, TOVA's last weights, ...; zeros for methods without
-  // scores).
+  // scores). With demote=, the stored rows are the method's rows followed by the demoted rows,
+  // whose scores are the ones they were demoted with.
   std::vector<float> row_scores(std::int64_t b, std::int64_t h) const;
   bool step_open() const noexcept;
 

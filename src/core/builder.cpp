@@ -69,6 +69,7 @@ CacheStats ModelCache::stats() const {
     s.resident_bytes += ls.resident_bytes;
     s.evictions += ls.evictions;
     s.merges += ls.merges;
+    s.demoted_rows += ls.demoted_rows;
     if (&l == &layers_.front()) {
       s.score_source = ls.score_source;
     } else if (std::string_view(s.score_source) != ls.score_source) {

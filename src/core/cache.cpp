@@ -329,10 +329,13 @@ std::vector<float> LayerCache::row_scores(std::int64_t b, std::int64_t h) const 
   const HeadRows rows = stored(b, h);
   if (rows.n_rows == 0) return {};
   const HeadState& hs = state_->heads[static_cast<std::size_t>(b * state_->shape.n_kv_heads + h)];
-  if (static_cast<std::int64_t>(hs.score.size()) != rows.n_rows) {
+  const std::int64_t n_demoted = hs.store->n_demoted();
+  if (static_cast<std::int64_t>(hs.score.size()) != rows.n_rows - n_demoted) {
     return std::vector<float>(static_cast<std::size_t>(rows.n_rows), 0.0f);
   }
-  return hs.score;
+  std::vector<float> out = hs.score;  // the method's rows, then the demoted rows (demote=)
+  for (std::int64_t k = 0; k < n_demoted; ++k) out.push_back(hs.store->demoted_score(k));
+  return out;
 }
 
 bool LayerCache::step_open() const noexcept { return state_->step_open; }
@@ -371,8 +374,9 @@ CacheStats LayerCache::stats() const {
     s.allocated_bytes += hs.store->allocated_bytes();
     s.resident_bytes += hs.store->resident_bytes() + capacity_bytes(hs.live) +
                         capacity_bytes(hs.score) + capacity_bytes(hs.aux) + capacity_bytes(hs.hist);
-    s.evictions += hs.evictions;
+    s.evictions += hs.evictions + hs.store->dropped();
     s.merges += hs.merges;
+    s.demoted_rows += hs.store->n_demoted();
   }
   s.resident_bytes += capacity_bytes(state_->heads) + capacity_bytes(state_->rngs) +
                       capacity_bytes(state_->view_rows);

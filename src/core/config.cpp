@@ -272,6 +272,7 @@ void CacheConfig::validate() const {
                       "; lower residual_length or kivi_group_size, or raise the budget");
     }
   }
+  detail::check_demote(*this);
   detail::check_no_effect(*this);
 }
 

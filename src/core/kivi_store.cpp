@@ -569,6 +569,11 @@ std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t hea
     const std::string& q = config.get_enum("quantize");
     bits = q == "kivi2" ? 2 : q == "kivi4" ? 4 : 0;
   }
+  if (bits == 0 && config.has("demote") && config.get_enum("demote") != "none") {
+    return make_mixed_store(config.get_enum("demote") == "kivi2" ? 2 : 4,
+                            config.get_int("demote_group"), demote_cap(config), config.kv_dtype(),
+                            head_dim);
+  }
   if (bits == 0) return make_plain_store(config.kv_dtype(), head_dim);
   return make_kivi_store(bits, config.get_int("kivi_group_size"), config.get_int("residual_length"),
                          config.kv_dtype(), head_dim);

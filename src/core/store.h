@@ -57,6 +57,20 @@ class RowStore {
   virtual void settle(const std::int64_t* /*live*/, std::int64_t /*n*/) {}
   // Whether settle() does anything (plain stores: no).
   virtual bool quantizing() const noexcept { return false; }
+
+  // Mixed precision (demote=, see mixed_store.cpp). A demoting store holds, between steps, the
+  // method's rows followed by n_demoted() low-bit rows (the method's live rows are the first
+  // size() - n_demoted() of the stored rows, and a step's new rows follow the demoted ones).
+  // demote(i, score) moves fp16 row i to the low-bit tier at the next keep() instead of
+  // dropping it (the caller removes it from its live rows as for an eviction); `score` is the
+  // method's score for it, which ranks the tier when it overflows its cap.
+  virtual bool demotes() const noexcept { return false; }
+  virtual void demote(std::int64_t /*i*/, float /*score*/) {}
+  virtual std::int64_t n_demoted() const noexcept { return 0; }
+  // The score demoted row k (0 = the first demoted row) was demoted with.
+  virtual float demoted_score(std::int64_t /*k*/) const noexcept { return 0.0f; }
+  // Rows the store dropped on its own since clear() (a demoting store: its tier's overflow).
+  virtual std::int64_t dropped() const noexcept { return 0; }
   virtual void clear() noexcept = 0;
   // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
   virtual std::int64_t bytes() const noexcept = 0;
@@ -78,8 +92,17 @@ std::unique_ptr<RowStore> make_kivi_store(int bits, std::int64_t group_size,
                                           std::int64_t residual_length, DType tail,
                                           std::int64_t head_dim);
 
-// The store a config asks for: KIVI when the method is kivi or quantize != none, plain rows
-// of kv_dtype otherwise.
+// Mixed precision: rows in `fp16_dtype` (kv_dtype) plus a tier of at most `cap` demoted rows
+// quantized per token to `bits` (2 or 4) in groups of `group_size` channels (see
+// mixed_store.cpp).
+// The demoted tier's cap of a config with demote != none: demote_budget, or the method's token
+// budget when demote_budget is -1 (the default).
+std::int64_t demote_cap(const CacheConfig& config);
+std::unique_ptr<RowStore> make_mixed_store(int bits, std::int64_t group_size, std::int64_t cap,
+                                           DType fp16_dtype, std::int64_t head_dim);
+
+// The store a config asks for: KIVI when the method is kivi or quantize != none, mixed
+// precision when demote != none, plain rows of kv_dtype otherwise.
 std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t head_dim);
 
 }  // namespace vq::detail

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq::detail {
 
@@ -91,6 +92,7 @@ void add_source_fields(std::vector<FieldSpec>& fields) {
 }
 
 void add_quantize_fields(std::vector<FieldSpec>& fields) {
+  add_demote_fields(fields);
   fields.push_back(enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
                               "store kept rows KIVI-quantized (2 or 4 bits, really packed)"));
   fields.push_back(int_field("kivi_group_size", 32, 1, 4096,
@@ -100,6 +102,47 @@ void add_quantize_fields(std::vector<FieldSpec>& fields) {
                              "newest rows kept unquantized (the tail holds residual to "
                              "residual + G - 1 rows); with quantize= the budget must be >= "
                              "residual_length + kivi_group_size"));
+}
+
+void add_demote_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(enum_field("demote", "none", {"none", "kivi2", "kivi4"},
+                              "mixed precision: a row the method evicts is kept in a low-bit tier "
+                              "(2 or 4 bits, per token) instead of dropped (MiKV); methods with a "
+                              "token budget only"));
+  fields.push_back(int_field("demote_budget", -1, -1, kMaxTokens,
+                             "rows the low-bit tier holds per KV head before its lowest-scored "
+                             "row is dropped; -1: the token budget"));
+  fields.push_back(int_field("demote_group", 32, 1, 4096,
+                             "channels per quantization group of a demoted row (keys and values; "
+                             "one fp16 scale and zero per group)"));
+}
+
+void check_demote(const CacheConfig& c) {
+  if (!c.has("demote")) return;
+  const std::string& mode = c.get_enum("demote");
+  if (mode == "none") {
+    for (const char* f : {"demote_budget", "demote_group"}) {
+      if (c.is_set(f)) config_error(c, std::string(f) + " has no effect with demote=none");
+    }
+    return;
+  }
+  const std::string d = "demote=" + mode;
+  if (!has_token_budget(c)) {
+    config_error(c, d + " needs a method with a token budget (this one keeps every row, so no "
+                        "row would be demoted)");
+  }
+  if (c.has("quantize") && c.get_enum("quantize") != "none") {
+    config_error(c, d + " and quantize=" + c.get_enum("quantize") +
+                        " are exclusive (quantize= packs every kept row; demote= keeps the "
+                        "method's rows in fp16 and packs only the rows it evicts): give one");
+  }
+  const std::string p = c.info().prefix;
+  if (!p.empty() && c.has(p + "_merge") && c.get_enum(p + "_merge") != "drop") {
+    config_error(c, d + " and " + p + "_merge=" + c.get_enum(p + "_merge") +
+                        " are exclusive (a demoted row is kept, so merging it too would count "
+                        "it twice): set " +
+                        p + "_merge=drop");
+  }
 }
 
 void add_recent_fields(std::vector<FieldSpec>& fields, const std::string& prefix,

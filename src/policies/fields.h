@@ -33,8 +33,15 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);
-// quantize, kivi_group_size, residual_length: every method but kivi (which has its own).
+// quantize, kivi_group_size, residual_length (and the demote fields): every method but kivi
+// (which has its own).
 void add_quantize_fields(std::vector<FieldSpec>& fields);
+// demote (none | kivi2 | kivi4), demote_budget, demote_group: mixed precision (mixed_store.cpp),
+// added with the quantize fields.
+void add_demote_fields(std::vector<FieldSpec>& fields);
+// Guards: demote needs a token budget, excludes quantize= and a merge disposition; with
+// demote=none, demote_budget and demote_group have no effect. Called by CacheConfig::validate().
+void check_demote(const CacheConfig& config);
 // The recent window (newest rows protected from eviction): <prefix>_<grace_name>, default -1 =
 // derived from the budget, and <prefix>_recent_ratio (its share when derived):
 //   window = floor(recent_ratio * (budget - n_sink - reserve + 1))

@@ -44,11 +44,10 @@ class SnapKVPolicy final : public TokenPolicy {
 
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     open_live(st);
-    const std::int64_t R = st.step_prev + st.step_new;
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, st.step_prev + j, 0.0f);
-      if (st.step_new > 1 && R > budget_) {
+      if (st.step_new > 1 && static_cast<std::int64_t>(hs.live.size()) > budget_) {
         HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
         select(h);
       }
@@ -69,10 +68,11 @@ class SnapKVPolicy final : public TokenPolicy {
     mass_.assign(static_cast<std::size_t>(m), 0.0f);
     if (source_.attention()) {
       // The real queries of the window rows that are new in this step (queries exist only for
-      // the step's tokens); rows are still in physical order here.
-      const std::int64_t first_query = std::max(m, h.st.step_prev);
-      for (std::int64_t r = first_query; r < n; ++r) {
-        const float* a = attention_row(h, r - h.st.step_prev);
+      // the step's tokens, the physical rows from step_prev on).
+      for (std::int64_t r = m; r < n; ++r) {
+        const std::int64_t query = h.hs.live[static_cast<std::size_t>(r)] - h.st.step_prev;
+        if (query < 0) continue;
+        const float* a = attention_row(h, query);
         for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += a[h.hs.live[static_cast<std::size_t>(j)]];
       }
     } else {

@@ -232,6 +232,11 @@ float TokenPolicy::gate_value(HeadCtx& h, std::int64_t i) {
 }
 
 void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded) {
+  if (h.hs.store->demotes()) {  // demote=: kept at low precision, not evicted (no merge)
+    h.hs.store->demote(h.hs.live[static_cast<std::size_t>(loser)],
+                       h.hs.score[static_cast<std::size_t>(loser)]);
+    return;
+  }
   ++h.hs.evictions;
   if (merge_.mode == MergeRule::Mode::kDrop) return;
   // The gate draws once per evicted row, whether or not a target exists.
@@ -316,8 +321,9 @@ void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers
 }
 
 void TokenPolicy::open_live(LayerState& st) {
-  const std::int64_t prev = st.step_prev;
   for (HeadState& hs : st.heads) {
+    // The method's rows: the stored rows before any demoted ones (demote=, see RowStore).
+    const std::int64_t prev = st.step_prev - hs.store->n_demoted();
     VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
                   static_cast<std::int64_t>(hs.aux.size()) == prev &&
                   static_cast<std::int64_t>(hs.hist.size()) == prev * hs.hist_stride,
