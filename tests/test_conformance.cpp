@@ -240,6 +240,36 @@ TEST_P(Conformance, DemoteKeepsTheContracts) {
   EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3)) << "reset left state behind";
 }
 
+// The method's own rows do not change with demote=: with the proxy (update()), the rows a method
+// keeps in fp16 are exactly the rows it keeps without the option (the proxy scores only those
+// rows), and the demoted rows follow them.
+TEST_P(Conformance, DemoteLeavesTheMethodsRowsAsWithout) {
+  const CacheConfig probe(GetParam());
+  if (!has_token_budget(probe)) GTEST_SKIP() << GetParam() << " has no token budget";
+  const std::string drop =
+      probe.has("merge") && probe.get_enum("merge") != "drop" ? "merge=drop" : "";
+  KV kv(1, 2, 130, 8, 16);
+  for (std::int64_t chunk : {1, 9}) {
+    LayerCache plain = cache(40, drop);
+    LayerCache mixed = cache(40, drop.empty() ? "demote=kivi4,demote_budget=16"
+                                              : drop + ",demote=kivi4,demote_budget=16");
+    test::feed(plain, kv, chunk);
+    test::feed(mixed, kv, chunk);
+    const std::int64_t demoted = mixed.stats().demoted_rows / 2;
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const HeadRows a = plain.stored(0, h), b = mixed.stored(0, h);
+      ASSERT_EQ(b.n_rows, a.n_rows + demoted) << "chunk " << chunk;
+      for (std::int64_t i = 0; i < a.n_rows; ++i) {
+        ASSERT_EQ(a.positions[i], b.positions[i]) << "chunk " << chunk << " row " << i;
+        for (std::int64_t d = 0; d < 8; ++d) {
+          ASSERT_EQ(a.key(i, d), b.key(i, d));
+          ASSERT_EQ(a.value(i, d), b.value(i, d));
+        }
+      }
+    }
+  }
+}
+
 // ---- Per-layer budgets inside a ModelCache (pyramidkv, squeeze) ----
 //
 // Driven as an engine drives it: a prefill chunk, then one token per step, each step through

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_util.h"
 #include "test_util.h"
 
 namespace vq {
@@ -178,6 +179,46 @@ TEST(Demote, ResidentBelowFp16AtTheSameRows) {
   EXPECT_LT(mixed.stats().resident_bytes, full.kept_bytes());
   // Payload: 32 fp16 rows (256 bytes) + 96 rows of 2 x (16 code bytes + 2 groups x 4 bytes).
   EXPECT_EQ(mixed.kept_bytes(), 4 * (32 * 256 + 96 * 48));
+}
+
+// True attention (engine-like probabilities over the whole view, demoted rows included), a
+// 50-token prefill then chunks of 7 (multi-token steps while demoted rows are held: snapkv
+// decides every chunk, the others decide at once or token by token): every attention-scored
+// method keeps at most budget + demote_budget rows, its sinks first, distinct positions, and
+// two runs are bit-identical.
+TEST(Demote, TrueAttentionWithChunksAfterDemotion) {
+  constexpr std::int64_t H = 2, Hq = 4, D = 8, S = 100;
+  const test::KV kv(1, H, S, D, 41);
+  const std::vector<float> q = test::randn(static_cast<std::size_t>(Hq * S * D), 42);
+  for (const std::string& id : method_ids()) {
+    const CacheConfig probe(id);
+    if (!has_token_budget(probe) || !probe.has("source")) continue;
+    std::string spec = id + ":source=attention,demote=kivi4,demote_budget=16";
+    if (probe.has("merge") && probe.get_enum("merge") != "drop") spec += ",merge=drop";
+    const CacheConfig config = with_token_budget(CacheConfig::parse(spec), 40);
+    auto run = [&]() {
+      LayerCache c(config, LayerShape{H, D, Hq, 0, 1});
+      test::feed_attention(c, kv, q, Hq, 50, 0, 50);
+      test::feed_attention(c, kv, q, Hq, 7, 50, S);
+      return c;
+    };
+    const LayerCache a = run(), b = run();
+    EXPECT_TRUE(test::snapshot(a, 1, H) == test::snapshot(b, 1, H)) << id << ": not deterministic";
+    EXPECT_GT(a.stats().demoted_rows, 0) << id;
+    const std::int64_t n_sink = probe.has("n_sink") ? a.config().get_int("n_sink") : 0;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const HeadRows r = a.stored(0, h);
+      if (!find_method(id).prefill_only) {
+        EXPECT_LE(r.n_rows, 40 + 16) << id;
+      }
+      std::vector<std::int32_t> pos(r.positions, r.positions + r.n_rows);
+      for (std::int64_t i = 0; i < n_sink; ++i)
+        EXPECT_EQ(pos[static_cast<std::size_t>(i)], i) << id;
+      std::sort(pos.begin(), pos.end());
+      EXPECT_TRUE(std::adjacent_find(pos.begin(), pos.end()) == pos.end()) << id;
+      EXPECT_LT(pos.back(), S) << id;
+    }
+  }
 }
 
 TEST(Demote, Guards) {
