@@ -148,20 +148,27 @@ TEST(KiviRequantize, MergedKeyInsideTheGridKeepsTheOtherCodes) {
 }
 
 TEST(KiviStore, ResidentBytesCountedFromTheLayoutByHand) {
-  // D = 4, G = 4, 2 bits, no residual: 16 rows -> 4 key groups; then row 15 is evicted and the
-  // store compacts (keep() reserves exactly). Containers for the 15 rows left: key and value
-  // codes 15 x 1 byte each; value scale and zero 15 rows x 1 group x 2 bytes each; key scale
-  // and zero 4 groups x 4 channels x 2 bytes each; key-group ids, slots, positions 15 x 4 bytes
-  // each; one fp32 input row 4 x 4 bytes.
+  // D = 4, G = 4, 2 bits, no residual, fp32 tail: 16 rows appended as one chunk, settled into
+  // 4 key groups, then row 15 is evicted. Capacities from the growth rules stated in
+  // kivi_store.cpp:
+  //  - tail: 16 rows x 16 bytes appended at once (exact), emptied by the settle, then given
+  //    back to its 0 rows and room for one: 16 bytes each for keys and values;
+  //  - positions: 16 (exact, kept after the small cut): 64 bytes;
+  //  - per quantized row (code bytes, value scales, value zeros) and per key group (scales,
+  //    zeros: 4 entries; first rows: 1), grown group by group by an eighth: sizes 4, 8, 12, 16
+  //    -> capacities 4, 9, 13, 18 entries; first rows 1, 2, 3, 4 -> 4 entries.
+  // Payload for the 15 rows left: key and value codes 15 x 1 byte each; value scale and zero
+  // 15 x 2 bytes each; key scale and zero 4 groups x 4 channels x 2 bytes each.
   std::vector<float> k = test::randn(16 * 4, 90), v = test::randn(16 * 4, 91);
   auto s = fed(2, 4, 4, k, v);
   std::vector<std::int64_t> first15(15);
   for (std::int64_t i = 0; i < 15; ++i) first15[static_cast<std::size_t>(i)] = i;
   s->keep(first15.data(), 15);
-  const std::int64_t payload = 15 + 15 + 30 + 30 + 32 + 32;
-  EXPECT_EQ(s->bytes(), payload);
-  EXPECT_EQ(s->allocated_bytes(), payload);
-  EXPECT_EQ(s->resident_bytes(), payload + 3 * 60 + 16);
+  EXPECT_EQ(s->bytes(), 15 + 15 + 30 + 30 + 32 + 32);
+  const std::int64_t allocated = 18 + 18 + 36 + 36 + 36 + 36 + 16 + 16;
+  EXPECT_EQ(s->allocated_bytes(), allocated);
+  // Bookkeeping: the positions and the key groups' first rows, nothing per row besides.
+  EXPECT_EQ(s->resident_bytes(), allocated + 64 + 4 * 4);
 }
 
 TEST(KiviCache, NoRowIsHeldTwice) {
