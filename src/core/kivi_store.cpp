@@ -21,19 +21,24 @@
 //    range is under (2^bits - 1) * 2^-14 is quantized with step 2^-14 (error <= 2^-15); a
 //    constant group is exact. Values beyond fp16's range (|x| > 65504) saturate the fp16
 //    parameters (the codes then clamp).
-//  - The newest rows stay unquantized (the tail, in kv_dtype). Whenever the live tail holds
-//    residual_length + G rows or more, its oldest G rows are quantized as one key group (and
-//    their values row by row).
+//  - The newest rows stay unquantized (the tail, in kv_dtype), keys and values leaving it as in
+//    the paper: values one token at a time (whenever the live value tail holds more than
+//    residual_length rows, its oldest rows are quantized until it holds residual_length), keys a
+//    group at a time (whenever the live key tail holds residual_length + G rows or more, its
+//    oldest G rows are quantized as one key group). So the tail holds the keys of
+//    residual_length to residual_length + G - 1 rows and the values of residual_length rows
+//    (fewer only while the cache is shorter).
 //  - Quantized rows are indexed by their physical row (the quantized rows are the first rows),
 //    tail rows by their offset past the quantized ones, and key groups by their first row: no
 //    per-row bookkeeping besides the positions.
 //  - bytes() = codes + scales + zeros + tail (the payload, kept_bytes); resident_bytes() adds the
 //    positions and the key groups' first rows and counts every container by its capacity. No
 //    dequantized copy is kept: readers dequantize rows on the fly (PackedRows).
-//  - Capacity: the tail and the positions grow as the plain store's rows do (so while every row
-//    is in the tail the store holds exactly what the plain store holds), the tail's growth capped
-//    at residual_length + G rows; after a step that quantized rows the tail keeps room for its
-//    rows and one more, and a large cut gives the rest back as the plain store does.
+//  - Capacity: the tails and the positions grow as the plain store's rows do (so while every
+//    row is in the tail the store holds exactly what the plain store holds), the key tail's
+//    growth capped at residual_length + G rows and the value tail's at residual_length + 1;
+//    after a step that quantized rows a tail keeps room for its rows and one more, and a large
+//    cut gives the rest back as the plain store does.
 // Re-quantization starts from the stored values (the codes dequantized once), never from a
 // copy of the originals (none is kept):
 //  - Evicting a quantized row removes its codes (its key group keeps its scale/zero, now over
@@ -128,13 +133,14 @@ class KiviStore final : public RowStore, public PackedRows {
               std::int32_t first_pos) override {
     const std::int64_t S = k.tokens();
     const std::int64_t n0 = size();
-    grow_tail(n0 + S - tail_base_);
+    last_append_ = S;
+    grow_tail(tk_, n0 + S - kbase_, R_ + G_);
+    grow_tail(tv_, n0 + S - vbase_, R_ + 1);
     // The positions grow as the plain store's do (std::vector's own growth).
     pos_.resize(static_cast<std::size_t>(n0 + S));
     for (std::int64_t s = 0; s < S; ++s) {
-      const std::int64_t t = n0 + s - tail_base_;
-      copy_input(k, b, h, s, tail_row(tk_, t));
-      copy_input(v, b, h, s, tail_row(tv_, t));
+      copy_input(k, b, h, s, tail_row(tk_, n0 + s - kbase_));
+      copy_input(v, b, h, s, tail_row(tv_, n0 + s - vbase_));
       pos_[static_cast<std::size_t>(n0 + s)] = first_pos + static_cast<std::int32_t>(s);
     }
   }
@@ -151,8 +157,8 @@ class KiviStore final : public RowStore, public PackedRows {
 
   // PackedRows / reads: dequantized on the fly.
   void load_key(std::int64_t i, float* out) const noexcept override {
-    if (i >= qrows_) {
-      kernels::load_row(tail_row(tk_, i - tail_base_), tail_dtype_, out, D_);
+    if (i >= kq_) {
+      kernels::load_row(tail_row(tk_, i - kbase_), tail_dtype_, out, D_);
       return;
     }
     const std::int64_t g = group_of(i);
@@ -160,8 +166,8 @@ class KiviStore final : public RowStore, public PackedRows {
                    kzero_.data() + g * D_, 1, out);
   }
   void load_value(std::int64_t i, float* out) const noexcept override {
-    if (i >= qrows_) {
-      kernels::load_row(tail_row(tv_, i - tail_base_), tail_dtype_, out, D_);
+    if (i >= vq_) {
+      kernels::load_row(tail_row(tv_, i - vbase_), tail_dtype_, out, D_);
       return;
     }
     const std::uint8_t* codes = vcodes_.data() + i * row_bytes_;
@@ -172,14 +178,14 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
   float key_at(std::int64_t i, std::int64_t d) const noexcept override {
-    if (i >= qrows_) return tail_at(tk_, i - tail_base_, d);
+    if (i >= kq_) return tail_at(tk_, i - kbase_, d);
     const std::int64_t g = group_of(i);
     return dequantize(code_at(kcodes_.data() + i * row_bytes_, d),
                       half_to_float(kscale_[static_cast<std::size_t>(g * D_ + d)]),
                       half_to_float(kzero_[static_cast<std::size_t>(g * D_ + d)]));
   }
   float value_at(std::int64_t i, std::int64_t d) const noexcept override {
-    if (i >= qrows_) return tail_at(tv_, i - tail_base_, d);
+    if (i >= vq_) return tail_at(tv_, i - vbase_, d);
     const std::size_t p = static_cast<std::size_t>(i * n_vgroups_ + d / G_);
     return dequantize(code_at(vcodes_.data() + i * row_bytes_, d), half_to_float(vscale_[p]),
                       half_to_float(vzero_[p]));
@@ -188,16 +194,16 @@ class KiviStore final : public RowStore, public PackedRows {
   void read_value(std::int64_t i, float* out) const noexcept override { load_value(i, out); }
 
   void write_value(std::int64_t i, const float* in) noexcept override {
-    if (i >= qrows_) {
-      kernels::store_row(in, tail_dtype_, tail_row(tv_, i - tail_base_), D_);
+    if (i >= vq_) {
+      kernels::store_row(in, tail_dtype_, tail_row(tv_, i - vbase_), D_);
     } else {
       quantize_value_row(i, in);
     }
   }
 
   void write_key(std::int64_t i, const float* in) noexcept override {
-    if (i >= qrows_) {
-      kernels::store_row(in, tail_dtype_, tail_row(tk_, i - tail_base_), D_);
+    if (i >= kq_) {
+      kernels::store_row(in, tail_dtype_, tail_row(tk_, i - kbase_), D_);
       return;
     }
     const std::int64_t g = group_of(i);
@@ -230,39 +236,55 @@ class KiviStore final : public RowStore, public PackedRows {
   }
 
   void settle(const std::int64_t* live, std::int64_t n) override {
-    // The live tail rows, oldest first, are the live rows at or past qrows_ (`live` is
-    // increasing).
+    settle_values(live, n);
+    settle_keys(live, n);
+  }
+
+  // Values leave the tail one token at a time, as in the paper: the oldest live rows of the
+  // value tail beyond residual_length are quantized, each on its own.
+  void settle_values(const std::int64_t* live, std::int64_t n) {
     const std::int64_t* split =
-        std::partition_point(live, live + n, [&](std::int64_t r) { return r < qrows_; });
+        std::partition_point(live, live + n, [&](std::int64_t r) { return r < vq_; });
+    const std::int64_t excess = (live + n - split) - R_;
+    if (excess <= 0) return;
+    // Rows [vq_, v_end) join the quantized values; tail rows evicted in between (dead until
+    // keep()) get zeroed parameters and are never read.
+    const std::int64_t v_end = split[excess - 1] + 1;
+    grow(vcodes_, static_cast<std::size_t>(v_end * row_bytes_));
+    grow(vscale_, static_cast<std::size_t>(v_end * n_vgroups_));
+    grow(vzero_, vscale_.size());
+    std::vector<float> value(static_cast<std::size_t>(D_));
+    for (std::int64_t j = 0; j < excess; ++j) {
+      load_value(split[j], value.data());  // still the tail row: vq_ moves after the loop
+      quantize_value_row(split[j], value.data());
+    }
+    vq_ = v_end;
+  }
+
+  // Keys leave the tail a whole group at a time: whenever the live key tail holds
+  // residual_length + G rows or more, its oldest G rows become one key group.
+  void settle_keys(const std::int64_t* live, std::int64_t n) {
+    const std::int64_t* split =
+        std::partition_point(live, live + n, [&](std::int64_t r) { return r < kq_; });
     const std::int64_t n_quantized = split - live;
     if (n_quantized < live_quantized_) regroup(live, n);  // quantized rows were evicted
     live_quantized_ = n_quantized;
     const std::int64_t* first = split;
-    std::vector<float> keys, value;
+    std::vector<float> keys(static_cast<std::size_t>(G_ * D_));
     while (live + n - first >= R_ + G_) {
-      // The next G live tail rows become one key group. The group's physical range starts at
-      // qrows_ and ends after its last row: tail rows evicted in between (dead until keep())
-      // fall inside it; their codes are copies of the group's first row's, so they decode to a
-      // member's values and never widen a channel's range (see write_key).
-      const std::int64_t r0 = first[0], r_end = first[G_ - 1] + 1;
-      keys.resize(static_cast<std::size_t>(G_ * D_));
-      value.resize(static_cast<std::size_t>(D_));
+      // The group's physical range starts at kq_ and ends after its last row: tail rows
+      // evicted in between (dead until keep()) fall inside it; their codes are copies of the
+      // group's first row's, so they decode to a member's key and never widen a channel's
+      // range (see write_key).
+      const std::int64_t r_end = first[G_ - 1] + 1;
       for (std::int64_t j = 0; j < G_; ++j) load_key(first[j], keys.data() + j * D_);
-      const std::int64_t q0 = qrows_;
+      const std::int64_t q0 = kq_;
       grow(kcodes_, static_cast<std::size_t>(r_end * row_bytes_));
-      grow(vcodes_, kcodes_.size());
-      grow(vscale_, static_cast<std::size_t>(r_end * n_vgroups_));
-      grow(vzero_, vscale_.size());
       grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
       grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
       grow(gstart_, gstart_.size() + 1);
       gstart_.back() = static_cast<std::int32_t>(q0);
-      // Values first, read from the tail before qrows_ moves past their rows.
-      for (std::int64_t j = 0; j < G_; ++j) {
-        load_value(first[j], value.data());
-        quantize_value_row(first[j], value.data());
-      }
-      qrows_ = r_end;
+      kq_ = r_end;
       quantize_key_group(static_cast<std::int64_t>(gstart_.size()) - 1, first, G_, keys.data());
       const std::int64_t* member = first;
       for (std::int64_t r = q0; r < r_end; ++r) {
@@ -270,7 +292,8 @@ class KiviStore final : public RowStore, public PackedRows {
           ++member;
           continue;
         }
-        copy_quantized_row(r0, r);  // a dead row inside the group's range
+        std::memcpy(kcodes_.data() + r * row_bytes_, kcodes_.data() + first[0] * row_bytes_,
+                    static_cast<std::size_t>(row_bytes_));  // a dead row inside the range
       }
       first += G_;
       live_quantized_ += G_;
@@ -286,7 +309,7 @@ class KiviStore final : public RowStore, public PackedRows {
       std::vector<std::int64_t> rows;
     };
     std::vector<Run> runs;  // live rows of each group with any, in order
-    for (std::int64_t j = 0; j < n && live[j] < qrows_; ++j) {
+    for (std::int64_t j = 0; j < n && live[j] < kq_; ++j) {
       const std::int64_t g = group_of(live[j]);
       if (runs.empty() || runs.back().group != g) runs.push_back(Run{g, {}});
       runs.back().rows.push_back(live[j]);
@@ -327,69 +350,76 @@ class KiviStore final : public RowStore, public PackedRows {
   void keep(const std::int64_t* idx, std::int64_t n) override {
     // All rows kept (strictly increasing indices: the identity) and no tail row quantized
     // during the step: nothing moves.
-    if (n == size() && qrows_ == tail_base_) return;
+    if (n == size() && kq_ == kbase_ && vq_ == vbase_) return;
     // Compaction in place: every array moves its kept entries towards the front (a kept row's
-    // new index is never above its old one).
-    // Key groups are followed with a cursor: gstart_[g + 1] is read before any write reaches
-    // index g + 1 (the ng-th kept group is written at ng <= g).
+    // new index is never above its old one). Key groups are followed with a cursor:
+    // gstart_[g + 1] is read before any write reaches index g + 1 (the ng-th kept group is
+    // written at ng <= g).
     const std::int64_t n_groups = static_cast<std::int64_t>(gstart_.size());
-    std::int64_t nq = 0, nt = 0, ng = 0, g = 0, last_group = -1;
+    std::int64_t nqk = 0, nqv = 0, ntk = 0, ntv = 0, ng = 0, g = 0, last_group = -1;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t r = idx[j];
       VQ_ASSERT(r >= 0 && r < size() && (j == 0 || r > idx[j - 1]),
                 "keep() needs strictly increasing row indices within the store");
-      if (r < qrows_) {
+      if (r < kq_) {
         while (g + 1 < n_groups && gstart_[static_cast<std::size_t>(g + 1)] <= r) ++g;
         if (g != last_group) {
           if (ng != g) {
             std::copy_n(kscale_.begin() + g * D_, D_, kscale_.begin() + ng * D_);
             std::copy_n(kzero_.begin() + g * D_, D_, kzero_.begin() + ng * D_);
           }
-          gstart_[static_cast<std::size_t>(ng)] = static_cast<std::int32_t>(nq);
+          gstart_[static_cast<std::size_t>(ng)] = static_cast<std::int32_t>(nqk);
           ++ng;
           last_group = g;
         }
-        if (nq != r) {
-          std::memmove(kcodes_.data() + nq * row_bytes_, kcodes_.data() + r * row_bytes_,
+        if (nqk != r) {
+          std::memmove(kcodes_.data() + nqk * row_bytes_, kcodes_.data() + r * row_bytes_,
                        static_cast<std::size_t>(row_bytes_));
-          std::memmove(vcodes_.data() + nq * row_bytes_, vcodes_.data() + r * row_bytes_,
+        }
+        ++nqk;
+      } else {
+        const std::int64_t t = r - kbase_;
+        if (ntk != t) std::memmove(tail_row(tk_, ntk), tail_row(tk_, t), tail_row_bytes_);
+        ++ntk;
+      }
+      if (r < vq_) {
+        if (nqv != r) {
+          std::memmove(vcodes_.data() + nqv * row_bytes_, vcodes_.data() + r * row_bytes_,
                        static_cast<std::size_t>(row_bytes_));
           std::copy_n(vscale_.begin() + r * n_vgroups_, n_vgroups_,
-                      vscale_.begin() + nq * n_vgroups_);
+                      vscale_.begin() + nqv * n_vgroups_);
           std::copy_n(vzero_.begin() + r * n_vgroups_, n_vgroups_,
-                      vzero_.begin() + nq * n_vgroups_);
+                      vzero_.begin() + nqv * n_vgroups_);
         }
-        ++nq;
+        ++nqv;
       } else {
-        const std::int64_t t = r - tail_base_;
-        if (nt != t) {
-          std::memmove(tail_row(tk_, nt), tail_row(tk_, t), tail_row_bytes_);
-          std::memmove(tail_row(tv_, nt), tail_row(tv_, t), tail_row_bytes_);
-        }
-        ++nt;
+        const std::int64_t t = r - vbase_;
+        if (ntv != t) std::memmove(tail_row(tv_, ntv), tail_row(tv_, t), tail_row_bytes_);
+        ++ntv;
       }
       pos_[static_cast<std::size_t>(j)] = pos_[static_cast<std::size_t>(r)];
     }
-    kcodes_.resize(static_cast<std::size_t>(nq * row_bytes_));
-    vcodes_.resize(kcodes_.size());
-    vscale_.resize(static_cast<std::size_t>(nq * n_vgroups_));
+    kcodes_.resize(static_cast<std::size_t>(nqk * row_bytes_));
+    vcodes_.resize(static_cast<std::size_t>(nqv * row_bytes_));
+    vscale_.resize(static_cast<std::size_t>(nqv * n_vgroups_));
     vzero_.resize(vscale_.size());
     gstart_.resize(static_cast<std::size_t>(ng));
     kscale_.resize(static_cast<std::size_t>(ng * D_));
     kzero_.resize(kscale_.size());
-    tk_.resize(static_cast<std::size_t>(nt) * tail_row_bytes_);
-    tv_.resize(tk_.size());
+    tk_.resize(static_cast<std::size_t>(ntk) * tail_row_bytes_);
+    tv_.resize(static_cast<std::size_t>(ntv) * tail_row_bytes_);
     pos_.resize(static_cast<std::size_t>(n));
-    const bool quantized_this_step = qrows_ > tail_base_;
-    qrows_ = tail_base_ = nq;
-    give_back_capacity(quantized_this_step);
+    const bool keys_left = kq_ > kbase_, values_left = vq_ > vbase_;
+    kq_ = kbase_ = nqk;
+    vq_ = vbase_ = nqv;
+    give_back_capacity(keys_left, values_left);
   }
 
   void clear() noexcept override {
     kcodes_.clear(), vcodes_.clear(), vscale_.clear(), vzero_.clear(), kscale_.clear(),
         kzero_.clear(), gstart_.clear(), pos_.clear(), tk_.clear(), tv_.clear();
-    qrows_ = tail_base_ = 0;
-    live_quantized_ = 0;
+    kq_ = kbase_ = vq_ = vbase_ = 0;
+    live_quantized_ = last_append_ = 0;
   }
 
   std::int64_t bytes() const noexcept override {
@@ -407,41 +437,42 @@ class KiviStore final : public RowStore, public PackedRows {
   }
 
  private:
-  // Room for `rows` tail rows. Below residual_length + G rows the tail grows as the plain
-  // store's rows do (std::vector's doubling: max(2 x size, needed)), so while every row is in
-  // the tail the store holds what the plain fp16 store holds; the doubling is capped at
-  // residual_length + G rows, the most a tail holds after one decode token's append.
-  void grow_tail(std::int64_t rows) {
+  // Room for `rows` rows in tail buffer `buf`. The tail grows as the plain store's rows do
+  // (std::vector's doubling: max(2 x size, needed)), so while every row is in the tail the store
+  // holds what the plain fp16 store holds; the doubling is capped at `cap` rows, the most the
+  // tail holds after one decode token's append (keys: residual_length + G, values:
+  // residual_length + 1).
+  void grow_tail(std::vector<std::uint8_t>& buf, std::int64_t rows, std::int64_t cap) {
     const std::size_t need = static_cast<std::size_t>(rows) * tail_row_bytes_;
-    if (need > tk_.capacity()) {
-      const std::int64_t have = static_cast<std::int64_t>(tk_.size() / tail_row_bytes_);
-      const std::int64_t cap = std::max(rows, std::min(2 * have, R_ + G_));
-      tk_.reserve(static_cast<std::size_t>(cap) * tail_row_bytes_);
-      tv_.reserve(tk_.capacity());
+    if (need > buf.capacity()) {
+      const std::int64_t have = static_cast<std::int64_t>(buf.size() / tail_row_bytes_);
+      buf.reserve(static_cast<std::size_t>(std::max(rows, std::min(2 * have, cap))) *
+                  tail_row_bytes_);
     }
-    tk_.resize(need);
-    tv_.resize(need);
+    buf.resize(need);
   }
 
   // Gives capacity back after a cut. The positions and the quantized rows after a large cut (a
   // prefill cut to the budget), as the plain store does, keeping room for one more position and
-  // one more key group. The tail whenever rows left it this step: room for its rows and one
-  // more (so a prompt's tail holds no more than the plain store's exact prompt capacity; in
-  // decode it regrows to residual_length + G rows at the next step but one, twice per G tokens).
-  // Otherwise (decode steps) capacity is kept, so the steady state reallocates nothing.
-  void give_back_capacity(bool quantized_this_step) {
+  // one more key group. The tails: after a step of several rows (a prompt) exactly their rows,
+  // so a prompt costs no more than the plain store's exact prompt capacity; after a decode step
+  // in which rows left a tail, its rows and one more (the key tail regrows to residual_length +
+  // G rows at the next step but one, twice per G tokens; the value tail, which loses one row a
+  // step, keeps residual_length + 1). Otherwise capacity is kept, so the steady state
+  // reallocates nothing.
+  void give_back_capacity(bool keys_left, bool values_left) {
     if (pos_.capacity() > 2 * pos_.size() + 64) shrink_to(pos_, pos_.size() + 1);
-    const std::size_t tail_cap = static_cast<std::size_t>(size() - qrows_ + 1) * tail_row_bytes_;
-    if (quantized_this_step && tk_.capacity() > tail_cap) {
-      shrink_to(tk_, tail_cap);
-      shrink_to(tv_, tail_cap);
+    const bool prompt = last_append_ > 1;
+    const std::int64_t room = prompt ? 0 : 1;
+    if (keys_left || prompt) shrink_tail(tk_, size() - kq_ + room);
+    if (values_left || prompt) shrink_tail(tv_, size() - vq_ + room);
+    const auto bytes_per_row = static_cast<std::size_t>(row_bytes_);
+    if (kcodes_.capacity() / bytes_per_row > 2 * static_cast<std::size_t>(kq_) + 64) {
+      shrink_to(kcodes_, static_cast<std::size_t>(kq_ + G_) * bytes_per_row);
     }
-    const std::size_t rows_cap = kcodes_.capacity() / static_cast<std::size_t>(row_bytes_);
-    if (rows_cap > 2 * static_cast<std::size_t>(qrows_) + 64) {
-      const std::size_t rows = static_cast<std::size_t>(qrows_ + G_);
-      shrink_to(kcodes_, rows * static_cast<std::size_t>(row_bytes_));
-      shrink_to(vcodes_, kcodes_.capacity());
-      shrink_to(vscale_, rows * static_cast<std::size_t>(n_vgroups_));
+    if (vcodes_.capacity() / bytes_per_row > 2 * static_cast<std::size_t>(vq_) + 64) {
+      shrink_to(vcodes_, static_cast<std::size_t>(vq_ + 1) * bytes_per_row);
+      shrink_to(vscale_, static_cast<std::size_t>((vq_ + 1) * n_vgroups_));
       shrink_to(vzero_, vscale_.capacity());
     }
     if (gstart_.capacity() > 2 * gstart_.size() + 8) {
@@ -449,6 +480,10 @@ class KiviStore final : public RowStore, public PackedRows {
       shrink_to(kscale_, (gstart_.size() + 1) * static_cast<std::size_t>(D_));
       shrink_to(kzero_, kscale_.capacity());
     }
+  }
+  void shrink_tail(std::vector<std::uint8_t>& buf, std::int64_t rows) {
+    const std::size_t cap = static_cast<std::size_t>(rows) * tail_row_bytes_;
+    if (buf.capacity() > cap) shrink_to(buf, cap);
   }
 
   // Key group of quantized physical row i: the last group starting at or before it.
@@ -461,7 +496,7 @@ class KiviStore final : public RowStore, public PackedRows {
   std::int64_t group_end(std::int64_t g) const noexcept {
     return g + 1 < static_cast<std::int64_t>(gstart_.size())
                ? gstart_[static_cast<std::size_t>(g + 1)]
-               : qrows_;
+               : kq_;
   }
 
   void* tail_row(std::vector<std::uint8_t>& buf, std::int64_t t) noexcept {
@@ -495,16 +530,6 @@ class KiviStore final : public RowStore, public PackedRows {
     } else {
       kernels::f16_to_f32(static_cast<const std::uint16_t*>(src), static_cast<float*>(out), D_);
     }
-  }
-
-  // Quantized row `from`'s codes and value parameters copied to quantized row `to`.
-  void copy_quantized_row(std::int64_t from, std::int64_t to) noexcept {
-    std::memcpy(kcodes_.data() + to * row_bytes_, kcodes_.data() + from * row_bytes_,
-                static_cast<std::size_t>(row_bytes_));
-    std::memcpy(vcodes_.data() + to * row_bytes_, vcodes_.data() + from * row_bytes_,
-                static_cast<std::size_t>(row_bytes_));
-    std::copy_n(vscale_.begin() + from * n_vgroups_, n_vgroups_, vscale_.begin() + to * n_vgroups_);
-    std::copy_n(vzero_.begin() + from * n_vgroups_, n_vgroups_, vzero_.begin() + to * n_vgroups_);
   }
 
   std::uint32_t code_at(const std::uint8_t* row, std::int64_t c) const noexcept {
@@ -592,24 +617,30 @@ class KiviStore final : public RowStore, public PackedRows {
   DType tail_dtype_;
   std::size_t tail_row_bytes_;  // D * tail_size
   std::int64_t row_bytes_, n_vgroups_;
-  // Physical rows [0, qrows_) are quantized, [qrows_, size()) are tail rows. Between steps the
-  // quantized rows are exactly the first qrows_ rows; during a step, tail rows evicted before
-  // their group was quantized may lie inside [0, qrows_) (dead until keep()).
-  std::int64_t qrows_ = 0;
-  // Tail row r (r >= tail_base_) is tail slot r - tail_base_; tail_base_ == qrows_ between
-  // steps, below it while rows quantized during a step still occupy (dead) tail slots.
-  std::int64_t tail_base_ = 0;
+  // Keys of physical rows [0, kq_) are quantized, of [kq_, size()) in the key tail; values of
+  // rows [0, vq_) are quantized, of [vq_, size()) in the value tail; vq_ >= kq_ (values leave
+  // the tail first). Between steps the quantized rows are exactly the first rows; during a
+  // step, tail rows evicted before they left the tail may lie below kq_ / vq_ (dead until
+  // keep()).
+  std::int64_t kq_ = 0, vq_ = 0;
+  // Key tail row r (r >= kbase_) is key tail slot r - kbase_, value tail row r (r >= vbase_)
+  // value tail slot r - vbase_; kbase_ == kq_ and vbase_ == vq_ between steps, below them while
+  // rows quantized during a step still occupy (dead) tail slots.
+  std::int64_t kbase_ = 0, vbase_ = 0;
   // Quantized rows, indexed by physical row.
-  std::vector<std::uint8_t> kcodes_, vcodes_;  // [qrows_][row_bytes]
-  std::vector<std::uint16_t> vscale_, vzero_;  // [qrows_][n_vgroups] fp16
+  std::vector<std::uint8_t> kcodes_;           // [kq_][row_bytes]
+  std::vector<std::uint8_t> vcodes_;           // [vq_][row_bytes]
+  std::vector<std::uint16_t> vscale_, vzero_;  // [vq_][n_vgroups] fp16
   // Key groups: group g is the physical rows [gstart_[g], gstart_[g + 1]) (the last one ends
-  // at qrows_), consecutive and in order.
+  // at kq_), consecutive and in order.
   std::vector<std::int32_t> gstart_;           // [n_groups]
   std::vector<std::uint16_t> kscale_, kzero_;  // [n_groups][D] fp16
   // Tail rows, raw bytes of the tail dtype.
-  std::vector<std::uint8_t> tk_, tv_;  // [size() - tail_base_][D * tail_size]
-  std::vector<std::int32_t> pos_;      // [size()]
+  std::vector<std::uint8_t> tk_;   // [size() - kbase_][D * tail_size]
+  std::vector<std::uint8_t> tv_;   // [size() - vbase_][D * tail_size]
+  std::vector<std::int32_t> pos_;  // [size()]
   std::int64_t live_quantized_ = 0;    // quantized rows alive at the last settle()
+  std::int64_t last_append_ = 0;       // rows of the last append (> 1: a prompt step)
 };
 
 }  // namespace

@@ -9,21 +9,20 @@
 namespace vq::detail {
 namespace {
 
-// Keeps every row; a quantizing store (kivi) still settles its tail.
+// Keeps every row; a quantizing store (kivi) still settles its tail. The row list is scratch of
+// this call (freed on return), so the policy holds nothing that grows with the context.
 class FullPolicy final : public Policy {
  public:
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
+    std::vector<std::int64_t> live;
     for (HeadState& hs : st.heads) {
       if (!hs.store->quantizing()) continue;  // plain rows: nothing to do
-      live_.resize(static_cast<std::size_t>(hs.store->size()));
-      std::iota(live_.begin(), live_.end(), std::int64_t{0});
-      hs.store->settle(live_.data(), hs.store->size());
-      hs.store->keep(live_.data(), static_cast<std::int64_t>(live_.size()));  // drops dead slots
+      live.resize(static_cast<std::size_t>(hs.store->size()));
+      std::iota(live.begin(), live.end(), std::int64_t{0});
+      hs.store->settle(live.data(), hs.store->size());
+      hs.store->keep(live.data(), static_cast<std::int64_t>(live.size()));  // drops dead slots
     }
   }
-
- private:
-  std::vector<std::int64_t> live_;
 };
 
 std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }
