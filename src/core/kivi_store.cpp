@@ -240,25 +240,45 @@ class KiviStore final : public RowStore, public PackedRows {
     settle_keys(live, n);
   }
 
+  // Every row alive: the same decisions as settle() + keep() with all rows, without a row list
+  // (only the tails move).
+  void settle_keep_all() override {
+    if (kq_ < live_quantized_) {  // rows were evicted since the last settle: the general path
+      RowStore::settle_keep_all();
+      return;
+    }
+    const std::int64_t n = size();
+    std::vector<std::int64_t> rows;
+    if (n - vq_ > R_) {
+      rows.resize(static_cast<std::size_t>(n - vq_ - R_));
+      for (std::size_t j = 0; j < rows.size(); ++j) rows[j] = vq_ + static_cast<std::int64_t>(j);
+      quantize_values(rows.data(), static_cast<std::int64_t>(rows.size()));
+    }
+    while (n - kq_ >= R_ + G_) {
+      rows.resize(static_cast<std::size_t>(G_));
+      for (std::size_t j = 0; j < rows.size(); ++j) rows[j] = kq_ + static_cast<std::int64_t>(j);
+      quantize_keys(rows.data());
+      live_quantized_ += G_;
+    }
+    const bool keys_left = kq_ > kbase_, values_left = vq_ > vbase_;
+    if (keys_left) {
+      drop_tail_front(tk_, kq_ - kbase_);
+      kbase_ = kq_;
+    }
+    if (values_left) {
+      drop_tail_front(tv_, vq_ - vbase_);
+      vbase_ = vq_;
+    }
+    if (keys_left || values_left) give_back_capacity(keys_left, values_left);
+  }
+
   // Values leave the tail one token at a time, as in the paper: the oldest live rows of the
   // value tail beyond residual_length are quantized, each on its own.
   void settle_values(const std::int64_t* live, std::int64_t n) {
     const std::int64_t* split =
         std::partition_point(live, live + n, [&](std::int64_t r) { return r < vq_; });
     const std::int64_t excess = (live + n - split) - R_;
-    if (excess <= 0) return;
-    // Rows [vq_, v_end) join the quantized values; tail rows evicted in between (dead until
-    // keep()) get zeroed parameters and are never read.
-    const std::int64_t v_end = split[excess - 1] + 1;
-    grow(vcodes_, static_cast<std::size_t>(v_end * row_bytes_));
-    grow(vscale_, static_cast<std::size_t>(v_end * n_vgroups_));
-    grow(vzero_, vscale_.size());
-    std::vector<float> value(static_cast<std::size_t>(D_));
-    for (std::int64_t j = 0; j < excess; ++j) {
-      load_value(split[j], value.data());  // still the tail row: vq_ moves after the loop
-      quantize_value_row(split[j], value.data());
-    }
-    vq_ = v_end;
+    if (excess > 0) quantize_values(split, excess);
   }
 
   // Keys leave the tail a whole group at a time: whenever the live key tail holds
@@ -269,35 +289,60 @@ class KiviStore final : public RowStore, public PackedRows {
     const std::int64_t n_quantized = split - live;
     if (n_quantized < live_quantized_) regroup(live, n);  // quantized rows were evicted
     live_quantized_ = n_quantized;
-    const std::int64_t* first = split;
-    std::vector<float> keys(static_cast<std::size_t>(G_ * D_));
-    while (live + n - first >= R_ + G_) {
-      // The group's physical range starts at kq_ and ends after its last row: tail rows
-      // evicted in between (dead until keep()) fall inside it; their codes are copies of the
-      // group's first row's, so they decode to a member's key and never widen a channel's
-      // range (see write_key).
-      const std::int64_t r_end = first[G_ - 1] + 1;
-      for (std::int64_t j = 0; j < G_; ++j) load_key(first[j], keys.data() + j * D_);
-      const std::int64_t q0 = kq_;
-      grow(kcodes_, static_cast<std::size_t>(r_end * row_bytes_));
-      grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
-      grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
-      grow(gstart_, gstart_.size() + 1);
-      gstart_.back() = static_cast<std::int32_t>(q0);
-      kq_ = r_end;
-      quantize_key_group(static_cast<std::int64_t>(gstart_.size()) - 1, first, G_, keys.data());
-      const std::int64_t* member = first;
-      for (std::int64_t r = q0; r < r_end; ++r) {
-        if (member < first + G_ && *member == r) {
-          ++member;
-          continue;
-        }
-        std::memcpy(kcodes_.data() + r * row_bytes_, kcodes_.data() + first[0] * row_bytes_,
-                    static_cast<std::size_t>(row_bytes_));  // a dead row inside the range
-      }
-      first += G_;
+    for (const std::int64_t* first = split; live + n - first >= R_ + G_; first += G_) {
+      quantize_keys(first);
       live_quantized_ += G_;
     }
+  }
+
+  // Quantizes the values of value-tail rows rows[0..count) (increasing, all >= vq_); vq_ moves
+  // past the last. Tail rows evicted in between (dead until keep()) get zeroed parameters and
+  // are never read.
+  void quantize_values(const std::int64_t* rows, std::int64_t count) {
+    const std::int64_t v_end = rows[count - 1] + 1;
+    grow(vcodes_, static_cast<std::size_t>(v_end * row_bytes_));
+    grow(vscale_, static_cast<std::size_t>(v_end * n_vgroups_));
+    grow(vzero_, vscale_.size());
+    std::vector<float> value(static_cast<std::size_t>(D_));
+    for (std::int64_t j = 0; j < count; ++j) {
+      load_value(rows[j], value.data());  // still the tail row: vq_ moves after the loop
+      quantize_value_row(rows[j], value.data());
+    }
+    vq_ = v_end;
+  }
+
+  // Quantizes the keys of key-tail rows rows[0..G) (increasing, all >= kq_) as one new key
+  // group. The group's physical range starts at kq_ and ends after its last row: tail rows
+  // evicted in between (dead until keep()) fall inside it; their codes are copies of the
+  // group's first row's, so they decode to a member's key and never widen a channel's range
+  // (see write_key).
+  void quantize_keys(const std::int64_t* rows) {
+    std::vector<float> keys(static_cast<std::size_t>(G_ * D_));
+    for (std::int64_t j = 0; j < G_; ++j) load_key(rows[j], keys.data() + j * D_);
+    const std::int64_t q0 = kq_, r_end = rows[G_ - 1] + 1;
+    grow(kcodes_, static_cast<std::size_t>(r_end * row_bytes_));
+    grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
+    grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
+    grow(gstart_, gstart_.size() + 1);
+    gstart_.back() = static_cast<std::int32_t>(q0);
+    kq_ = r_end;
+    quantize_key_group(static_cast<std::int64_t>(gstart_.size()) - 1, rows, G_, keys.data());
+    const std::int64_t* member = rows;
+    for (std::int64_t r = q0; r < r_end; ++r) {
+      if (member < rows + G_ && *member == r) {
+        ++member;
+        continue;
+      }
+      std::memcpy(kcodes_.data() + r * row_bytes_, kcodes_.data() + rows[0] * row_bytes_,
+                  static_cast<std::size_t>(row_bytes_));  // a dead row inside the range
+    }
+  }
+
+  // Removes the first `n` slots of tail buffer `buf` (rows that left the tail).
+  void drop_tail_front(std::vector<std::uint8_t>& buf, std::int64_t n) noexcept {
+    const std::size_t drop = static_cast<std::size_t>(n) * tail_row_bytes_;
+    std::memmove(buf.data(), buf.data() + drop, buf.size() - drop);
+    buf.resize(buf.size() - drop);
   }
 
   // Evictions thin out key groups, and each group costs D scales and zeros whatever its size.
@@ -636,11 +681,11 @@ class KiviStore final : public RowStore, public PackedRows {
   std::vector<std::int32_t> gstart_;           // [n_groups]
   std::vector<std::uint16_t> kscale_, kzero_;  // [n_groups][D] fp16
   // Tail rows, raw bytes of the tail dtype.
-  std::vector<std::uint8_t> tk_;   // [size() - kbase_][D * tail_size]
-  std::vector<std::uint8_t> tv_;   // [size() - vbase_][D * tail_size]
-  std::vector<std::int32_t> pos_;  // [size()]
-  std::int64_t live_quantized_ = 0;    // quantized rows alive at the last settle()
-  std::int64_t last_append_ = 0;       // rows of the last append (> 1: a prompt step)
+  std::vector<std::uint8_t> tk_;     // [size() - kbase_][D * tail_size]
+  std::vector<std::uint8_t> tv_;     // [size() - vbase_][D * tail_size]
+  std::vector<std::int32_t> pos_;    // [size()]
+  std::int64_t live_quantized_ = 0;  // quantized rows alive at the last settle()
+  std::int64_t last_append_ = 0;     // rows of the last append (> 1: a prompt step)
 };
 
 }  // namespace

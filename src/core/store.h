@@ -57,6 +57,9 @@ class RowStore {
   virtual void settle(const std::int64_t* /*live*/, std::int64_t /*n*/) {}
   // Whether settle() does anything (plain stores: no).
   virtual bool quantizing() const noexcept { return false; }
+  // settle() then keep() with every row alive (a policy that keeps all rows). The default builds
+  // the row list; a store may do it without one, so the step costs nothing per row held.
+  virtual void settle_keep_all();
   virtual void clear() noexcept = 0;
   // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
   virtual std::int64_t bytes() const noexcept = 0;
