@@ -247,8 +247,9 @@ namespace vq {
 namespace {
 
 TEST(QuantizeOption, ABudgetInsideTheFp16ResidualIsAnErrorNamingTheFields) {
-  // The tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
-  // oldest group is quantized; a budget below residual_length + kivi_group_size never leaves it.
+  // The key tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
+  // oldest group is quantized; under a budget below residual_length + kivi_group_size no key
+  // ever leaves it.
   test::expect_error([] { CacheConfig::parse("h2o:budget=63,quantize=kivi2"); },
                      ErrorCode::kInvalidConfig,
                      {"[h2o] quantize=kivi2 would never quantize a key", "budget (63)",

@@ -53,7 +53,8 @@ MethodInfo kivi_method() {
       int_field("kivi_group_size", 32, 1, 4096,
                 "G tokens per key channel group, G channels per value group"),
       int_field("residual_length", 128, 0, kMaxTokens,
-                "newest rows kept unquantized (the tail holds residual to residual + G - 1)"),
+                "newest rows kept unquantized (values of residual rows, keys of residual to "
+                "residual + G - 1)"),
   };
   add_common_fields(m.fields);
   m.check = &check;
