@@ -147,21 +147,65 @@ TEST(KiviRequantize, MergedKeyInsideTheGridKeepsTheOtherCodes) {
   EXPECT_EQ(keys_of(*s, 1), (std::vector<float>{6.001953125f, 2, 2, 3.333984375f}));
 }
 
+TEST(KiviStore, ValuesLeaveTheTailOneTokenAtATimeKeysAGroupAtATime) {
+  // The paper's rule, D = 2, G = 2, residual 2, 2 bits, fp32 tail, tokens fed one a step:
+  // values are quantized as each token leaves the last 2 rows; keys when the key tail reaches
+  // residual + G = 4 rows, its oldest 2 as one group.
+  auto s = detail::make_kivi_store(2, 2, 2, DType::kF32, 2);
+  const std::vector<float> k = {0.2f, 1, 0, 1, 5, 5, 6, 6};
+  const std::vector<float> v = {0, 0.2f, 1, 4, 7, 7, 8, 8};
+  auto feed = [&](std::int64_t t) {
+    s->append(TensorRef::f32(k.data() + t * 2, 1, 1, 1, 2),
+              TensorRef::f32(v.data() + t * 2, 1, 1, 1, 2), 0, 0, static_cast<std::int32_t>(t));
+    std::vector<std::int64_t> all(static_cast<std::size_t>(t + 1));
+    for (std::int64_t i = 0; i <= t; ++i) all[static_cast<std::size_t>(i)] = i;
+    s->settle(all.data(), t + 1);
+    s->keep(all.data(), t + 1);
+  };
+  feed(0);
+  feed(1);
+  EXPECT_EQ(s->bytes(), 2 * 2 * 8);  // two rows, keys and values fp32 (8 bytes a row each)
+  feed(2);
+  // Row 0's value left the tail: [0, 0.2] -> zero 0, scale 0.2 / 3 = 0.0666.. rounded up on
+  // fp16's 2^-14 grid of [2^-4, 2^-3) = 1093 * 2^-14 = 0.06671142578125; 0.2 -> code 3 ->
+  // 3279 * 2^-14 = 0.20013427734375. Its key is still exact (the key tail holds 3 < 4 rows).
+  EXPECT_EQ(values_of(*s, 2), (std::vector<float>{0, 0.20013427734375f, 1, 4, 7, 7}));
+  EXPECT_EQ(keys_of(*s, 2), (std::vector<float>{0.2f, 1, 0, 1, 5, 5}));
+  // Keys 3 x 8 + values 2 x 8 + row 0's value: 1 code byte + fp16 scale + zero.
+  EXPECT_EQ(s->bytes(), 24 + 16 + 5);
+  feed(3);
+  // Row 1's value left too ([1, 4]: zero 1, scale 1, exact); the key tail reached 4 rows, so
+  // keys 0 and 1 became one group: channel 0 [0.2, 0] as the value above (0.2 -> code 3),
+  // channel 1 [1, 1] constant (exact).
+  EXPECT_EQ(values_of(*s, 2), (std::vector<float>{0, 0.20013427734375f, 1, 4, 7, 7, 8, 8}));
+  EXPECT_EQ(keys_of(*s, 2), (std::vector<float>{0.20013427734375f, 1, 0, 1, 5, 5, 6, 6}));
+  // Key codes 2 x 1 byte + key group 2 channels x 4 bytes + value codes 2 x 1 + value
+  // parameters 2 x 4 + key tail 2 x 8 + value tail 2 x 8.
+  EXPECT_EQ(s->bytes(), 2 + 8 + 2 + 8 + 16 + 16);
+}
+
 TEST(KiviStore, ResidentBytesCountedFromTheLayoutByHand) {
-  // D = 4, G = 4, 2 bits, no residual: 16 rows -> 4 key groups; then row 15 is evicted and the
-  // store compacts (keep() reserves exactly). Containers for the 15 rows left: key and value
-  // codes 15 x 1 byte each; value scale and zero 15 rows x 1 group x 2 bytes each; key scale
-  // and zero 4 groups x 4 channels x 2 bytes each; key-group ids, slots, positions 15 x 4 bytes
-  // each; one fp32 input row 4 x 4 bytes.
+  // D = 4, G = 4, 2 bits, no residual, fp32 tail: 16 rows appended as one chunk, settled into
+  // 4 key groups, then row 15 is evicted. Capacities from the growth rules stated in
+  // kivi_store.cpp:
+  //  - tail: 16 rows x 16 bytes appended at once (exact), emptied by the settle, then given
+  //    back (a prompt step keeps exactly its tail rows, here none): 0 bytes;
+  //  - positions: 16 (exact, kept after the small cut): 64 bytes;
+  //  - quantized containers grow by an eighth: key codes and key groups (scales, zeros: 4
+  //    entries a group) group by group, sizes 4, 8, 12, 16 -> capacities 4, 9, 13, 18; first
+  //    rows 1, 2, 3, 4 -> 4; value codes, scales and zeros all 16 rows at once -> 18.
+  // Payload for the 15 rows left: key and value codes 15 x 1 byte each; value scale and zero
+  // 15 x 2 bytes each; key scale and zero 4 groups x 4 channels x 2 bytes each.
   std::vector<float> k = test::randn(16 * 4, 90), v = test::randn(16 * 4, 91);
   auto s = fed(2, 4, 4, k, v);
   std::vector<std::int64_t> first15(15);
   for (std::int64_t i = 0; i < 15; ++i) first15[static_cast<std::size_t>(i)] = i;
   s->keep(first15.data(), 15);
-  const std::int64_t payload = 15 + 15 + 30 + 30 + 32 + 32;
-  EXPECT_EQ(s->bytes(), payload);
-  EXPECT_EQ(s->allocated_bytes(), payload);
-  EXPECT_EQ(s->resident_bytes(), payload + 3 * 60 + 16);
+  EXPECT_EQ(s->bytes(), 15 + 15 + 30 + 30 + 32 + 32);
+  const std::int64_t allocated = 18 + 18 + 36 + 36 + 36 + 36;
+  EXPECT_EQ(s->allocated_bytes(), allocated);
+  // Bookkeeping: the positions and the key groups' first rows, nothing per row besides.
+  EXPECT_EQ(s->resident_bytes(), allocated + 64 + 4 * 4);
 }
 
 TEST(KiviCache, NoRowIsHeldTwice) {
@@ -176,9 +220,16 @@ TEST(KiviCache, NoRowIsHeldTwice) {
       c.end_step();
     }
   };
-  feed(0, 150);
+  feed(0, 128);
   CacheStats s = c.stats();
-  EXPECT_EQ(s.kept_bytes, s.full_bytes);  // 150 < 128 + 32: nothing quantized yet
+  EXPECT_EQ(s.kept_bytes, s.full_bytes);  // 128 <= residual_length: nothing quantized yet
+  EXPECT_GE(s.resident_bytes, s.kept_bytes);
+  feed(128, 150);
+  s = c.stats();
+  // 150 < 128 + 32: no key group yet, but the values of the 22 rows past the residual left the
+  // tail, per head: keys 150 x 128 bytes, values 128 x 128 + 22 x (16 code bytes + 2 groups x
+  // 4 parameter bytes).
+  EXPECT_EQ(s.kept_bytes, H * (150 * 128 + 128 * 128 + 22 * 24));
   EXPECT_GE(s.resident_bytes, s.kept_bytes);
   feed(150, 1024);
   s = c.stats();
@@ -196,11 +247,12 @@ namespace vq {
 namespace {
 
 TEST(QuantizeOption, ABudgetInsideTheFp16ResidualIsAnErrorNamingTheFields) {
-  // The tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
-  // oldest group is quantized; a budget below residual_length + kivi_group_size never leaves it.
+  // The key tail holds residual_length .. residual_length + kivi_group_size - 1 rows before its
+  // oldest group is quantized; under a budget below residual_length + kivi_group_size no key
+  // ever leaves it.
   test::expect_error([] { CacheConfig::parse("h2o:budget=63,quantize=kivi2"); },
                      ErrorCode::kInvalidConfig,
-                     {"[h2o] quantize=kivi2 would never quantize a row", "budget (63)",
+                     {"[h2o] quantize=kivi2 would never quantize a key", "budget (63)",
                       "residual_length (32)", "kivi_group_size (32) = 64"});
   test::expect_error(
       [] { CacheConfig::parse("tova:budget=100,quantize=kivi4,residual_length=80,kivi_group_size=32"); },
@@ -208,7 +260,7 @@ TEST(QuantizeOption, ABudgetInsideTheFp16ResidualIsAnErrorNamingTheFields) {
   // The budget sweep (eval --budget) goes through the same validation.
   test::expect_error(
       [] { with_token_budget(CacheConfig::parse("h2o:budget=256,quantize=kivi2"), 32); },
-      ErrorCode::kInvalidConfig, {"would never quantize a row"});
+      ErrorCode::kInvalidConfig, {"would never quantize a key"});
   EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=64,quantize=kivi2"));
   EXPECT_NO_THROW(CacheConfig::parse("h2o:budget=32,quantize=none"));
 }

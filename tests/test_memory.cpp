@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "core/layer_state.h"
 #include "test_util.h"
 
 namespace {
@@ -108,21 +109,112 @@ TEST(Memory, QuantizedCacheHoldsLessThanTheFp16PayloadOnceRowsAreQuantized) {
     EXPECT_LT(q.heap, full_fp16) << spec;
     EXPECT_LT(q.heap, full.heap) << spec;
   }
-  // 2 bits, per head: 896 quantized rows x (32 code bytes + 8 value-parameter bytes + 12 bytes
-  // of slot, key-group id and position), 28 key groups x 256 parameter bytes, 128 fp16 tail rows
-  // x (256 + 8): 87552 bytes, 4 heads: 350208 = 33% of the fp16 payload; with the containers'
-  // slack (growth by a quarter) under 40%.
+  // 2 bits, per head: 896 quantized rows x (32 code bytes + 8 value-parameter bytes + 4 bytes
+  // of position), 28 key groups x (256 parameter bytes + 4 bytes of first row), 128 fp16 tail
+  // rows x (256 + 4): 79984 bytes, 4 heads: 319936 = 31% of the fp16 payload; with the
+  // containers' slack (the positions double, the tail is capped at 160 rows) under 40%.
   EXPECT_LT(held_by("kivi", kv, 1024).heap, full_fp16 * 4 / 10);
 }
 
 TEST(Memory, EverythingInTheFp16ResidualCostsTheFp16Payload) {
-  // 150 tokens < residual_length 128 + group 32: no row is quantized yet, the payload is the
-  // fp16 rows themselves (kept == full), and the cache holds at least that.
-  const test::KV kv(1, 4, 150, 64, 13);
-  const Held q = held_by("kivi", kv, 150);
-  const std::int64_t full_fp16 = 150 * 4 * 64 * 2 * 2;
+  // 128 tokens = residual_length: no row is quantized yet, the payload is the fp16 rows
+  // themselves (kept == full), and the cache holds at least that.
+  const test::KV kv(1, 4, 128, 64, 13);
+  const Held q = held_by("kivi", kv, 128);
+  const std::int64_t full_fp16 = 128 * 4 * 64 * 2 * 2;
   EXPECT_EQ(q.stats.kept_bytes, full_fp16);
   EXPECT_GE(q.heap, full_fp16);
+}
+
+// What the full cache and kivi (defaults: residual_length 128, group 32) keep, context by
+// context: `prefill` tokens as one step, then one token a step up to `n_tokens`. For every
+// context length n (after the step that reaches it): kivi's resident bytes never exceed the
+// fp16 full cache's, and from the first quantized row on (n > 128, the first value leaving the
+// residual) they are strictly below. While every row is in the fp16 tail (n <= 128) both hold
+// the same rows and positions, grown the same way, so they are equal when fed one token a
+// step. The heap measured by the counting allocator is resident_bytes plus a constant (the
+// objects), at every n.
+void expect_kivi_at_or_below_full(std::int64_t prefill, std::int64_t n_tokens) {
+  const std::int64_t H = 4, D = 64;
+  const test::KV kv(1, H, n_tokens, D, 17);
+  held_by("kivi", kv, 1);  // warm-up (one-time allocations outside the counts)
+  long long heap_full = 0, heap_kivi = 0;
+  auto counted = [](long long& heap, auto&& f) {
+    const long long before = g_live.load();
+    f();
+    heap += g_live.load() - before;
+  };
+  LayerCache full = test::make_cache("full", H, D);
+  LayerCache kivi = test::make_cache("kivi", H, D);
+  auto step = [&](LayerCache& c, long long& heap, std::int64_t t0, std::int64_t n) {
+    counted(heap, [&] {
+      c.begin_step(kv.keys(t0, n), kv.values(t0, n));
+      c.end_step();
+    });
+  };
+  std::int64_t t = 0;
+  long long unreported_full = -1, unreported_kivi = -1;  // heap - resident after the first step
+  while (t < n_tokens) {
+    const std::int64_t n = t == 0 && prefill > 0 ? prefill : 1;
+    step(full, heap_full, t, n);
+    step(kivi, heap_kivi, t, n);
+    t += n;
+    const CacheStats f = full.stats(), q = kivi.stats();
+    // The heap beyond resident_bytes is a constant (objects, config): resident tracks the heap
+    // byte for byte as the context grows.
+    if (unreported_full < 0) {
+      unreported_full = heap_full - f.resident_bytes;
+      unreported_kivi = heap_kivi - q.resident_bytes;
+    }
+    ASSERT_EQ(heap_full - f.resident_bytes, unreported_full)
+        << "prefill " << prefill << ", n = " << t;
+    ASSERT_EQ(heap_kivi - q.resident_bytes, unreported_kivi)
+        << "prefill " << prefill << ", n = " << t;
+    ASSERT_LE(q.resident_bytes, f.resident_bytes) << "prefill " << prefill << ", n = " << t;
+    if (t > 128) {
+      ASSERT_LT(q.kept_bytes, f.kept_bytes) << "prefill " << prefill << ", n = " << t;
+      ASSERT_LT(q.resident_bytes, f.resident_bytes) << "prefill " << prefill << ", n = " << t;
+    } else {
+      ASSERT_EQ(q.kept_bytes, f.kept_bytes) << "prefill " << prefill << ", n = " << t;
+      if (prefill == 0) {
+        ASSERT_EQ(q.resident_bytes, f.resident_bytes) << "n = " << t;
+      }
+    }
+  }
+}
+
+TEST(Memory, KiviHoldsNoMoreThanTheFp16FullCacheAtEveryContextLength) {
+  expect_kivi_at_or_below_full(0, 1024);  // every context 1 .. 1024, one token a step
+}
+
+TEST(Memory, KiviHoldsNoMoreThanTheFp16FullCacheAfterAPrefill) {
+  // A prompt read as one step (inside the tail, at its end, past it without a key group, one
+  // key group, several, the main job's 256), then decoded token by token.
+  for (const std::int64_t prefill : {2, 64, 100, 128, 129, 130, 159, 160, 161, 200, 256, 512}) {
+    expect_kivi_at_or_below_full(prefill, 600);
+  }
+}
+
+TEST(Memory, APrefillCutToTheBudgetHoldsWhatTheBudgetNeeds) {
+  // h2o at budget 64 reads a 256-token prompt as one step and cuts it to 64 rows. Afterwards
+  // every per-row container holds 64 rows plus room for one more (the next decode token), by
+  // hand, per head: K and V 65 x 64 x fp16 = 8320 bytes each, positions 65 x 4, the policy's
+  // live indices 65 x 8 (empty between steps, refilled next step), score and aux 65 x 4 each.
+  // Besides: one HeadState, one RNG and one HeadRows per head.
+  const std::int64_t H = 4, D = 64;
+  const test::KV kv(1, H, 256, D, 19);
+  LayerCache c = test::make_cache("h2o:budget=64", H, D);
+  const long long before = g_live.load();
+  c.begin_step(kv.keys(0, 256), kv.values(0, 256));
+  c.end_step();
+  const long long heap = g_live.load() - before;
+  const CacheStats s = c.stats();
+  ASSERT_EQ(s.tokens_kept, 64);
+  const std::int64_t per_head = 2 * 8320 + 65 * 4 + 65 * 8 + 2 * 65 * 4;
+  const std::int64_t tables =
+      static_cast<std::int64_t>(sizeof(detail::HeadState) + sizeof(CounterRng) + sizeof(HeadRows));
+  EXPECT_EQ(s.resident_bytes, H * (per_head + tables));
+  EXPECT_LE(heap - s.resident_bytes, kFixedOverhead);
 }
 
 }  // namespace

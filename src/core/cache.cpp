@@ -1,5 +1,6 @@
 #include "veloxquant/cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -77,6 +78,21 @@ void check_tensor(const TensorRef& t, const char* name) {
 template <typename T>
 std::int64_t capacity_bytes(const std::vector<T>& v) noexcept {
   return static_cast<std::int64_t>(v.capacity() * sizeof(T));
+}
+
+// After a large cut (a prefill cut to the budget: more than 2 x rows + 64 rows before it), a
+// per-row array of `per_row` elements a row gives back its capacity beyond the kept rows and
+// one more, whatever that capacity is (a token-by-token cut inside the prompt grows the arrays
+// to about twice the budget, not to the prompt). Small cuts (decode steps) keep the capacity,
+// so the steady state reallocates nothing.
+template <typename T>
+void give_back_capacity(std::vector<T>& v, std::int64_t rows, std::int64_t per_row) {
+  const auto keep = static_cast<std::size_t>((rows + 1) * per_row);
+  if (per_row == 0 || v.capacity() <= std::max(keep, v.size())) return;
+  std::vector<T> t;
+  t.reserve(std::max(v.size(), keep));
+  t.assign(v.begin(), v.end());
+  v.swap(t);
 }
 
 HeadRows to_head_rows(const detail::RowsRef& r) {
@@ -248,7 +264,20 @@ void LayerCache::end_step(const AttentionRef* attention) {
                 "source=attention; the step stays open");
   }
   st.attention = attention;
-  if (st.step_new > 0) policy_->end_step(st, attention);
+  if (st.step_new > 0) {
+    policy_->end_step(st, attention);
+    // The policy's per-row arrays follow the store's rows (live is empty between steps and
+    // refilled with every row at the next step).
+    const std::int64_t before = st.step_prev + st.step_new;
+    for (HeadState& hs : st.heads) {
+      const std::int64_t rows = hs.store->size();
+      if (before <= 2 * rows + 64) continue;
+      give_back_capacity(hs.live, rows, 1);
+      give_back_capacity(hs.score, rows, 1);
+      give_back_capacity(hs.aux, rows, 1);
+      give_back_capacity(hs.hist, rows, hs.hist_stride);
+    }
+  }
   st.attention = nullptr;
   st.step_open = false;
   st.step_new = 0;

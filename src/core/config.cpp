@@ -256,16 +256,17 @@ void CacheConfig::validate() const {
     }
   }
   if (info_->check) info_->check(*this);
-  // quantize= on a method with a token budget: the fp16 tail holds up to residual_length +
-  // kivi_group_size - 1 rows before its oldest group is quantized, so a smaller budget would
-  // keep every row in fp16 and the option would do nothing.
+  // quantize= on a method with a token budget: the fp16 tail holds the keys of up to
+  // residual_length + kivi_group_size - 1 rows before its oldest key group is quantized, so a
+  // smaller budget would keep every key in fp16 (and quantize only the values of the rows past
+  // residual_length).
   if (has("quantize") && get_enum("quantize") != "none" && has_token_budget(*this)) {
     const std::int64_t budget = token_budget(*this), residual = get_int("residual_length"),
                        group = get_int("kivi_group_size");
     if (budget < residual + group) {
       throw Error(ErrorCode::kInvalidConfig,
                   "[" + method_ + "] quantize=" + get_enum("quantize") +
-                      " would never quantize a row: the budget (" + std::to_string(budget) +
+                      " would never quantize a key: the budget (" + std::to_string(budget) +
                       ") must be >= residual_length (" + std::to_string(residual) +
                       ") + kivi_group_size (" + std::to_string(group) + ") = " +
                       std::to_string(residual + group) +

@@ -21,12 +21,24 @@
 //    range is under (2^bits - 1) * 2^-14 is quantized with step 2^-14 (error <= 2^-15); a
 //    constant group is exact. Values beyond fp16's range (|x| > 65504) saturate the fp16
 //    parameters (the codes then clamp).
-//  - The newest rows stay unquantized (the tail, in kv_dtype). Whenever the live tail holds
-//    residual_length + G rows or more, its oldest G rows are quantized as one key group (and
-//    their values row by row).
+//  - The newest rows stay unquantized (the tail, in kv_dtype), keys and values leaving it as in
+//    the paper: values one token at a time (whenever the live value tail holds more than
+//    residual_length rows, its oldest rows are quantized until it holds residual_length), keys a
+//    group at a time (whenever the live key tail holds residual_length + G rows or more, its
+//    oldest G rows are quantized as one key group). So the tail holds the keys of
+//    residual_length to residual_length + G - 1 rows and the values of residual_length rows
+//    (fewer only while the cache is shorter).
+//  - Quantized rows are indexed by their physical row (the quantized rows are the first rows),
+//    tail rows by their offset past the quantized ones, and key groups by their first row: no
+//    per-row bookkeeping besides the positions.
 //  - bytes() = codes + scales + zeros + tail (the payload, kept_bytes); resident_bytes() adds the
-//    per-row bookkeeping (slots, key-group ids, positions) and counts every container by its
-//    capacity. No dequantized copy is kept: readers dequantize rows on the fly (PackedRows).
+//    positions and the key groups' first rows and counts every container by its capacity. No
+//    dequantized copy is kept: readers dequantize rows on the fly (PackedRows).
+//  - Capacity: the tails and the positions grow as the plain store's rows do (so while every
+//    row is in the tail the store holds exactly what the plain store holds), the key tail's
+//    growth capped at residual_length + G rows and the value tail's at residual_length + 1;
+//    after a step that quantized rows a tail keeps room for its rows and one more, and a large
+//    cut gives the rest back as the plain store does.
 // Re-quantization starts from the stored values (the codes dequantized once), never from a
 // copy of the originals (none is kept):
 //  - Evicting a quantized row removes its codes (its key group keeps its scale/zero, now over
@@ -85,6 +97,15 @@ void grow(std::vector<T>& v, std::size_t n) {
   v.resize(n);
 }
 
+// Replaces v's buffer by one of exactly `cap` elements (>= v.size()) holding v's elements.
+template <typename T>
+void shrink_to(std::vector<T>& v, std::size_t cap) {
+  std::vector<T> t;
+  t.reserve(cap);
+  t.assign(v.begin(), v.end());
+  v.swap(t);
+}
+
 template <typename T>
 std::int64_t cap_bytes(const std::vector<T>& v) noexcept {
   return static_cast<std::int64_t>(v.capacity() * sizeof(T));
@@ -99,10 +120,9 @@ class KiviStore final : public RowStore, public PackedRows {
         R_(residual),
         D_(d),
         tail_dtype_(tail),
-        tail_size_(static_cast<std::int64_t>(dtype_size(tail))),
+        tail_row_bytes_(static_cast<std::size_t>(d) * dtype_size(tail)),
         row_bytes_((d * bits + 7) / 8),
-        n_vgroups_((d + group - 1) / group),
-        row_(static_cast<std::size_t>(d)) {
+        n_vgroups_((d + group - 1) / group) {
     VQ_ASSERT(bits == 2 || bits == 4, "kivi bits must be 2 or 4");
   }
 
@@ -112,19 +132,16 @@ class KiviStore final : public RowStore, public PackedRows {
   void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
               std::int32_t first_pos) override {
     const std::int64_t S = k.tokens();
+    const std::int64_t n0 = size();
+    last_append_ = S;
+    grow_tail(tk_, n0 + S - kbase_, R_ + G_);
+    grow_tail(tv_, n0 + S - vbase_, R_ + 1);
+    // The positions grow as the plain store's do (std::vector's own growth).
+    pos_.resize(static_cast<std::size_t>(n0 + S));
     for (std::int64_t s = 0; s < S; ++s) {
-      const std::int64_t tail_slot = n_tail_slots();
-      const std::size_t tail_end = static_cast<std::size_t>((tail_slot + 1) * D_ * tail_size_);
-      grow(tk_, tail_end);
-      grow(tv_, tail_end);
-      grow(slot_, slot_.size() + 1);
-      grow(pos_, pos_.size() + 1);
-      slot_.back() = static_cast<std::int32_t>(-tail_slot - 1);
-      pos_.back() = first_pos + static_cast<std::int32_t>(s);
-      read_input(k, b, h, s, row_.data());
-      kernels::store_row(row_.data(), tail_dtype_, tail_row(tk_, tail_slot), D_);
-      read_input(v, b, h, s, row_.data());
-      kernels::store_row(row_.data(), tail_dtype_, tail_row(tv_, tail_slot), D_);
+      copy_input(k, b, h, s, tail_row(tk_, n0 + s - kbase_));
+      copy_input(v, b, h, s, tail_row(tv_, n0 + s - vbase_));
+      pos_[static_cast<std::size_t>(n0 + s)] = first_pos + static_cast<std::int32_t>(s);
     }
   }
 
@@ -140,73 +157,66 @@ class KiviStore final : public RowStore, public PackedRows {
 
   // PackedRows / reads: dequantized on the fly.
   void load_key(std::int64_t i, float* out) const noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) {
-      kernels::load_row(tail_row(tk_, -s - 1), tail_dtype_, out, D_);
+    if (i >= kq_) {
+      kernels::load_row(tail_row(tk_, i - kbase_), tail_dtype_, out, D_);
       return;
     }
-    const std::int64_t g = kgroup_[static_cast<std::size_t>(s)];
-    dequantize_run(kcodes_.data() + s * row_bytes_, 0, D_, kscale_.data() + g * D_,
+    const std::int64_t g = group_of(i);
+    dequantize_run(kcodes_.data() + i * row_bytes_, 0, D_, kscale_.data() + g * D_,
                    kzero_.data() + g * D_, 1, out);
   }
   void load_value(std::int64_t i, float* out) const noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) {
-      kernels::load_row(tail_row(tv_, -s - 1), tail_dtype_, out, D_);
+    if (i >= vq_) {
+      kernels::load_row(tail_row(tv_, i - vbase_), tail_dtype_, out, D_);
       return;
     }
-    const std::uint8_t* codes = vcodes_.data() + s * row_bytes_;
+    const std::uint8_t* codes = vcodes_.data() + i * row_bytes_;
     for (std::int64_t g = 0; g < n_vgroups_; ++g) {
       const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
-      dequantize_run(codes, c0, c1, vscale_.data() + s * n_vgroups_ + g,
-                     vzero_.data() + s * n_vgroups_ + g, 0, out);
+      dequantize_run(codes, c0, c1, vscale_.data() + i * n_vgroups_ + g,
+                     vzero_.data() + i * n_vgroups_ + g, 0, out);
     }
   }
   float key_at(std::int64_t i, std::int64_t d) const noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) return tail_at(tk_, -s - 1, d);
-    const std::int64_t g = kgroup_[static_cast<std::size_t>(s)];
-    return dequantize(code_at(kcodes_.data() + s * row_bytes_, d),
+    if (i >= kq_) return tail_at(tk_, i - kbase_, d);
+    const std::int64_t g = group_of(i);
+    return dequantize(code_at(kcodes_.data() + i * row_bytes_, d),
                       half_to_float(kscale_[static_cast<std::size_t>(g * D_ + d)]),
                       half_to_float(kzero_[static_cast<std::size_t>(g * D_ + d)]));
   }
   float value_at(std::int64_t i, std::int64_t d) const noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) return tail_at(tv_, -s - 1, d);
-    const std::size_t p = static_cast<std::size_t>(s * n_vgroups_ + d / G_);
-    return dequantize(code_at(vcodes_.data() + s * row_bytes_, d), half_to_float(vscale_[p]),
+    if (i >= vq_) return tail_at(tv_, i - vbase_, d);
+    const std::size_t p = static_cast<std::size_t>(i * n_vgroups_ + d / G_);
+    return dequantize(code_at(vcodes_.data() + i * row_bytes_, d), half_to_float(vscale_[p]),
                       half_to_float(vzero_[p]));
   }
   void read_key(std::int64_t i, float* out) const noexcept override { load_key(i, out); }
   void read_value(std::int64_t i, float* out) const noexcept override { load_value(i, out); }
 
   void write_value(std::int64_t i, const float* in) noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) {
-      kernels::store_row(in, tail_dtype_, tail_row(tv_, -s - 1), D_);
+    if (i >= vq_) {
+      kernels::store_row(in, tail_dtype_, tail_row(tv_, i - vbase_), D_);
     } else {
-      quantize_value_row(s, in);
+      quantize_value_row(i, in);
     }
   }
 
   void write_key(std::int64_t i, const float* in) noexcept override {
-    const std::int32_t s = slot_[static_cast<std::size_t>(i)];
-    if (s < 0) {
-      kernels::store_row(in, tail_dtype_, tail_row(tk_, -s - 1), D_);
+    if (i >= kq_) {
+      kernels::store_row(in, tail_dtype_, tail_row(tk_, i - kbase_), D_);
       return;
     }
-    const std::int32_t g = kgroup_[static_cast<std::size_t>(s)];
+    const std::int64_t g = group_of(i);
     std::vector<std::int64_t> members;  // the other rows of key group g
-    for (std::int64_t r = 0; r < size(); ++r) {
-      const std::int32_t sr = slot_[static_cast<std::size_t>(r)];
-      if (r != i && sr >= 0 && kgroup_[static_cast<std::size_t>(sr)] == g) members.push_back(r);
+    for (std::int64_t r = group_begin(g); r < group_end(g); ++r) {
+      if (r != i) members.push_back(r);
     }
     std::vector<float> x(members.size() + 1);
     for (std::int64_t c = 0; c < D_; ++c) {
       const std::size_t p = static_cast<std::size_t>(g * D_ + c);
       const float scale = half_to_float(kscale_[p]), zero = half_to_float(kzero_[p]);
       if (in[c] >= zero && in[c] <= dequantize(levels_, scale, zero)) {
-        set_code(kcodes_.data() + s * row_bytes_, c, quantize(in[c], scale, zero));
+        set_code(kcodes_.data() + i * row_bytes_, c, quantize(in[c], scale, zero));
         continue;
       }
       // Outside the channel's grid: re-quantize the channel from the stored values.
@@ -215,10 +225,9 @@ class KiviStore final : public RowStore, public PackedRows {
       float sc, zr;
       params(x.data(), static_cast<std::int64_t>(x.size()), 1, &kscale_[p], &kzero_[p], &sc, &zr);
       for (std::size_t m = 0; m < members.size(); ++m) {
-        const std::int32_t sm = slot_[static_cast<std::size_t>(members[m])];
-        set_code(kcodes_.data() + sm * row_bytes_, c, quantize(x[m], sc, zr));
+        set_code(kcodes_.data() + members[m] * row_bytes_, c, quantize(x[m], sc, zr));
       }
-      set_code(kcodes_.data() + s * row_bytes_, c, quantize(in[c], sc, zr));
+      set_code(kcodes_.data() + i * row_bytes_, c, quantize(in[c], sc, zr));
     }
   }
 
@@ -227,66 +236,138 @@ class KiviStore final : public RowStore, public PackedRows {
   }
 
   void settle(const std::int64_t* live, std::int64_t n) override {
-    // The live tail rows, oldest first, are the live rows without a quantized slot. Physical
-    // rows are always the quantized rows followed by the tail rows (the tail's oldest rows are
-    // the ones quantized; appends go to the end), and `live` is increasing: the tail is a
-    // suffix of `live`.
-    const std::int64_t* split = std::partition_point(
-        live, live + n, [&](std::int64_t r) { return slot_[static_cast<std::size_t>(r)] >= 0; });
-    const std::vector<std::int64_t> tail(split, live + n);
+    settle_values(live, n);
+    settle_keys(live, n);
+  }
+
+  // Every row alive: the same decisions as settle() + keep() with all rows, without a row list
+  // (only the tails move).
+  void settle_keep_all() override {
+    if (kq_ < live_quantized_) {  // rows were evicted since the last settle: the general path
+      RowStore::settle_keep_all();
+      return;
+    }
+    const std::int64_t n = size();
+    std::vector<std::int64_t> rows;
+    if (n - vq_ > R_) {
+      rows.resize(static_cast<std::size_t>(n - vq_ - R_));
+      for (std::size_t j = 0; j < rows.size(); ++j) rows[j] = vq_ + static_cast<std::int64_t>(j);
+      quantize_values(rows.data(), static_cast<std::int64_t>(rows.size()));
+    }
+    while (n - kq_ >= R_ + G_) {
+      rows.resize(static_cast<std::size_t>(G_));
+      for (std::size_t j = 0; j < rows.size(); ++j) rows[j] = kq_ + static_cast<std::int64_t>(j);
+      quantize_keys(rows.data());
+      live_quantized_ += G_;
+    }
+    const bool keys_left = kq_ > kbase_, values_left = vq_ > vbase_;
+    if (keys_left) {
+      drop_tail_front(tk_, kq_ - kbase_);
+      kbase_ = kq_;
+    }
+    if (values_left) {
+      drop_tail_front(tv_, vq_ - vbase_);
+      vbase_ = vq_;
+    }
+    if (keys_left || values_left) give_back_capacity(keys_left, values_left);
+  }
+
+  // Values leave the tail one token at a time, as in the paper: the oldest live rows of the
+  // value tail beyond residual_length are quantized, each on its own.
+  void settle_values(const std::int64_t* live, std::int64_t n) {
+    const std::int64_t* split =
+        std::partition_point(live, live + n, [&](std::int64_t r) { return r < vq_; });
+    const std::int64_t excess = (live + n - split) - R_;
+    if (excess > 0) quantize_values(split, excess);
+  }
+
+  // Keys leave the tail a whole group at a time: whenever the live key tail holds
+  // residual_length + G rows or more, its oldest G rows become one key group.
+  void settle_keys(const std::int64_t* live, std::int64_t n) {
+    const std::int64_t* split =
+        std::partition_point(live, live + n, [&](std::int64_t r) { return r < kq_; });
     const std::int64_t n_quantized = split - live;
     if (n_quantized < live_quantized_) regroup(live, n);  // quantized rows were evicted
     live_quantized_ = n_quantized;
-    std::size_t first = 0;
-    std::vector<float> keys(static_cast<std::size_t>(G_ * D_));
-    while (static_cast<std::int64_t>(tail.size() - first) >= R_ + G_) {
-      const std::vector<std::int64_t> rows(tail.begin() + static_cast<std::ptrdiff_t>(first),
-                                           tail.begin() + static_cast<std::ptrdiff_t>(first + G_));
-      const std::int32_t g = static_cast<std::int32_t>(n_groups());
-      grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
-      grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
-      for (std::size_t j = 0; j < rows.size(); ++j) {
-        const std::int64_t r = rows[j];
-        const std::int32_t q = static_cast<std::int32_t>(n_quantized_slots());
-        grow(kcodes_, static_cast<std::size_t>((q + 1) * row_bytes_));
-        grow(vcodes_, kcodes_.size());
-        grow(vscale_, static_cast<std::size_t>((q + 1) * n_vgroups_));
-        grow(vzero_, vscale_.size());
-        grow(kgroup_, kgroup_.size() + 1);
-        kgroup_.back() = g;
-        load_key(r, keys.data() + j * static_cast<std::size_t>(D_));  // still the tail row
-        load_value(r, row_.data());
-        slot_[static_cast<std::size_t>(r)] = q;  // its tail slot is dead until keep()
-        ++dead_tail_;
-        quantize_value_row(q, row_.data());
-      }
-      quantize_key_group(g, rows, keys.data());
-      first += static_cast<std::size_t>(G_);
+    for (const std::int64_t* first = split; live + n - first >= R_ + G_; first += G_) {
+      quantize_keys(first);
       live_quantized_ += G_;
     }
+  }
+
+  // Quantizes the values of value-tail rows rows[0..count) (increasing, all >= vq_); vq_ moves
+  // past the last. Tail rows evicted in between (dead until keep()) get zeroed parameters and
+  // are never read.
+  void quantize_values(const std::int64_t* rows, std::int64_t count) {
+    const std::int64_t v_end = rows[count - 1] + 1;
+    grow(vcodes_, static_cast<std::size_t>(v_end * row_bytes_));
+    grow(vscale_, static_cast<std::size_t>(v_end * n_vgroups_));
+    grow(vzero_, vscale_.size());
+    std::vector<float> value(static_cast<std::size_t>(D_));
+    for (std::int64_t j = 0; j < count; ++j) {
+      load_value(rows[j], value.data());  // still the tail row: vq_ moves after the loop
+      quantize_value_row(rows[j], value.data());
+    }
+    vq_ = v_end;
+  }
+
+  // Quantizes the keys of key-tail rows rows[0..G) (increasing, all >= kq_) as one new key
+  // group. The group's physical range starts at kq_ and ends after its last row: tail rows
+  // evicted in between (dead until keep()) fall inside it; their codes are copies of the
+  // group's first row's, so they decode to a member's key and never widen a channel's range
+  // (see write_key).
+  void quantize_keys(const std::int64_t* rows) {
+    std::vector<float> keys(static_cast<std::size_t>(G_ * D_));
+    for (std::int64_t j = 0; j < G_; ++j) load_key(rows[j], keys.data() + j * D_);
+    const std::int64_t q0 = kq_, r_end = rows[G_ - 1] + 1;
+    grow(kcodes_, static_cast<std::size_t>(r_end * row_bytes_));
+    grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
+    grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
+    grow(gstart_, gstart_.size() + 1);
+    gstart_.back() = static_cast<std::int32_t>(q0);
+    kq_ = r_end;
+    quantize_key_group(static_cast<std::int64_t>(gstart_.size()) - 1, rows, G_, keys.data());
+    const std::int64_t* member = rows;
+    for (std::int64_t r = q0; r < r_end; ++r) {
+      if (member < rows + G_ && *member == r) {
+        ++member;
+        continue;
+      }
+      std::memcpy(kcodes_.data() + r * row_bytes_, kcodes_.data() + rows[0] * row_bytes_,
+                  static_cast<std::size_t>(row_bytes_));  // a dead row inside the range
+    }
+  }
+
+  // Removes the first `n` slots of tail buffer `buf` (rows that left the tail).
+  void drop_tail_front(std::vector<std::uint8_t>& buf, std::int64_t n) noexcept {
+    const std::size_t drop = static_cast<std::size_t>(n) * tail_row_bytes_;
+    std::memmove(buf.data(), buf.data() + drop, buf.size() - drop);
+    buf.resize(buf.size() - drop);
   }
 
   // Evictions thin out key groups, and each group costs D scales and zeros whatever its size.
   // Consecutive groups whose live rows fit in one group together are re-quantized as one group
   // from their stored keys (left to right, greedily), so groups stay at least half full.
   void regroup(const std::int64_t* live, std::int64_t n) {
-    std::vector<std::vector<std::int64_t>> runs;  // live rows of each group, in order
-    std::int32_t last = -1;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int32_t s = slot_[static_cast<std::size_t>(live[j])];
-      if (s < 0) continue;
-      const std::int32_t g = kgroup_[static_cast<std::size_t>(s)];
-      if (g != last) runs.emplace_back();
-      runs.back().push_back(live[j]);
-      last = g;
+    struct Run {
+      std::int64_t group;
+      std::vector<std::int64_t> rows;
+    };
+    std::vector<Run> runs;  // live rows of each group with any, in order
+    for (std::int64_t j = 0; j < n && live[j] < kq_; ++j) {
+      const std::int64_t g = group_of(live[j]);
+      if (runs.empty() || runs.back().group != g) runs.push_back(Run{g, {}});
+      runs.back().rows.push_back(live[j]);
     }
-    std::size_t i = 0;
+    std::vector<std::pair<std::int64_t, std::int64_t>> merged_ranges;  // [first, last] groups
     std::vector<float> keys;
+    std::size_t i = 0;
     while (i < runs.size()) {
-      std::vector<std::int64_t> merged = runs[i];
+      std::vector<std::int64_t> merged = runs[i].rows;
       std::size_t k = i + 1;
-      while (k < runs.size() && static_cast<std::int64_t>(merged.size() + runs[k].size()) <= G_) {
-        merged.insert(merged.end(), runs[k].begin(), runs[k].end());
+      while (k < runs.size() &&
+             static_cast<std::int64_t>(merged.size() + runs[k].rows.size()) <= G_) {
+        merged.insert(merged.end(), runs[k].rows.begin(), runs[k].rows.end());
         ++k;
       }
       if (k > i + 1) {
@@ -294,111 +375,96 @@ class KiviStore final : public RowStore, public PackedRows {
         for (std::size_t j = 0; j < merged.size(); ++j) {
           load_key(merged[j], keys.data() + j * static_cast<std::size_t>(D_));
         }
-        const std::int32_t g = static_cast<std::int32_t>(n_groups());
-        grow(kscale_, kscale_.size() + static_cast<std::size_t>(D_));
-        grow(kzero_, kzero_.size() + static_cast<std::size_t>(D_));
-        for (std::int64_t r : merged) {
-          kgroup_[static_cast<std::size_t>(slot_[static_cast<std::size_t>(r)])] = g;
-        }
-        quantize_key_group(g, merged, keys.data());
+        // The merged group keeps the first group's index (its parameters are overwritten);
+        // the boundaries of the later groups up to the last merged one are removed below.
+        quantize_key_group(runs[i].group, merged.data(), static_cast<std::int64_t>(merged.size()),
+                           keys.data());
+        merged_ranges.emplace_back(runs[i].group, runs[k - 1].group);
       }
       i = k;
+    }
+    for (auto it = merged_ranges.rbegin(); it != merged_ranges.rend(); ++it) {
+      const auto from = static_cast<std::ptrdiff_t>(it->first + 1);
+      const auto to = static_cast<std::ptrdiff_t>(it->second + 1);
+      gstart_.erase(gstart_.begin() + from, gstart_.begin() + to);
+      kscale_.erase(kscale_.begin() + from * D_, kscale_.begin() + to * D_);
+      kzero_.erase(kzero_.begin() + from * D_, kzero_.begin() + to * D_);
     }
   }
 
   void keep(const std::int64_t* idx, std::int64_t n) override {
-    // All rows kept (strictly increasing indices: the identity) and no dead tail slots: no copy.
-    if (n == size() && dead_tail_ == 0) return;
-    dead_tail_ = 0;
-    if (n == size()) {
-      // All rows kept, some tail rows were quantized: only the tail moves (in place, towards
-      // the front; tail slots are in physical order).
-      const std::size_t row_bytes = static_cast<std::size_t>(D_ * tail_size_);
-      std::int32_t next = 0;
-      for (std::int32_t& s : slot_) {
-        if (s >= 0) continue;
-        const std::size_t from = static_cast<std::size_t>(-s - 1);
-        if (from != static_cast<std::size_t>(next)) {
-          std::memmove(tk_.data() + next * row_bytes, tk_.data() + from * row_bytes, row_bytes);
-          std::memmove(tv_.data() + next * row_bytes, tv_.data() + from * row_bytes, row_bytes);
-        }
-        s = -next - 1;
-        ++next;
-      }
-      tk_.resize(static_cast<std::size_t>(next) * row_bytes);
-      tv_.resize(tk_.size());
-      return;
-    }
-    std::int64_t n_q = 0;
+    // All rows kept (strictly increasing indices: the identity) and no tail row quantized
+    // during the step: nothing moves.
+    if (n == size() && kq_ == kbase_ && vq_ == vbase_) return;
+    // Compaction in place: every array moves its kept entries towards the front (a kept row's
+    // new index is never above its old one). Key groups are followed with a cursor:
+    // gstart_[g + 1] is read before any write reaches index g + 1 (the ng-th kept group is
+    // written at ng <= g).
+    const std::int64_t n_groups = static_cast<std::int64_t>(gstart_.size());
+    std::int64_t nqk = 0, nqv = 0, ntk = 0, ntv = 0, ng = 0, g = 0, last_group = -1;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t r = idx[j];
       VQ_ASSERT(r >= 0 && r < size() && (j == 0 || r > idx[j - 1]),
                 "keep() needs strictly increasing row indices within the store");
-      if (slot_[static_cast<std::size_t>(r)] >= 0) ++n_q;
-    }
-    const std::int64_t n_t = n - n_q;
-    const std::size_t tail_row_bytes = static_cast<std::size_t>(D_ * tail_size_);
-    std::vector<std::uint8_t> kc, vc, tk, tv;
-    std::vector<std::uint16_t> vs, vz, ks, kz;
-    std::vector<std::int32_t> kg, pos, slots;
-    kc.reserve(static_cast<std::size_t>(n_q * row_bytes_));
-    vc.reserve(kc.capacity());
-    vs.reserve(static_cast<std::size_t>(n_q * n_vgroups_));
-    vz.reserve(vs.capacity());
-    kg.reserve(static_cast<std::size_t>(n_q));
-    tk.reserve(static_cast<std::size_t>(n_t) * tail_row_bytes);
-    tv.reserve(tk.capacity());
-    pos.reserve(static_cast<std::size_t>(n));
-    slots.reserve(static_cast<std::size_t>(n));
-    std::vector<std::int32_t> group_map(static_cast<std::size_t>(n_groups()), -1);
-    std::int64_t n_new_groups = 0;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t r = idx[j];
-      const std::int32_t s = slot_[static_cast<std::size_t>(r)];
-      if (s >= 0) {
-        const std::int32_t g = kgroup_[static_cast<std::size_t>(s)];
-        if (group_map[static_cast<std::size_t>(g)] < 0) {
-          group_map[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(n_new_groups++);
+      if (r < kq_) {
+        while (g + 1 < n_groups && gstart_[static_cast<std::size_t>(g + 1)] <= r) ++g;
+        if (g != last_group) {
+          if (ng != g) {
+            std::copy_n(kscale_.begin() + g * D_, D_, kscale_.begin() + ng * D_);
+            std::copy_n(kzero_.begin() + g * D_, D_, kzero_.begin() + ng * D_);
+          }
+          gstart_[static_cast<std::size_t>(ng)] = static_cast<std::int32_t>(nqk);
+          ++ng;
+          last_group = g;
         }
-        slots.push_back(static_cast<std::int32_t>(kg.size()));
-        kg.push_back(group_map[static_cast<std::size_t>(g)]);
-        kc.insert(kc.end(), kcodes_.begin() + s * row_bytes_,
-                  kcodes_.begin() + (s + 1) * row_bytes_);
-        vc.insert(vc.end(), vcodes_.begin() + s * row_bytes_,
-                  vcodes_.begin() + (s + 1) * row_bytes_);
-        vs.insert(vs.end(), vscale_.begin() + s * n_vgroups_,
-                  vscale_.begin() + (s + 1) * n_vgroups_);
-        vz.insert(vz.end(), vzero_.begin() + s * n_vgroups_, vzero_.begin() + (s + 1) * n_vgroups_);
+        if (nqk != r) {
+          std::memmove(kcodes_.data() + nqk * row_bytes_, kcodes_.data() + r * row_bytes_,
+                       static_cast<std::size_t>(row_bytes_));
+        }
+        ++nqk;
       } else {
-        const std::size_t t = static_cast<std::size_t>(-s - 1);
-        slots.push_back(-static_cast<std::int32_t>(tk.size() / tail_row_bytes) - 1);
-        tk.insert(tk.end(), tk_.begin() + static_cast<std::ptrdiff_t>(t * tail_row_bytes),
-                  tk_.begin() + static_cast<std::ptrdiff_t>((t + 1) * tail_row_bytes));
-        tv.insert(tv.end(), tv_.begin() + static_cast<std::ptrdiff_t>(t * tail_row_bytes),
-                  tv_.begin() + static_cast<std::ptrdiff_t>((t + 1) * tail_row_bytes));
+        const std::int64_t t = r - kbase_;
+        if (ntk != t) std::memmove(tail_row(tk_, ntk), tail_row(tk_, t), tail_row_bytes_);
+        ++ntk;
       }
-      pos.push_back(pos_[static_cast<std::size_t>(r)]);
+      if (r < vq_) {
+        if (nqv != r) {
+          std::memmove(vcodes_.data() + nqv * row_bytes_, vcodes_.data() + r * row_bytes_,
+                       static_cast<std::size_t>(row_bytes_));
+          std::copy_n(vscale_.begin() + r * n_vgroups_, n_vgroups_,
+                      vscale_.begin() + nqv * n_vgroups_);
+          std::copy_n(vzero_.begin() + r * n_vgroups_, n_vgroups_,
+                      vzero_.begin() + nqv * n_vgroups_);
+        }
+        ++nqv;
+      } else {
+        const std::int64_t t = r - vbase_;
+        if (ntv != t) std::memmove(tail_row(tv_, ntv), tail_row(tv_, t), tail_row_bytes_);
+        ++ntv;
+      }
+      pos_[static_cast<std::size_t>(j)] = pos_[static_cast<std::size_t>(r)];
     }
-    // Key-group parameters of the groups still used, in their new order.
-    ks.resize(static_cast<std::size_t>(n_new_groups * D_));
-    kz.resize(ks.size());
-    for (std::size_t g = 0; g < group_map.size(); ++g) {
-      const std::int32_t to = group_map[g];
-      if (to < 0) continue;
-      std::copy_n(kscale_.begin() + static_cast<std::ptrdiff_t>(g) * D_, D_, ks.begin() + to * D_);
-      std::copy_n(kzero_.begin() + static_cast<std::ptrdiff_t>(g) * D_, D_, kz.begin() + to * D_);
-    }
-    kcodes_ = std::move(kc), vcodes_ = std::move(vc), vscale_ = std::move(vs),
-    vzero_ = std::move(vz), kscale_ = std::move(ks), kzero_ = std::move(kz),
-    kgroup_ = std::move(kg), pos_ = std::move(pos), slot_ = std::move(slots), tk_ = std::move(tk),
-    tv_ = std::move(tv);
+    kcodes_.resize(static_cast<std::size_t>(nqk * row_bytes_));
+    vcodes_.resize(static_cast<std::size_t>(nqv * row_bytes_));
+    vscale_.resize(static_cast<std::size_t>(nqv * n_vgroups_));
+    vzero_.resize(vscale_.size());
+    gstart_.resize(static_cast<std::size_t>(ng));
+    kscale_.resize(static_cast<std::size_t>(ng * D_));
+    kzero_.resize(kscale_.size());
+    tk_.resize(static_cast<std::size_t>(ntk) * tail_row_bytes_);
+    tv_.resize(static_cast<std::size_t>(ntv) * tail_row_bytes_);
+    pos_.resize(static_cast<std::size_t>(n));
+    const bool keys_left = kq_ > kbase_, values_left = vq_ > vbase_;
+    kq_ = kbase_ = nqk;
+    vq_ = vbase_ = nqv;
+    give_back_capacity(keys_left, values_left);
   }
 
   void clear() noexcept override {
     kcodes_.clear(), vcodes_.clear(), vscale_.clear(), vzero_.clear(), kscale_.clear(),
-        kzero_.clear(), kgroup_.clear(), pos_.clear(), slot_.clear(), tk_.clear(), tv_.clear();
-    dead_tail_ = 0;
-    live_quantized_ = 0;
+        kzero_.clear(), gstart_.clear(), pos_.clear(), tk_.clear(), tv_.clear();
+    kq_ = kbase_ = vq_ = vbase_ = 0;
+    live_quantized_ = last_append_ = 0;
   }
 
   std::int64_t bytes() const noexcept override {
@@ -412,28 +478,81 @@ class KiviStore final : public RowStore, public PackedRows {
            cap_bytes(kscale_) + cap_bytes(kzero_) + cap_bytes(tk_) + cap_bytes(tv_);
   }
   std::int64_t resident_bytes() const noexcept override {
-    return allocated_bytes() + cap_bytes(kgroup_) + cap_bytes(slot_) + cap_bytes(pos_) +
-           cap_bytes(row_);
+    return allocated_bytes() + cap_bytes(gstart_) + cap_bytes(pos_);
   }
 
  private:
-  std::int64_t n_tail_slots() const noexcept {
-    return static_cast<std::int64_t>(tk_.size()) / (D_ * tail_size_);
+  // Room for `rows` rows in tail buffer `buf`. The tail grows as the plain store's rows do
+  // (std::vector's doubling: max(2 x size, needed)), so while every row is in the tail the store
+  // holds what the plain fp16 store holds; the doubling is capped at `cap` rows, the most the
+  // tail holds after one decode token's append (keys: residual_length + G, values:
+  // residual_length + 1).
+  void grow_tail(std::vector<std::uint8_t>& buf, std::int64_t rows, std::int64_t cap) {
+    const std::size_t need = static_cast<std::size_t>(rows) * tail_row_bytes_;
+    if (need > buf.capacity()) {
+      const std::int64_t have = static_cast<std::int64_t>(buf.size() / tail_row_bytes_);
+      buf.reserve(static_cast<std::size_t>(std::max(rows, std::min(2 * have, cap))) *
+                  tail_row_bytes_);
+    }
+    buf.resize(need);
   }
-  std::int64_t n_quantized_slots() const noexcept {
-    return static_cast<std::int64_t>(kgroup_.size());
-  }
-  std::int64_t n_groups() const noexcept { return static_cast<std::int64_t>(kscale_.size()) / D_; }
 
-  void* tail_row(std::vector<std::uint8_t>& buf, std::int64_t slot) noexcept {
-    return buf.data() + slot * D_ * tail_size_;
+  // Gives capacity back after a cut. The positions and the quantized rows after a large cut (a
+  // prefill cut to the budget), as the plain store does, keeping room for one more position and
+  // one more key group. The tails: after a step of several rows (a prompt) exactly their rows,
+  // so a prompt costs no more than the plain store's exact prompt capacity; after a decode step
+  // in which rows left a tail, its rows and one more (the key tail regrows to residual_length +
+  // G rows at the next step but one, twice per G tokens; the value tail, which loses one row a
+  // step, keeps residual_length + 1). Otherwise capacity is kept, so the steady state
+  // reallocates nothing.
+  void give_back_capacity(bool keys_left, bool values_left) {
+    if (pos_.capacity() > 2 * pos_.size() + 64) shrink_to(pos_, pos_.size() + 1);
+    const bool prompt = last_append_ > 1;
+    const std::int64_t room = prompt ? 0 : 1;
+    if (keys_left || prompt) shrink_tail(tk_, size() - kq_ + room);
+    if (values_left || prompt) shrink_tail(tv_, size() - vq_ + room);
+    const auto bytes_per_row = static_cast<std::size_t>(row_bytes_);
+    if (kcodes_.capacity() / bytes_per_row > 2 * static_cast<std::size_t>(kq_) + 64) {
+      shrink_to(kcodes_, static_cast<std::size_t>(kq_ + G_) * bytes_per_row);
+    }
+    if (vcodes_.capacity() / bytes_per_row > 2 * static_cast<std::size_t>(vq_) + 64) {
+      shrink_to(vcodes_, static_cast<std::size_t>(vq_ + 1) * bytes_per_row);
+      shrink_to(vscale_, static_cast<std::size_t>((vq_ + 1) * n_vgroups_));
+      shrink_to(vzero_, vscale_.capacity());
+    }
+    if (gstart_.capacity() > 2 * gstart_.size() + 8) {
+      shrink_to(gstart_, gstart_.size() + 1);
+      shrink_to(kscale_, (gstart_.size() + 1) * static_cast<std::size_t>(D_));
+      shrink_to(kzero_, kscale_.capacity());
+    }
   }
-  const void* tail_row(const std::vector<std::uint8_t>& buf, std::int64_t slot) const noexcept {
-    return buf.data() + slot * D_ * tail_size_;
+  void shrink_tail(std::vector<std::uint8_t>& buf, std::int64_t rows) {
+    const std::size_t cap = static_cast<std::size_t>(rows) * tail_row_bytes_;
+    if (buf.capacity() > cap) shrink_to(buf, cap);
   }
-  float tail_at(const std::vector<std::uint8_t>& buf, std::int64_t slot,
+
+  // Key group of quantized physical row i: the last group starting at or before it.
+  std::int64_t group_of(std::int64_t i) const noexcept {
+    return (std::upper_bound(gstart_.begin(), gstart_.end(), i) - gstart_.begin()) - 1;
+  }
+  std::int64_t group_begin(std::int64_t g) const noexcept {
+    return gstart_[static_cast<std::size_t>(g)];
+  }
+  std::int64_t group_end(std::int64_t g) const noexcept {
+    return g + 1 < static_cast<std::int64_t>(gstart_.size())
+               ? gstart_[static_cast<std::size_t>(g + 1)]
+               : kq_;
+  }
+
+  void* tail_row(std::vector<std::uint8_t>& buf, std::int64_t t) noexcept {
+    return buf.data() + static_cast<std::size_t>(t) * tail_row_bytes_;
+  }
+  const void* tail_row(const std::vector<std::uint8_t>& buf, std::int64_t t) const noexcept {
+    return buf.data() + static_cast<std::size_t>(t) * tail_row_bytes_;
+  }
+  float tail_at(const std::vector<std::uint8_t>& buf, std::int64_t t,
                 std::int64_t d) const noexcept {
-    const auto* row = static_cast<const std::uint8_t*>(tail_row(buf, slot));
+    const auto* row = static_cast<const std::uint8_t*>(tail_row(buf, t));
     if (tail_dtype_ == DType::kF32) {
       float x;
       std::memcpy(&x, row + d * 4, sizeof(float));
@@ -444,11 +563,18 @@ class KiviStore final : public RowStore, public PackedRows {
     return half_to_float(h);
   }
 
-  void read_input(const TensorRef& t, std::int64_t b, std::int64_t h, std::int64_t s, float* out) {
+  // Input row (b, h, s) of t converted straight into tail row `out` (no fp32 scratch).
+  void copy_input(const TensorRef& t, std::int64_t b, std::int64_t h, std::int64_t s, void* out) {
     const std::int64_t off = b * t.stride[0] + h * t.stride[1] + s * t.stride[2];
     const void* src =
         static_cast<const char*>(t.data) + off * static_cast<std::int64_t>(dtype_size(t.dtype));
-    kernels::load_row(src, t.dtype, out, D_);
+    if (t.dtype == tail_dtype_) {
+      std::memcpy(out, src, tail_row_bytes_);
+    } else if (t.dtype == DType::kF32) {
+      kernels::f32_to_f16(static_cast<const float*>(src), static_cast<std::uint16_t*>(out), D_);
+    } else {
+      kernels::f16_to_f32(static_cast<const std::uint16_t*>(src), static_cast<float*>(out), D_);
+    }
   }
 
   std::uint32_t code_at(const std::uint8_t* row, std::int64_t c) const noexcept {
@@ -504,30 +630,28 @@ class KiviStore final : public RowStore, public PackedRows {
     return static_cast<float>(q) * scale + zero;
   }
 
-  // Quantizes value row `in` into quantized slot q (per token, groups of G channels).
-  void quantize_value_row(std::int64_t q, const float* in) noexcept {
-    std::uint8_t* codes = vcodes_.data() + q * row_bytes_;
+  // Quantizes value row `in` into quantized row i (per token, groups of G channels).
+  void quantize_value_row(std::int64_t i, const float* in) noexcept {
+    std::uint8_t* codes = vcodes_.data() + i * row_bytes_;
     for (std::int64_t g = 0; g < n_vgroups_; ++g) {
       const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
-      const std::size_t p = static_cast<std::size_t>(q * n_vgroups_ + g);
+      const std::size_t p = static_cast<std::size_t>(i * n_vgroups_ + g);
       float scale, zero;
       params(in + c0, c1 - c0, 1, &vscale_[p], &vzero_[p], &scale, &zero);
       for (std::int64_t c = c0; c < c1; ++c) set_code(codes, c, quantize(in[c], scale, zero));
     }
   }
 
-  // Quantizes the keys x ([rows.size()][D] fp32) of physical rows `rows` as key group g, per
-  // channel.
-  void quantize_key_group(std::int32_t g, const std::vector<std::int64_t>& rows, const float* x) {
-    const auto n = static_cast<std::int64_t>(rows.size());
+  // Quantizes the keys x ([n][D] fp32) of quantized physical rows rows[0..n) as key group g,
+  // per channel.
+  void quantize_key_group(std::int64_t g, const std::int64_t* rows, std::int64_t n,
+                          const float* x) noexcept {
     for (std::int64_t c = 0; c < D_; ++c) {
       const std::size_t p = static_cast<std::size_t>(g * D_ + c);
       float scale, zero;
       params(x + c, n, D_, &kscale_[p], &kzero_[p], &scale, &zero);
       for (std::int64_t i = 0; i < n; ++i) {
-        const std::int32_t slot =
-            slot_[static_cast<std::size_t>(rows[static_cast<std::size_t>(i)])];
-        set_code(kcodes_.data() + slot * row_bytes_, c, quantize(x[i * D_ + c], scale, zero));
+        set_code(kcodes_.data() + rows[i] * row_bytes_, c, quantize(x[i * D_ + c], scale, zero));
       }
     }
   }
@@ -536,21 +660,32 @@ class KiviStore final : public RowStore, public PackedRows {
   std::uint32_t levels_;
   std::int64_t G_, R_, D_;
   DType tail_dtype_;
-  std::int64_t tail_size_;
+  std::size_t tail_row_bytes_;  // D * tail_size
   std::int64_t row_bytes_, n_vgroups_;
-  // Quantized slots.
-  std::vector<std::uint8_t> kcodes_, vcodes_;  // [n_quantized][row_bytes]
-  std::vector<std::uint16_t> vscale_, vzero_;  // [n_quantized][n_vgroups] fp16
-  std::vector<std::int32_t> kgroup_;           // [n_quantized] key group of each slot
+  // Keys of physical rows [0, kq_) are quantized, of [kq_, size()) in the key tail; values of
+  // rows [0, vq_) are quantized, of [vq_, size()) in the value tail; vq_ >= kq_ (values leave
+  // the tail first). Between steps the quantized rows are exactly the first rows; during a
+  // step, tail rows evicted before they left the tail may lie below kq_ / vq_ (dead until
+  // keep()).
+  std::int64_t kq_ = 0, vq_ = 0;
+  // Key tail row r (r >= kbase_) is key tail slot r - kbase_, value tail row r (r >= vbase_)
+  // value tail slot r - vbase_; kbase_ == kq_ and vbase_ == vq_ between steps, below them while
+  // rows quantized during a step still occupy (dead) tail slots.
+  std::int64_t kbase_ = 0, vbase_ = 0;
+  // Quantized rows, indexed by physical row.
+  std::vector<std::uint8_t> kcodes_;           // [kq_][row_bytes]
+  std::vector<std::uint8_t> vcodes_;           // [vq_][row_bytes]
+  std::vector<std::uint16_t> vscale_, vzero_;  // [vq_][n_vgroups] fp16
+  // Key groups: group g is the physical rows [gstart_[g], gstart_[g + 1]) (the last one ends
+  // at kq_), consecutive and in order.
+  std::vector<std::int32_t> gstart_;           // [n_groups]
   std::vector<std::uint16_t> kscale_, kzero_;  // [n_groups][D] fp16
-  // Tail slots, raw bytes of the tail dtype.
-  std::vector<std::uint8_t> tk_, tv_;  // [n_tail][D * tail_size]
-  // Physical rows.
-  std::vector<std::int32_t> slot_;   // [n]: >= 0 quantized slot, < 0: tail slot -s - 1
-  std::vector<std::int32_t> pos_;    // [n]
-  std::vector<float> row_;           // [D] one input row as fp32 (append/settle scratch)
-  std::int64_t dead_tail_ = 0;       // tail slots whose rows were quantized since the last keep()
+  // Tail rows, raw bytes of the tail dtype.
+  std::vector<std::uint8_t> tk_;     // [size() - kbase_][D * tail_size]
+  std::vector<std::uint8_t> tv_;     // [size() - vbase_][D * tail_size]
+  std::vector<std::int32_t> pos_;    // [size()]
   std::int64_t live_quantized_ = 0;  // quantized rows alive at the last settle()
+  std::int64_t last_append_ = 0;     // rows of the last append (> 1: a prompt step)
 };
 
 }  // namespace

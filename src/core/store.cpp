@@ -17,6 +17,13 @@ void RowsRef::load_key(std::int64_t i, float* out) const noexcept {
   }
 }
 
+void RowStore::settle_keep_all() {
+  std::vector<std::int64_t> live(static_cast<std::size_t>(size()));
+  for (std::size_t i = 0; i < live.size(); ++i) live[i] = static_cast<std::int64_t>(i);
+  settle(live.data(), size());
+  keep(live.data(), size());
+}
+
 namespace {
 
 template <typename T>

@@ -71,6 +71,9 @@ class RowStore {
   virtual float demoted_score(std::int64_t /*k*/) const noexcept { return 0.0f; }
   // Rows the store dropped on its own since clear() (a demoting store: its tier's overflow).
   virtual std::int64_t dropped() const noexcept { return 0; }
+  // settle() then keep() with every row alive (a policy that keeps all rows). The default builds
+  // the row list; a store may do it without one, so the step costs nothing per row held.
+  virtual void settle_keep_all();
   virtual void clear() noexcept = 0;
   // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
   virtual std::int64_t bytes() const noexcept = 0;

@@ -99,9 +99,9 @@ void add_quantize_fields(std::vector<FieldSpec>& fields) {
                              "KIVI group: G tokens per key channel group, G channels per value "
                              "group"));
   fields.push_back(int_field("residual_length", 32, 0, kMaxTokens,
-                             "newest rows kept unquantized (the tail holds residual to "
-                             "residual + G - 1 rows); with quantize= the budget must be >= "
-                             "residual_length + kivi_group_size"));
+                             "newest rows kept unquantized (values of residual rows, keys of "
+                             "residual to residual + G - 1); with quantize= the budget must be "
+                             ">= residual_length + kivi_group_size"));
 }
 
 void add_demote_fields(std::vector<FieldSpec>& fields) {

@@ -1,7 +1,5 @@
 // full: no compression. Every token is kept; the reference row of every comparison.
 // Deviations from the paper: none (there is no paper).
-#include <numeric>
-
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
@@ -9,21 +7,15 @@
 namespace vq::detail {
 namespace {
 
-// Keeps every row; a quantizing store (kivi) still settles its tail.
+// Keeps every row; a quantizing store (kivi) still settles its tail (without a row list: the
+// policy holds nothing that grows with the context, and a step costs nothing per row held).
 class FullPolicy final : public Policy {
  public:
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     for (HeadState& hs : st.heads) {
-      if (!hs.store->quantizing()) continue;  // plain rows: nothing to do
-      live_.resize(static_cast<std::size_t>(hs.store->size()));
-      std::iota(live_.begin(), live_.end(), std::int64_t{0});
-      hs.store->settle(live_.data(), hs.store->size());
-      hs.store->keep(live_.data(), static_cast<std::int64_t>(live_.size()));  // drops dead slots
+      if (hs.store->quantizing()) hs.store->settle_keep_all();  // plain rows: nothing to do
     }
   }
-
- private:
-  std::vector<std::int64_t> live_;
 };
 
 std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }

@@ -7,15 +7,15 @@
 // Storage (src/core/kivi_store.cpp): keys per channel in groups of kivi_group_size tokens,
 // values per token in groups of kivi_group_size channels, asymmetric uniform codes packed into
 // bytes, fp16 scale and zero per group (as KIVI's kernels; scale floor 2^-14, fp16's smallest
-// normal), the newest residual_length (to + G - 1) rows in kv_dtype. kept_bytes counts codes +
-// scales + zeros + tail; nothing else is held (no dequantized copy: readers dequantize on the
-// fly, see PackedRows in cache.h).
+// normal), the newest rows in kv_dtype: values of residual_length rows (each quantized as it
+// leaves), keys of residual_length to residual_length + G - 1 rows (quantized a group at a
+// time). kept_bytes counts codes + scales + zeros + tail; nothing else is held (no dequantized
+// copy: readers dequantize on the fly, see PackedRows in cache.h).
 //
 // Fields: bit_width_inlier=2 (2 or 4), kivi_group_size=32, residual_length=128, seed,
 // kv_dtype (the tail's storage).
-// Deviations from the paper: keys and values leave the fp16 tail together, a whole key group
-// at a time (the paper's values leave one token at a time); scale and zero are rounded outward
-// to fp16 (down / up) rather than to nearest; no outlier handling.
+// Deviations from the paper: scale and zero are rounded outward to fp16 (down / up) rather
+// than to nearest; no outlier handling.
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
@@ -43,8 +43,7 @@ MethodInfo kivi_method() {
   m.disposition = "quantize";
   m.score_signal = "none";
   m.budget_type = "none (all tokens, fewer bits)";
-  m.deviations = "keys and values leave the fp16 tail together; fp16 scale/zero rounded "
-                 "outward; no outlier handling";
+  m.deviations = "fp16 scale/zero rounded outward; no outlier handling";
   m.fields = {
       [] {
         FieldSpec f = int_field("bit_width_inlier", 2, 2, 4, "code width: 2 or 4 bits");
@@ -54,7 +53,8 @@ MethodInfo kivi_method() {
       int_field("kivi_group_size", 32, 1, 4096,
                 "G tokens per key channel group, G channels per value group"),
       int_field("residual_length", 128, 0, kMaxTokens,
-                "newest rows kept unquantized (the tail holds residual to residual + G - 1)"),
+                "newest rows kept unquantized (values of residual rows, keys of residual to "
+                "residual + G - 1)"),
   };
   add_common_fields(m.fields);
   m.check = &check;
