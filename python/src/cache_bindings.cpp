@@ -135,7 +135,8 @@ py::array positions_array(const HeadRows& r, const py::object& base) {
   return a;
 }
 
-// fp32 copies of every head's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R].
+// fp32 copies of every head's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R]. A head
+// with fewer rows than R (head-wise budgets) has zeros and position -1 beyond its own rows.
 py::tuple stacked(const StepView& v) {
   const std::int64_t B = v.batch(), H = v.n_kv_heads(), R = v.n_rows(), D = v.head_dim();
   py::array_t<float> k({B, H, R, D}), val({B, H, R, D});
@@ -148,6 +149,11 @@ py::tuple stacked(const StepView& v) {
       const HeadRows& r = v.head(b, h);
       for (std::int64_t i = 0; i < R; ++i) {
         const std::int64_t o = (b * H + h) * R + i;
+        if (i >= r.n_rows) {
+          pp[o] = -1;
+          for (std::int64_t d = 0; d < D; ++d) kp[o * D + d] = vp[o * D + d] = 0.0f;
+          continue;
+        }
         pp[o] = r.positions[i];
         for (std::int64_t d = 0; d < D; ++d) {
           kp[o * D + d] = r.key(i, d);
