@@ -247,7 +247,7 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
           },
-          py::arg("b"), py::arg("h"), "Keys of (b, h): [R, D] float16/float32, read-only view")
+          py::arg("b"), py::arg("h"), "Keys of (b, h): [n, D] float16/float32, read-only view (n = that head's rows: R, or fewer with headwise=true)")
       .def(
           "values",
           [](py::object self, std::int64_t b, std::int64_t h) {
@@ -256,7 +256,7 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
           },
-          py::arg("b"), py::arg("h"), "Values of (b, h): [R, D], read-only view")
+          py::arg("b"), py::arg("h"), "Values of (b, h): [n, D], read-only view")
       .def(
           "positions",
           [](py::object self, std::int64_t b, std::int64_t h) {
@@ -265,7 +265,7 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return positions_array(v.view.head(b, h), self);
           },
-          py::arg("b"), py::arg("h"), "True token positions of (b, h): [R] int32, read-only view")
+          py::arg("b"), py::arg("h"), "True token positions of (b, h): [n] int32, read-only view")
       .def(
           "stack",
           [](const PyStepView& v) {
@@ -273,7 +273,8 @@ void bind_cache(py::module_& m) {
             return stacked(v.view);
           },
           "fp32 copies of every head: (keys [B, Hkv, R, D], values [B, Hkv, R, D], "
-          "positions [B, Hkv, R])");
+          "positions [B, Hkv, R]); a head with fewer rows (headwise=true) is padded with zeros "
+          "at position -1");
 
   py::class_<LayerHandle, std::shared_ptr<LayerHandle>>(
       m, "LayerCache", "One layer's compressed KV cache (see include/veloxquant/cache.h)")
