@@ -61,7 +61,8 @@ TEST_P(Conformance, BudgetHeldAfterEveryUpdate) {
 // attention source (engine-like probabilities over heads of unequal rows) and the proxy.
 TEST_P(Conformance, HeadwiseKeepsTheLayerTotalExact) {
   const MethodInfo& m = find_method(GetParam());
-  if (!CacheConfig(GetParam()).has("headwise")) GTEST_SKIP() << GetParam() << " has no headwise option";
+  if (!CacheConfig(GetParam()).has("headwise"))
+    GTEST_SKIP() << GetParam() << " has no headwise option";
   constexpr std::int64_t B = 2, H = 4, Hq = 8, D = 8, S = 150;
   const double alpha = 0.25;
   for (const char* source : {"attention", "proxy"}) {
@@ -79,7 +80,8 @@ TEST_P(Conformance, HeadwiseKeepsTheLayerTotalExact) {
       std::uint64_t state = 77;
       for (std::int64_t t = 0; t < S;) {
         state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        const std::int64_t n = std::min<std::int64_t>(S - t, t == 0 ? 60 : 1 + static_cast<std::int64_t>((state >> 33) % 9));
+        const std::int64_t n = std::min<std::int64_t>(
+            S - t, t == 0 ? 60 : 1 + static_cast<std::int64_t>((state >> 33) % 9));
         if (std::string(source) == "attention") {
           test::feed_attention(c, kv, q, Hq, n, t, t + n);
         } else {
@@ -96,7 +98,8 @@ TEST_P(Conformance, HeadwiseKeepsTheLayerTotalExact) {
             total += k;
             unequal = unequal || k != kept[static_cast<std::size_t>(b * H)];
             if (t >= budget) {
-              EXPECT_GE(k, floor_rows) << GetParam() << " " << source << " t " << t << " head " << h;
+              EXPECT_GE(k, floor_rows)
+                  << GetParam() << " " << source << " t " << t << " head " << h;
             }
             const HeadRows r = c.stored(b, h);
             for (std::int64_t i = 0; i < r.n_rows; ++i) {

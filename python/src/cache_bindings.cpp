@@ -247,7 +247,8 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
           },
-          py::arg("b"), py::arg("h"), "Keys of (b, h): [n, D] float16/float32, read-only view (n = that head's rows: R, or fewer with headwise=true)")
+          py::arg("b"), py::arg("h"),
+          "Keys of (b, h): [n, D] float16/float32, read-only view (n: the head's rows)")
       .def(
           "values",
           [](py::object self, std::int64_t b, std::int64_t h) {

@@ -176,7 +176,7 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
         const float* q = s_.q.data() + t * qd + g * G * D;
         float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
         ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n, pos0 + t,
-                                scores, S * R, scratch);
+                              scores, S * R, scratch);
         for (std::int64_t j = 0; j < G; ++j) {
           ops::softmax(scores + j * S * R, n, scale);
           std::fill(scores + j * S * R + n, scores + j * S * R + R, 0.0f);

@@ -347,15 +347,14 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
         row["rss_bytes"] = current_rss_bytes();
         doc["rows"].push_back(row);
         if (progress) {
-          progress(
-              {index, total,
-               fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
-                           "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
-                           "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
-                           index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
-                           st.attention / steps * 1e3, st.cache / steps * 1e3,
-                           kept_rows / static_cast<double>(c.n_layers),
-                           ms / bound_ms, static_cast<double>(current_rss_bytes()) / (1 << 30))});
+          progress({index, total,
+                    fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
+                                "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
+                                "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
+                                index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
+                                st.attention / steps * 1e3, st.cache / steps * 1e3,
+                                kept_rows / static_cast<double>(c.n_layers), ms / bound_ms,
+                                static_cast<double>(current_rss_bytes()) / (1 << 30))});
         }
       }
     }

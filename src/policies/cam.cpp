@@ -38,9 +38,9 @@ namespace {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   auto policy = std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"),
-                                     recent_window(c, "cam"),
-                                     static_cast<float>(c.get_float("cam_decay")),
-                                     merge_rule_from(c, "cam"), score_source_from(c));
+                                            recent_window(c, "cam"),
+                                            static_cast<float>(c.get_float("cam_decay")),
+                                            merge_rule_from(c, "cam"), score_source_from(c));
   policy->set_headwise(headwise_rule_from(ctx.config));
   return policy;
 }

@@ -73,9 +73,9 @@ namespace {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   auto policy = std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
-                                     recent_window(c, "h2o"),
-                                     static_cast<float>(c.get_float("h2o_decay")),
-                                     merge_rule_from(c, "h2o"), score_source_from(c));
+                                            recent_window(c, "h2o"),
+                                            static_cast<float>(c.get_float("h2o_decay")),
+                                            merge_rule_from(c, "h2o"), score_source_from(c));
   policy->set_headwise(headwise_rule_from(ctx.config));
   return policy;
 }

@@ -129,9 +129,9 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   const std::string& f = c.get_enum("morphkv_fusion");
   const Fusion fusion = f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
-  auto policy = std::make_unique<MorphKVPolicy>(c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"),
-                                         c.get_int("morphkv_window"), fusion,
-                                         merge_rule_from(c, "morphkv"), score_source_from(c));
+  auto policy = std::make_unique<MorphKVPolicy>(
+      c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"), c.get_int("morphkv_window"), fusion,
+      merge_rule_from(c, "morphkv"), score_source_from(c));
   policy->set_headwise(headwise_rule_from(ctx.config));
   return policy;
 }

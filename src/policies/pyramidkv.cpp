@@ -36,9 +36,9 @@ std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   auto policy = std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
-                                     recent_window(c, "pyramid"),
-                                     static_cast<float>(c.get_float("pyramid_decay")),
-                                     merge_rule_from(c, "pyramid"), score_source_from(c));
+                                            recent_window(c, "pyramid"),
+                                            static_cast<float>(c.get_float("pyramid_decay")),
+                                            merge_rule_from(c, "pyramid"), score_source_from(c));
   policy->set_headwise(headwise_rule_from(ctx.config));
   return policy;
 }

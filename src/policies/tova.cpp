@@ -114,7 +114,7 @@ class TovaPolicy final : public TokenPolicy {
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   auto policy = std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
-                                      merge_rule_from(c, "tova"), score_source_from(c));
+                                             merge_rule_from(c, "tova"), score_source_from(c));
   policy->set_headwise(headwise_rule_from(ctx.config));
   return policy;
 }
