@@ -121,6 +121,35 @@ TEST_P(Conformance, HeadwiseKeepsTheLayerTotalExact) {
   }
 }
 
+// headwise_floor=1 guarantees every head its own budget, which leaves nothing to share: the
+// uniform split row for row, so head-wise with floor 1 must store exactly what headwise=false
+// stores (tova with the attention source aside: uniform, it ranks by the layer-wide mean).
+TEST_P(Conformance, HeadwiseWithFloorOneEqualsUniform) {
+  if (!CacheConfig(GetParam()).has("headwise")) GTEST_SKIP() << GetParam() << " has no headwise option";
+  constexpr std::int64_t B = 2, H = 3, Hq = 6, D = 8, S = 120;
+  KV kv(B, H, S, D, 525);
+  const std::vector<float> q = test::randn(static_cast<std::size_t>(B * Hq * S * D), 526);
+  for (const char* source : {"attention", "proxy"}) {
+    if (GetParam() == "tova" && std::string(source) == "attention") continue;
+    for (std::int64_t chunk : {1, 50}) {
+      LayerCache uniform(config(48, std::string("source=") + source), LayerShape{H, D, Hq, 0, 1});
+      LayerCache floor1(config(48, std::string("source=") + source + ",headwise=true,headwise_floor=1"),
+                        LayerShape{H, D, Hq, 0, 1});
+      for (LayerCache* c : {&uniform, &floor1}) {
+        if (std::string(source) == "attention") {
+          test::feed_attention(*c, kv, q, Hq, chunk, 0, 70);
+          test::feed_attention(*c, kv, q, Hq, 1, 70, S);
+        } else {
+          test::feed(*c, kv, chunk, 0, 70);
+          test::feed(*c, kv, 1, 70, S);
+        }
+      }
+      EXPECT_TRUE(test::snapshot(uniform, B, H) == test::snapshot(floor1, B, H))
+          << GetParam() << " " << source << " chunk " << chunk;
+    }
+  }
+}
+
 TEST_P(Conformance, SinksKeptBitExact) {
   const CacheConfig probe(GetParam());
   if (!probe.has("n_sink")) GTEST_SKIP() << GetParam() << " has no sinks";

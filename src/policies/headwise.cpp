@@ -18,12 +18,15 @@ HeadwiseRule headwise_rule_from(const CacheConfig& config) {
 namespace {
 
 // Whether candidate (x, row a) leaves before (y, row b): NaN first, then the lower value, ties
-// to the lower row.
-bool leaves_before(float x, std::int64_t a, float y, std::int64_t b) {
+// to the lower row (newer_first: the higher).
+bool leaves_before(float x, std::int64_t a, float y, std::int64_t b, bool newer_first) {
   const bool nx = std::isnan(x), ny = std::isnan(y);
-  if (nx || ny) return nx && ny ? a < b : nx;
-  if (x != y) return x < y;
-  return a < b;
+  if (nx || ny) {
+    if (!(nx && ny)) return nx;
+  } else if (x != y) {
+    return x < y;
+  }
+  return newer_first ? a > b : a < b;
 }
 
 struct Candidate {
@@ -35,7 +38,8 @@ struct Candidate {
 }  // namespace
 
 void headwise_losers(const std::vector<std::vector<float>>& ranking, std::int64_t budget,
-                     double alpha, std::vector<std::vector<std::int64_t>>& losers) {
+                     double alpha, std::vector<std::vector<std::int64_t>>& losers,
+                     bool newer_first) {
   const std::int64_t H = static_cast<std::int64_t>(ranking.size());
   losers.resize(static_cast<std::size_t>(H));
   for (auto& l : losers) l.clear();
@@ -58,8 +62,8 @@ void headwise_losers(const std::vector<std::vector<float>>& ranking, std::int64_
     VQ_ASSERT(p <= budget, "head-wise cut with more protected rows than the budget");
     // Leaving order; the floor keeps the last f of it.
     std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-      return leaves_before(rank[static_cast<std::size_t>(a)], a, rank[static_cast<std::size_t>(b)],
-                           b);
+      return leaves_before(rank[static_cast<std::size_t>(a)], a, rank[static_cast<std::size_t>(b)], b,
+                           newer_first);
     });
     const auto f = std::min(
         static_cast<std::int64_t>(order.size()),
@@ -75,8 +79,8 @@ void headwise_losers(const std::vector<std::vector<float>>& ranking, std::int64_
   VQ_ASSERT(guaranteed <= keep_total, "head-wise floors exceed the layer's budget");
   const std::int64_t leave = total - keep_total;  // <= pool.size() since guaranteed <= keep_total
   // The pool is in head order, so the stable sort breaks full ties to the lowest head.
-  std::stable_sort(pool.begin(), pool.end(), [](const Candidate& a, const Candidate& b) {
-    return leaves_before(a.score, a.row, b.score, b.row);
+  std::stable_sort(pool.begin(), pool.end(), [&](const Candidate& a, const Candidate& b) {
+    return leaves_before(a.score, a.row, b.score, b.row, newer_first);
   });
   for (std::int64_t k = 0; k < leave; ++k) {
     const Candidate& c = pool[static_cast<std::size_t>(k)];

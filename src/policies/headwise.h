@@ -31,10 +31,13 @@ HeadwiseRule headwise_rule_from(const CacheConfig& config);
 //  3. the rest of the layer's H x budget slots go to the best remaining candidates of all
 //     heads together (one ranking across heads: the scores must be comparable).
 // Order among candidates: NaN leaves first, then the lowest ranking; ties leave the lowest row
-// index first, then the lowest head. Nothing leaves when sum n_h <= H x budget.
+// index first (newer_first: the highest, as snapkv's own selection keeps the earliest of equal
+// pooled scores), then the lowest head. Nothing leaves when sum n_h <= H x budget. With
+// alpha = 1 every head keeps its own best budget rows: the uniform split, row for row.
 // losers[h] receives head h's leaving rows, strictly increasing (resized to H).
 // Requires p_h <= budget for every head (the methods' guards give n_sink + window < budget).
 void headwise_losers(const std::vector<std::vector<float>>& ranking, std::int64_t budget,
-                     double alpha, std::vector<std::vector<std::int64_t>>& losers);
+                     double alpha, std::vector<std::vector<std::int64_t>>& losers,
+                     bool newer_first = false);
 
 }  // namespace vq::detail

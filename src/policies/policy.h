@@ -178,6 +178,9 @@ class TokenPolicy : public Policy {
 
   // Whether a multi-token step is one decision (see the class comment); default: no.
   virtual bool decides_chunk_at_once() const noexcept { return false; }
+  // Head-wise cuts: whether equal rankings lose the newer row first (snapkv's selection keeps
+  // the earliest of equal pooled scores); default: the older row, as cut_to().
+  virtual bool ties_evict_newer() const noexcept { return false; }
 
   // Helpers for hooks.
   // Evicts, in one decision, the n_live - keep live rows ranked lowest by eviction_scores()

@@ -73,6 +73,7 @@ class SnapKVPolicy final : public TokenPolicy {
 
  protected:
   void on_token(HeadCtx& /*h*/, std::int64_t /*row*/) override {}  // end_step is overridden
+  bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
 
   // Head-wise ranking: the pooled window mass of the candidates; the sinks and the window rows
   // are protected (+inf), each head keeping its own window.

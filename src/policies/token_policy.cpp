@@ -376,7 +376,7 @@ void TokenPolicy::headwise_cut(LayerState& st, std::int64_t keep) {
       rank.resize(static_cast<std::size_t>(h.n_live()));
       eviction_scores(h, rank.data());
     }
-    headwise_losers(head_rankings_, keep, headwise_.floor, head_losers_);
+    headwise_losers(head_rankings_, keep, headwise_.floor, head_losers_, ties_evict_newer());
     for (std::int64_t kv = 0; kv < H; ++kv) {
       const std::int64_t i = b * H + kv;
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
