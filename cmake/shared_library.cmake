@@ -56,10 +56,11 @@ if(VELOXQUANT_BUILD_TESTS)
   # its last fp32 bit can round to the neighbouring fp16 value), fp32 caches within 1e-6.
   add_test(NAME llama_c_example COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/llama_c_test.sh
     $<TARGET_FILE:veloxquant_cli> $<TARGET_FILE:llama_c_example> ${PROJECT_SOURCE_DIR}/data 128 32
-    5e-4 full streaming_llm h2o:source=attention)
+    5e-4 full streaming_llm h2o:source=attention h2o:source=attention,headwise=true)
   add_test(NAME llama_c_example_f32 COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/llama_c_test.sh
     $<TARGET_FILE:veloxquant_cli> $<TARGET_FILE:llama_c_example> ${PROJECT_SOURCE_DIR}/data 128 32
-    1e-6 full:kv_dtype=f32 h2o:source=attention,kv_dtype=f32 tova:kv_dtype=f32)
+    1e-6 full:kv_dtype=f32 h2o:source=attention,kv_dtype=f32 tova:kv_dtype=f32
+    morphkv:source=attention,kv_dtype=f32,headwise=true)
   set_tests_properties(llama_c_example llama_c_example_f32 PROPERTIES LABELS model
     PASS_REGULAR_EXPRESSION "llama.c: matches veloxquant eval")
   add_test(NAME capi_exports COMMAND bash ${PROJECT_SOURCE_DIR}/tests/capi/check_exports.sh

@@ -11,7 +11,8 @@
 namespace vq::test {
 
 // probs [B, Hq, S, R] for queries [B, Hq, S, D] (contiguous) over the view; query s sits at
-// position first_pos + s and sees rows with position <= its own.
+// position first_pos + s and sees rows with position <= its own. A head with fewer rows than
+// R (head-wise budgets) gets 0 in the columns past its own rows.
 inline std::vector<float> attend(const StepView& view, const std::vector<float>& q, std::int64_t Hq,
                                  std::int64_t first_pos) {
   const std::int64_t B = view.batch(), H = view.n_kv_heads(), D = view.head_dim(),
@@ -20,11 +21,12 @@ inline std::vector<float> attend(const StepView& view, const std::vector<float>&
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t qh = 0; qh < Hq; ++qh) {
       const HeadRows& rows = view.head(b, qh / g);
+      const std::int64_t n = rows.n_rows;
       for (std::int64_t s = 0; s < S; ++s) {
         const float* qv = q.data() + ((b * Hq + qh) * S + s) * D;
         float* p = probs.data() + ((b * Hq + qh) * S + s) * R;
         float m = -INFINITY;
-        for (std::int64_t r = 0; r < R; ++r) {
+        for (std::int64_t r = 0; r < n; ++r) {
           if (rows.positions[r] > first_pos + s) {
             p[r] = -INFINITY;
             continue;
@@ -35,11 +37,11 @@ inline std::vector<float> attend(const StepView& view, const std::vector<float>&
           m = std::max(m, p[r]);
         }
         float sum = 0;
-        for (std::int64_t r = 0; r < R; ++r) {
+        for (std::int64_t r = 0; r < n; ++r) {
           p[r] = std::isinf(p[r]) ? 0.0f : std::exp(p[r] - m);
           sum += p[r];
         }
-        for (std::int64_t r = 0; r < R; ++r) p[r] /= sum;
+        for (std::int64_t r = 0; r < n; ++r) p[r] /= sum;
       }
     }
   }

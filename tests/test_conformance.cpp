@@ -54,6 +54,102 @@ TEST_P(Conformance, BudgetHeldAfterEveryUpdate) {
   }
 }
 
+// Head-wise budgets (headwise=true, every method that has the option): after every step each
+// batch element's heads hold exactly Hkv x budget rows together (Hkv x tokens before the budget
+// is reached; prefill-only methods: at prefill chunks, then decode grows by one row per head),
+// each head at least its floor, sinks kept, positions increasing; deterministic; with the
+// attention source (engine-like probabilities over heads of unequal rows) and the proxy.
+TEST_P(Conformance, HeadwiseKeepsTheLayerTotalExact) {
+  const MethodInfo& m = find_method(GetParam());
+  if (!CacheConfig(GetParam()).has("headwise"))
+    GTEST_SKIP() << GetParam() << " has no headwise option";
+  constexpr std::int64_t B = 2, H = 4, Hq = 8, D = 8, S = 150;
+  const double alpha = 0.25;
+  for (const char* source : {"attention", "proxy"}) {
+    const std::string extra = std::string("headwise=true,headwise_floor=0.25,source=") + source;
+    KV kv(B, H, S, D, 515);
+    const std::vector<float> q = test::randn(static_cast<std::size_t>(B * Hq * S * D), 516);
+    std::vector<test::Snapshot> runs;
+    for (int run = 0; run < 2; ++run) {
+      LayerCache c(config(48, extra), LayerShape{H, D, Hq, 0, 1});
+      const std::int64_t budget = c.budget();
+      const std::int64_t n_sink = c.config().has("n_sink") ? c.config().get_int("n_sink") : 0;
+      const auto floor_rows = static_cast<std::int64_t>(alpha * static_cast<double>(budget));
+      std::vector<std::int64_t> expected(B, 0);
+      bool unequal = false;
+      std::uint64_t state = 77;
+      for (std::int64_t t = 0; t < S;) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        const std::int64_t n = std::min<std::int64_t>(
+            S - t, t == 0 ? 60 : 1 + static_cast<std::int64_t>((state >> 33) % 9));
+        if (std::string(source) == "attention") {
+          test::feed_attention(c, kv, q, Hq, n, t, t + n);
+        } else {
+          c.update(kv.keys(t, n), kv.values(t, n));
+        }
+        t += n;
+        const std::vector<std::int64_t> kept = c.stats().tokens_kept_per_head;
+        for (std::int64_t b = 0; b < B; ++b) {
+          std::int64_t& e = expected[static_cast<std::size_t>(b)];
+          e = (m.prefill_only && n == 1) ? e + H : std::min(e + H * n, H * budget);
+          std::int64_t total = 0;
+          for (std::int64_t h = 0; h < H; ++h) {
+            const std::int64_t k = kept[static_cast<std::size_t>(b * H + h)];
+            total += k;
+            unequal = unequal || k != kept[static_cast<std::size_t>(b * H)];
+            if (t >= budget) {
+              EXPECT_GE(k, floor_rows)
+                  << GetParam() << " " << source << " t " << t << " head " << h;
+            }
+            const HeadRows r = c.stored(b, h);
+            for (std::int64_t i = 0; i < r.n_rows; ++i) {
+              if (i < n_sink) {
+                EXPECT_EQ(r.positions[i], i) << GetParam() << " sinks";
+              }
+              if (i > 0) {
+                EXPECT_LT(r.positions[i - 1], r.positions[i]) << GetParam();
+              }
+            }
+          }
+          ASSERT_EQ(total, e) << GetParam() << " " << source << " t " << t << " b " << b;
+        }
+      }
+      EXPECT_TRUE(unequal) << GetParam() << " " << source << ": every head kept the same count";
+      runs.push_back(test::snapshot(c, B, H));
+    }
+    EXPECT_TRUE(runs[0] == runs[1]) << GetParam() << " " << source << ": not deterministic";
+  }
+}
+
+// headwise_floor=1 guarantees every head its own budget, which leaves nothing to share: the
+// uniform split row for row, so head-wise with floor 1 must store exactly what headwise=false
+// stores (tova with the attention source aside: uniform, it ranks by the layer-wide mean).
+TEST_P(Conformance, HeadwiseWithFloorOneEqualsUniform) {
+  if (!CacheConfig(GetParam()).has("headwise")) GTEST_SKIP() << GetParam() << " has no headwise option";
+  constexpr std::int64_t B = 2, H = 3, Hq = 6, D = 8, S = 120;
+  KV kv(B, H, S, D, 525);
+  const std::vector<float> q = test::randn(static_cast<std::size_t>(B * Hq * S * D), 526);
+  for (const char* source : {"attention", "proxy"}) {
+    if (GetParam() == "tova" && std::string(source) == "attention") continue;
+    for (std::int64_t chunk : {1, 50}) {
+      LayerCache uniform(config(48, std::string("source=") + source), LayerShape{H, D, Hq, 0, 1});
+      LayerCache floor1(config(48, std::string("source=") + source + ",headwise=true,headwise_floor=1"),
+                        LayerShape{H, D, Hq, 0, 1});
+      for (LayerCache* c : {&uniform, &floor1}) {
+        if (std::string(source) == "attention") {
+          test::feed_attention(*c, kv, q, Hq, chunk, 0, 70);
+          test::feed_attention(*c, kv, q, Hq, 1, 70, S);
+        } else {
+          test::feed(*c, kv, chunk, 0, 70);
+          test::feed(*c, kv, 1, 70, S);
+        }
+      }
+      EXPECT_TRUE(test::snapshot(uniform, B, H) == test::snapshot(floor1, B, H))
+          << GetParam() << " " << source << " chunk " << chunk;
+    }
+  }
+}
+
 TEST_P(Conformance, SinksKeptBitExact) {
   const CacheConfig probe(GetParam());
   if (!probe.has("n_sink")) GTEST_SKIP() << GetParam() << " has no sinks";

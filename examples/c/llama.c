@@ -378,6 +378,8 @@ static const float* forward(const Model* m, RunState* s, vq_model_cache* caches,
           sum += p[r];
         }
         for (i = 0; i < D; ++i) out[i] = 0.0f;
+        /* A head with fewer rows than R (head-wise budgets): its other columns are 0. */
+        for (r = rows.n_rows; r < view.n_rows; ++r) p[r] = 0.0f;
         for (r = 0; r < rows.n_rows; ++r) {
           p[r] /= sum;
           load_row(&rows, rows.values, r, D, s->row);

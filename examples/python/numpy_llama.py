@@ -108,13 +108,13 @@ def forward(m, token, pos, caches):
         probs = np.zeros((1, Hq, 1, view.n_rows), np.float32)                  # [B][Hq][S][R]
         att_out = np.empty((Hq, D), np.float32)
         for h in range(Hkv):
-            keys = view.keys(0, h).astype(np.float32)      # [R][D], read from cache storage
-            values = view.values(0, h).astype(np.float32)  # [R][D]
+            keys = view.keys(0, h).astype(np.float32)      # [n][D], read from cache storage
+            values = view.values(0, h).astype(np.float32)  # [n][D]; n <= R (head-wise budgets)
             for qh in range(h * group, (h + 1) * group):
-                scores = keys @ q[qh] / np.float32(np.sqrt(D))                 # [R]
+                scores = keys @ q[qh] / np.float32(np.sqrt(D))                 # [n]
                 p = np.exp(scores - scores.max())
                 p /= p.sum()
-                probs[0, qh, 0] = p
+                probs[0, qh, 0, :len(p)] = p  # columns past this head's rows stay 0
                 att_out[qh] = p @ values
         cache.end_step(probs)  # methods with source=attention rank rows by these
 

@@ -100,14 +100,17 @@ struct VQ_API HeadRows {
 VQ_API HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values);
 
 // What begin_step returns: per (b, kv head) the previously kept rows followed by the step's
-// new rows. Every head holds the same number of rows. Valid until end_step().
+// new rows. Valid until end_step(). Heads hold the same number of rows unless the method runs
+// with head-wise budgets (headwise=true, README "Head-wise budgets"): then each head's own
+// count is head(b, h).n_rows (its last n_new() rows are the step's new ones) and n_rows() is
+// the largest over the heads (R, the attention input's row stride).
 class StepView {
  public:
   StepView() = default;
   std::int64_t batch() const noexcept { return batch_; }
   std::int64_t n_kv_heads() const noexcept { return heads_; }
   std::int64_t head_dim() const noexcept { return head_dim_; }
-  std::int64_t n_rows() const noexcept { return n_rows_; }  // R
+  std::int64_t n_rows() const noexcept { return n_rows_; }  // R = max over heads of n_rows
   std::int64_t n_new() const noexcept { return n_new_; }    // S: the last S of the R rows
   const HeadRows& head(std::int64_t b, std::int64_t h) const noexcept {
     return rows_[b * heads_ + h];
@@ -122,13 +125,16 @@ class StepView {
 // Attention probabilities the engine computed for the rows of the current step:
 // [B, Hq, S, R] contiguous fp32, where S = view.n_new() (one query per new token) and
 // R = view.n_rows(). Query head q belongs to KV head q / (Hq / Hkv). Entries the causal mask
-// hid must be 0.
+// hid must be 0. Column r is row r of the query head's KV head; a KV head with fewer rows than R
+// (head-wise budgets) has 0 in the columns from its own n_rows on.
 struct AttentionRef {
   const float* data = nullptr;
   std::int64_t batch = 0, n_query_heads = 0, n_queries = 0, n_rows = 0;
 };
 
-// An owning fp32 copy of a step's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R].
+// An owning fp32 copy of a step's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R],
+// R = the view's n_rows(). A head with fewer rows (head-wise budgets) has zero keys and values
+// and position -1 beyond its own rows.
 struct KVRows {
   std::int64_t batch = 0, n_kv_heads = 0, n_rows = 0, head_dim = 0;
   std::vector<float> keys, values;
@@ -222,7 +228,9 @@ class VQ_API LayerCache {
   std::int64_t kept_bytes() const noexcept;
   std::int64_t full_bytes() const noexcept;
   double compression_ratio() const noexcept;
-  // Rows kept per KV head after each step, sinks included; -1 when the method keeps all.
+  // Rows kept per KV head after each step, sinks included; -1 when the method keeps all. With
+  // head-wise budgets (headwise=true) it is the mean: the layer holds n_kv_heads x budget rows
+  // per batch element, shared unequally among its heads.
   std::int64_t budget() const noexcept;
 
   const CacheConfig& config() const noexcept;

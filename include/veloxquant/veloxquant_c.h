@@ -177,7 +177,8 @@ typedef struct vq_tensor {
 
 /* Attention probabilities of the step's queries over the view's rows: [B, Hq, S, R]
  * contiguous fp32, S = view.n_new, R = view.n_rows. Query head q belongs to KV head
- * q / (Hq / Hkv). Entries the causal mask hid must be 0. */
+ * q / (Hq / Hkv). Entries the causal mask hid must be 0, and so must the columns from a KV
+ * head's own rows.n_rows on (fewer than R only with head-wise budgets, headwise=true). */
 typedef struct vq_attention {
   const float* data;
   int64_t batch, n_query_heads, n_queries, n_rows;
@@ -200,10 +201,11 @@ typedef struct vq_head_rows {
 } vq_head_rows;
 
 /* The shape of an open step's view: every (b, h) holds n_rows rows, the last n_new of which are
- * the step's new tokens. */
+ * the step's new tokens. With head-wise budgets (headwise=true) heads hold different counts:
+ * each head's own is its vq_head_rows.n_rows, and n_rows here is the largest (R). */
 typedef struct vq_step_view {
   int64_t batch, n_kv_heads, head_dim;
-  int64_t n_rows; /* R */
+  int64_t n_rows; /* R = the largest head's row count */
   int64_t n_new;  /* S */
 } vq_step_view;
 

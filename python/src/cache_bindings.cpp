@@ -135,7 +135,8 @@ py::array positions_array(const HeadRows& r, const py::object& base) {
   return a;
 }
 
-// fp32 copies of every head's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R].
+// fp32 copies of every head's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R]. A head
+// with fewer rows than R (head-wise budgets) has zeros and position -1 beyond its own rows.
 py::tuple stacked(const StepView& v) {
   const std::int64_t B = v.batch(), H = v.n_kv_heads(), R = v.n_rows(), D = v.head_dim();
   py::array_t<float> k({B, H, R, D}), val({B, H, R, D});
@@ -148,6 +149,11 @@ py::tuple stacked(const StepView& v) {
       const HeadRows& r = v.head(b, h);
       for (std::int64_t i = 0; i < R; ++i) {
         const std::int64_t o = (b * H + h) * R + i;
+        if (i >= r.n_rows) {
+          pp[o] = -1;
+          for (std::int64_t d = 0; d < D; ++d) kp[o * D + d] = vp[o * D + d] = 0.0f;
+          continue;
+        }
         pp[o] = r.positions[i];
         for (std::int64_t d = 0; d < D; ++d) {
           kp[o * D + d] = r.key(i, d);
@@ -241,7 +247,8 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
           },
-          py::arg("b"), py::arg("h"), "Keys of (b, h): [R, D] float16/float32, read-only view")
+          py::arg("b"), py::arg("h"),
+          "Keys of (b, h): [n, D] float16/float32, read-only view (n: the head's rows)")
       .def(
           "values",
           [](py::object self, std::int64_t b, std::int64_t h) {
@@ -250,7 +257,7 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
           },
-          py::arg("b"), py::arg("h"), "Values of (b, h): [R, D], read-only view")
+          py::arg("b"), py::arg("h"), "Values of (b, h): [n, D], read-only view")
       .def(
           "positions",
           [](py::object self, std::int64_t b, std::int64_t h) {
@@ -259,7 +266,7 @@ void bind_cache(py::module_& m) {
             check_head(v.view, b, h);
             return positions_array(v.view.head(b, h), self);
           },
-          py::arg("b"), py::arg("h"), "True token positions of (b, h): [R] int32, read-only view")
+          py::arg("b"), py::arg("h"), "True token positions of (b, h): [n] int32, read-only view")
       .def(
           "stack",
           [](const PyStepView& v) {
@@ -267,7 +274,8 @@ void bind_cache(py::module_& m) {
             return stacked(v.view);
           },
           "fp32 copies of every head: (keys [B, Hkv, R, D], values [B, Hkv, R, D], "
-          "positions [B, Hkv, R])");
+          "positions [B, Hkv, R]); a head with fewer rows (headwise=true) is padded with zeros "
+          "at position -1");
 
   py::class_<LayerHandle, std::shared_ptr<LayerHandle>>(
       m, "LayerCache", "One layer's compressed KV cache (see include/veloxquant/cache.h)")

@@ -172,3 +172,42 @@ def test_attention_probabilities_decide_tova():
     del model
     gc.collect()
     assert layer.tokens_seen == 4 and layer.stored(0, 0)[2].tolist() == [0, 1, 3]
+
+
+def test_headwise_heads_hold_different_row_counts():
+    """h2o, budget 3, no sinks or recent window, decay 1, true attention, headwise with floor
+    0.5 (1 row per head): scores are the column sums of the attention. After a 4-token prefill,
+    head 0 (concentrated) has masses {3.7, .19, .08, .03} and head 1 (spread)
+    {2.05, 1.05, .65, .25}; the layer keeps 6 of 8, each head its best row first, and the two
+    lowest of the rest leave (head 0's .03 and .08): head 0 keeps positions {0, 1}, head 1
+    {0, 1, 2, 3}."""
+    layer = vq.LayerCache(
+        vq.CacheConfig.parse("h2o:budget=3,n_sink=0,grace=0,decay=1,source=attention,"
+                             "headwise=true,headwise_floor=0.5"),
+        n_kv_heads=2, head_dim=2, n_query_heads=2)
+    kv = np.arange(16, dtype=np.float32).reshape(1, 2, 4, 2)
+    view = layer.begin_step(kv, kv)
+    assert view.n_rows == 4
+    probs = np.zeros((1, 2, 4, 4), np.float32)
+    head0 = [[1.0], [0.9, 0.1], [0.9, 0.05, 0.05], [0.9, 0.04, 0.03, 0.03]]
+    head1 = [[1.0], [0.5, 0.5], [0.3, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]]
+    for h, rows in enumerate([head0, head1]):
+        for j, p in enumerate(rows):
+            probs[0, h, j, :len(p)] = p
+    layer.end_step(probs)
+    assert layer.stored(0, 0)[2].tolist() == [0, 1]
+    assert layer.stored(0, 1)[2].tolist() == [0, 1, 2, 3]
+    # The next step's view: R = 5 (head 1), head 0 holds 3 rows; stack() pads head 0.
+    nxt = np.full((1, 2, 1, 2), 7.0, np.float32)
+    view = layer.begin_step(nxt, nxt)
+    assert view.n_rows == 5
+    assert view.positions(0, 0).tolist() == [0, 1, 4]
+    assert view.positions(0, 1).tolist() == [0, 1, 2, 3, 4]
+    keys, values, positions = view.stack()
+    assert positions[0, 0].tolist() == [0, 1, 4, -1, -1]
+    assert not keys[0, 0, 3:].any() and not values[0, 0, 3:].any()
+    step = np.array([[0.2, 0.1, 0.7, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1, 0.6]], np.float32)
+    layer.end_step(step.reshape(1, 2, 1, 5))  # head 0's columns past its 3 rows are 0
+    # Masses: head 0 {3.9, .29, .7}, head 1 {2.15, 1.15, .75, .35, .6}; .29 and .35 leave.
+    assert layer.stored(0, 0)[2].tolist() == [0, 4]
+    assert layer.stored(0, 1)[2].tolist() == [0, 1, 2, 4]

@@ -195,7 +195,11 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
     st.view_rows.resize(static_cast<std::size_t>(B * H));
     st.shaped = true;
   }
-  st.step_prev = st.heads.empty() ? 0 : st.heads[0].store->size();
+  st.step_prev = 0;
+  for (HeadState& hs : st.heads) {
+    hs.prev = hs.store->size();
+    st.step_prev = std::max(st.step_prev, hs.prev);
+  }
   st.step_new = S;
   if (S > 0) {
     const auto first = static_cast<std::int32_t>(st.tokens_seen);
@@ -311,6 +315,10 @@ KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
       const std::size_t size = dtype_size(hr.dtype);
       for (std::int64_t r = 0; r < R; ++r) {
         const std::int64_t o = ((b * out.n_kv_heads + h) * R + r);
+        if (r >= hr.n_rows) {  // a head-wise head with fewer rows than the view's R
+          out.positions[static_cast<std::size_t>(o)] = -1;
+          continue;
+        }
         const auto* krow = static_cast<const char*>(hr.keys) + r * hr.row_stride * static_cast<std::int64_t>(size);
         const auto* vrow = static_cast<const char*>(hr.values) + r * hr.row_stride * static_cast<std::int64_t>(size);
         kernels::load_row(krow, hr.dtype, out.keys.data() + o * D, D);
@@ -332,6 +340,7 @@ void LayerCache::reset() {
     hs.aux.clear();
     hs.hist.clear();
     hs.draws = 0;
+    hs.prev = 0;
     hs.evictions = hs.merges = 0;
   }
   st.tokens_seen = 0;

@@ -26,6 +26,10 @@ struct HeadState {
   // queries), parallel to score/aux; empty when hist_stride is 0.
   std::vector<float> hist;
   std::int64_t hist_stride = 0;
+  // Rows this head kept before the open step: its view rows are these followed by the step's
+  // new rows, so the step's new token j is physical row prev + j. Heads differ with head-wise
+  // budgets (headwise=true); otherwise every head has st.step_prev.
+  std::int64_t prev = 0;
   std::uint64_t draws = 0;  // RNG draw counter of this (b, kv head)
   std::int64_t evictions = 0;  // rows removed since reset (merged or dropped)
   std::int64_t merges = 0;     // of those, rows merged into a survivor
@@ -41,7 +45,9 @@ struct LayerState {
   std::vector<CounterRng> rngs;    // [n_kv_heads], keyed by (seed, layer, kv head)
   std::vector<HeadRows> view_rows;  // [batch * n_kv_heads], what begin_step hands out
   bool step_open = false;
-  std::int64_t step_prev = 0;  // rows per head before the open step's new rows
+  // The most rows any head kept before the open step's new rows (R - S; each head's own count
+  // is HeadState::prev, equal for every head unless budgets are head-wise).
+  std::int64_t step_prev = 0;
   std::int64_t step_new = 0;   // S of the open step
   // The attention probabilities handed to end_step ([B, Hq, S, R], R = step_prev + step_new),
   // null when none were; valid only during end_step.

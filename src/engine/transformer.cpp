@@ -1,5 +1,6 @@
 #include "engine/transformer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -166,16 +167,22 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
       const HeadRows hr = dequantized(view.head(0, g), s_.packed_k[static_cast<std::size_t>(g)],
                                       s_.packed_v[static_cast<std::size_t>(g)]);
       float* scratch = s_.row.data() + g * D;
+      // The head's own rows: with head-wise budgets a head may hold fewer than R, and the
+      // columns past its rows stay 0 (AttentionRef's contract).
+      const std::int64_t n = hr.n_rows;
       for (std::int64_t t = 0; t < S; ++t) {
         // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
         // every row (masked by position), softmax, weighted sum of the values.
         const float* q = s_.q.data() + t * qd + g * G * D;
         float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
-        ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, R, pos0 + t,
-                                scores, S * R, scratch);
-        for (std::int64_t j = 0; j < G; ++j) ops::softmax(scores + j * S * R, R, scale);
+        ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n, pos0 + t,
+                              scores, S * R, scratch);
+        for (std::int64_t j = 0; j < G; ++j) {
+          ops::softmax(scores + j * S * R, n, scale);
+          std::fill(scores + j * S * R + n, scores + j * S * R + R, 0.0f);
+        }
         ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
-                              R, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
+                              n, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
       }
     }
   });

@@ -84,12 +84,12 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
       const std::int64_t R = view.n_rows();
       probs.assign(sz(Hq * S * R), 0.0f);
       for (std::int64_t q = 0; q < Hq; ++q) {
-        const HeadRows& hr = view.head(0, q / G);
+        const HeadRows& hr = view.head(0, q / G);  // hr.n_rows <= R (head-wise budgets)
         for (std::int64_t t = 0; t < S; ++t) {
           std::int64_t visible = 0;
-          for (std::int64_t r = 0; r < R; ++r) visible += hr.positions[r] <= p0 + t ? 1 : 0;
+          for (std::int64_t r = 0; r < hr.n_rows; ++r) visible += hr.positions[r] <= p0 + t ? 1 : 0;
           float* row = probs.data() + (q * S + t) * R;
-          for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t r = 0; r < hr.n_rows; ++r)
             row[r] = hr.positions[r] <= p0 + t ? 1.0f / static_cast<float>(visible) : 0.0f;
         }
       }
@@ -312,8 +312,14 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
         const std::int64_t bytes_read = model.matrix_bytes() + cs.kept_bytes;
         const double bound_ms = static_cast<double>(bytes_read) / bandwidth[nt] * 1e3;
         if (r.cfg.method() == "full" && !full_ms) full_ms = ms;
-        std::int64_t kept_rows = 0;
-        for (std::int64_t l = 0; l < c.n_layers; ++l) kept_rows += r.cache->layer(l).tokens_kept();
+        // Rows per KV head, the mean over heads (head-wise budgets make them differ) and layers.
+        double kept_rows = 0;
+        for (std::int64_t l = 0; l < c.n_layers; ++l) {
+          const std::vector<std::int64_t> per_head = r.cache->layer(l).stats().tokens_kept_per_head;
+          double head_sum = 0;
+          for (const std::int64_t k : per_head) head_sum += static_cast<double>(k);
+          if (!per_head.empty()) kept_rows += head_sum / static_cast<double>(per_head.size());
+        }
 
         nlohmann::json row = method_json(r.cfg);
         row["method_arg"] = r.spec;
@@ -327,7 +333,7 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
         row["cache_ms"] = st.cache / steps * 1e3;
         row["other_ms"] = st.other / steps * 1e3;
         row["cache_share"] = st.total() > 0 ? st.cache / st.total() : 0.0;
-        row["kept_rows"] = static_cast<double>(kept_rows) / static_cast<double>(c.n_layers);
+        row["kept_rows"] = kept_rows / static_cast<double>(c.n_layers);
         row["kept_bytes"] = cs.kept_bytes;
         row["resident_bytes"] = cs.resident_bytes;
         row["full_bytes"] = cs.full_bytes;
@@ -341,15 +347,14 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
         row["rss_bytes"] = current_rss_bytes();
         doc["rows"].push_back(row);
         if (progress) {
-          progress(
-              {index, total,
-               fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
-                           "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
-                           "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
-                           index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
-                           st.attention / steps * 1e3, st.cache / steps * 1e3,
-                           static_cast<double>(kept_rows) / static_cast<double>(c.n_layers),
-                           ms / bound_ms, static_cast<double>(current_rss_bytes()) / (1 << 30))});
+          progress({index, total,
+                    fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
+                                "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
+                                "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
+                                index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
+                                st.attention / steps * 1e3, st.cache / steps * 1e3,
+                                kept_rows / static_cast<double>(c.n_layers), ms / bound_ms,
+                                static_cast<double>(current_rss_bytes()) / (1 << 30))});
         }
       }
     }

@@ -37,10 +37,12 @@ namespace {
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
-  return std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"),
-                                     recent_window(c, "cam"),
-                                     static_cast<float>(c.get_float("cam_decay")),
-                                     merge_rule_from(c, "cam"), score_source_from(c));
+  auto policy = std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"),
+                                            recent_window(c, "cam"),
+                                            static_cast<float>(c.get_float("cam_decay")),
+                                            merge_rule_from(c, "cam"), score_source_from(c));
+  policy->set_headwise(headwise_rule_from(ctx.config));
+  return policy;
 }
 
 void check(const CacheConfig& c) {
@@ -71,6 +73,7 @@ MethodInfo cam_method() {
   add_mass_fields(m.fields, "cam");
   add_merge_fields(m.fields, "cam", "mean", "window", "current");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

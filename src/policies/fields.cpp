@@ -91,6 +91,17 @@ void add_source_fields(std::vector<FieldSpec>& fields) {
                               "how a KV head folds the attention of its query heads"));
 }
 
+void add_headwise_fields(std::vector<FieldSpec>& fields) {
+  fields.push_back(bool_field("headwise", false,
+                              "head-wise budgets (AdaKV): the layer's n_kv_heads x budget rows are "
+                              "shared among its KV heads by one ranking of their scores, not "
+                              "split evenly"));
+  fields.push_back(float_field("headwise_floor", 0.2, 0.0, 1.0,
+                               "with headwise: each head keeps at least floor(headwise_floor x "
+                               "(budget - its protected rows)) rows besides its sinks and recent "
+                               "window (AdaKV's alpha)"));
+}
+
 void add_quantize_fields(std::vector<FieldSpec>& fields) {
   add_demote_fields(fields);
   fields.push_back(enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
@@ -229,6 +240,9 @@ void check_no_effect(const CacheConfig& c) {
     if (mode != "drop" && !c.get_bool(p + "_merge_gate") && c.is_set(p + "_merge_attention")) {
       no_effect(p + "_merge_attention", p + "_merge_gate=false (no gate compares attention)");
     }
+  }
+  if (c.has("headwise") && !c.get_bool("headwise") && c.is_set("headwise_floor")) {
+    no_effect("headwise_floor", "headwise=false (no rows are shared among heads)");
   }
   if (c.has("source") && c.has("gqa_reduce") && c.get_enum("source") == "proxy" &&
       c.is_set("gqa_reduce")) {

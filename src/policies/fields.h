@@ -33,6 +33,9 @@ void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);
+// headwise (off by default) and headwise_floor (AdaKV's alpha, 0.2): head-wise budgets
+// (policies/headwise.h), for the attention-scored methods that rank each head's rows.
+void add_headwise_fields(std::vector<FieldSpec>& fields);
 // quantize, kivi_group_size, residual_length (and the demote fields): every method but kivi
 // (which has its own).
 void add_quantize_fields(std::vector<FieldSpec>& fields);

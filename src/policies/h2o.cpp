@@ -36,7 +36,7 @@ void H2OPolicy::on_token(HeadCtx& h, std::int64_t row) {
     // (itself included; a chunk's queries are added one after another).
     push_row(h.hs, row, 0.0f);
     const std::int64_t n = h.n_live();
-    const float* a = attention_row(h, row - h.st.step_prev);
+    const float* a = attention_row(h, row - h.hs.prev);
     weights_.resize(static_cast<std::size_t>(n));
     float* score = h.hs.score.data();
     for (std::int64_t i = 0; i < n; ++i) {
@@ -72,10 +72,12 @@ namespace {
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
-  return std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
-                                     recent_window(c, "h2o"),
-                                     static_cast<float>(c.get_float("h2o_decay")),
-                                     merge_rule_from(c, "h2o"), score_source_from(c));
+  auto policy = std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
+                                            recent_window(c, "h2o"),
+                                            static_cast<float>(c.get_float("h2o_decay")),
+                                            merge_rule_from(c, "h2o"), score_source_from(c));
+  policy->set_headwise(headwise_rule_from(ctx.config));
+  return policy;
 }
 
 void check(const CacheConfig& c) {
@@ -105,6 +107,7 @@ MethodInfo h2o_method() {
   add_mass_fields(m.fields, "h2o");
   add_merge_fields(m.fields, "h2o", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -44,7 +44,9 @@ class KeyformerPolicy final : public H2OPolicy {
                   recent_window(c, "keyformer", "recent"), 1.0f, merge_rule_from(c, "keyformer"),
                   score_source_from(c)),
         tau_init_(c.get_float("keyformer_tau_init")), tau_end_(c.get_float("keyformer_tau_end")),
-        anneal_(c.get_int("keyformer_anneal_steps")) {}
+        anneal_(c.get_int("keyformer_anneal_steps")) {
+    set_headwise(headwise_rule_from(c));
+  }
 
  protected:
   // The temperature anneals over decode steps (single-token steps), as in the paper, where tau
@@ -69,7 +71,7 @@ class KeyformerPolicy final : public H2OPolicy {
     // accumulate softmax((x + g) / tau) over the live rows (tau = 0: the one-hot argmax).
     push_row(h.hs, row, 0.0f, g);
     const std::int64_t n = h.n_live();
-    const float* a = attention_row(h, row - h.st.step_prev);
+    const float* a = attention_row(h, row - h.hs.prev);
     const float tau = tau_;
     weights_.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
@@ -165,6 +167,7 @@ MethodInfo keyformer_method() {
                     "(the paper: 0.3)");
   add_merge_fields(m.fields, "keyformer", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

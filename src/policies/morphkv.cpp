@@ -53,7 +53,7 @@ class MorphKVPolicy final : public TokenPolicy {
     // every live row's history (a new row starts with zeros for the queries before it).
     const std::int64_t n = h.n_live(), W = window_;
     const std::int64_t col = h.rows().positions[row] % W;
-    const float* a = attention_row(h, row - h.st.step_prev);
+    const float* a = attention_row(h, row - h.hs.prev);
     for (std::int64_t i = 0; i < n; ++i) {
       h.hs.hist[static_cast<std::size_t>(i * W + col)] = a[h.hs.live[static_cast<std::size_t>(i)]];
     }
@@ -129,9 +129,11 @@ std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
   const std::string& f = c.get_enum("morphkv_fusion");
   const Fusion fusion = f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
-  return std::make_unique<MorphKVPolicy>(c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"),
-                                         c.get_int("morphkv_window"), fusion,
-                                         merge_rule_from(c, "morphkv"), score_source_from(c));
+  auto policy = std::make_unique<MorphKVPolicy>(
+      c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"), c.get_int("morphkv_window"), fusion,
+      merge_rule_from(c, "morphkv"), score_source_from(c));
+  policy->set_headwise(headwise_rule_from(ctx.config));
+  return policy;
 }
 
 void check(const CacheConfig& c) {
@@ -170,6 +172,7 @@ MethodInfo morphkv_method() {
   };
   add_merge_fields(m.fields, "morphkv", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/layer_state.h"
+#include "policies/headwise.h"
 #include "veloxquant/cache.h"
 
 namespace vq::detail {
@@ -157,6 +158,10 @@ class TokenPolicy : public Policy {
   }
   void reset_source() override { source_.kind = source_.configured; }
   const char* source_name() const noexcept override;
+  // Head-wise budgets (policies/headwise.h): every cut is one decision per batch element over
+  // all its KV heads, which keep n_kv_heads x budget rows together. Set by the method's factory
+  // (eligible methods only).
+  void set_headwise(HeadwiseRule rule) { headwise_ = rule; }
 
  protected:
   // Appends physical row `row` (a new token) to h.hs.live with its initial score.
@@ -173,6 +178,9 @@ class TokenPolicy : public Policy {
 
   // Whether a multi-token step is one decision (see the class comment); default: no.
   virtual bool decides_chunk_at_once() const noexcept { return false; }
+  // Head-wise cuts: whether equal rankings lose the newer row first (snapkv's selection keeps
+  // the earliest of equal pooled scores); default: the older row, as cut_to().
+  virtual bool ties_evict_newer() const noexcept { return false; }
 
   // Helpers for hooks.
   // Evicts, in one decision, the n_live - keep live rows ranked lowest by eviction_scores()
@@ -180,8 +188,13 @@ class TokenPolicy : public Policy {
   // disposes of them by the merge rule. Nothing when n_live <= keep or keep < 0.
   void cut_to(HeadCtx& h, std::int64_t keep);
   // Cuts every head of a closed step's state to `keep` rows with cut_to() (a pseudo-step with
-  // no new rows: live = the stored rows), then the stores keep the survivors.
+  // no new rows: live = the stored rows), then the stores keep the survivors. Head-wise: the
+  // heads of each batch element keep n_kv_heads x keep rows together (headwise_cut).
   void cut_stored(LayerState& st, std::int64_t keep);
+  // Head-wise cut of the open step's live rows: for each batch element, every head's
+  // eviction_scores() ranking goes to headwise_losers() with `keep` as the per-head budget, the
+  // losers leave by the merge rule, and each store settles (only that when keep < 0).
+  void headwise_cut(LayerState& st, std::int64_t keep);
   static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
   // The attention of new token j (query j of the step) of head h's KV head over the step's R
   // physical rows, folded over its query heads by gqa_reduce. Valid until the next call.
@@ -210,6 +223,7 @@ class TokenPolicy : public Policy {
   std::int64_t n_sink_;
   MergeRule merge_;
   ScoreSource source_;
+  HeadwiseRule headwise_;
   std::vector<float> ranking_;  // [n_live] eviction_scores output
   std::vector<float> weights_;  // [n_live] softmax scratch
   std::vector<float> query_;    // [d]
@@ -228,6 +242,8 @@ class TokenPolicy : public Policy {
   std::vector<float> current_;      // [n_live] current_attention cache for the gate
   std::int64_t current_for_ = -1;   // live size current_ was computed for (-1: stale)
   std::vector<std::int64_t> window_;  // kWindow targets
+  std::vector<std::vector<float>> head_rankings_;       // [Hkv][n_live of the head]
+  std::vector<std::vector<std::int64_t>> head_losers_;  // [Hkv] headwise_cut scratch
 };
 
 // Reads the `<prefix>_merge*` / `<prefix>_target` fields from the config.

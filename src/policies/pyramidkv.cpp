@@ -35,10 +35,12 @@ std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
-  return std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
-                                     recent_window(c, "pyramid"),
-                                     static_cast<float>(c.get_float("pyramid_decay")),
-                                     merge_rule_from(c, "pyramid"), score_source_from(c));
+  auto policy = std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
+                                            recent_window(c, "pyramid"),
+                                            static_cast<float>(c.get_float("pyramid_decay")),
+                                            merge_rule_from(c, "pyramid"), score_source_from(c));
+  policy->set_headwise(headwise_rule_from(ctx.config));
+  return policy;
 }
 
 void check(const CacheConfig& c) {
@@ -70,6 +72,7 @@ MethodInfo pyramidkv_method() {
   add_mass_fields(m.fields, "pyramid");
   add_merge_fields(m.fields, "pyramid", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -19,11 +19,15 @@
 // Attention source (the paper's rule): the window's real query rows, i.e. the attention the
 // step's last min(w, S) queries paid (folded over query heads by gqa_reduce), replace the
 // proxy softmax; pooling and selection are the same.
+// Head-wise budgets (headwise=true, AdaKV's own pairing, policies/headwise.h): at a prefill
+// chunk every head keeps its sinks and its window, and the layer's remaining rows go to the
+// highest pooled scores of all heads together, each head keeping at least its floor.
 // Deviations from the paper: with the proxy source the window rows' keys stand in for their
 // queries; sinks are protected; later prefill chunks are scored together with the rows kept
 // earlier.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/kernels.h"
@@ -40,13 +44,24 @@ class SnapKVPolicy final : public TokenPolicy {
       : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap"),
                     score_source_from(c)),
         window_(c.get_int("snap_obs_window")), kernel_(c.get_int("snap_kernel")),
-        avg_(c.get_enum("snap_pool") == "avg") {}
+        avg_(c.get_enum("snap_pool") == "avg") {
+    set_headwise(headwise_rule_from(c));
+  }
 
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     open_live(st);
+    for (HeadState& hs : st.heads) {
+      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, hs.prev + j, 0.0f);
+    }
+    if (headwise_.on) {
+      // One decision per batch element over every head's pooled scores (a prefill chunk only;
+      // decode appends). headwise_cut ranks each head with eviction_scores() below.
+      headwise_cut(st, st.step_new > 1 ? budget_ : -1);
+      commit_live(st);
+      return;
+    }
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
-      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, st.step_prev + j, 0.0f);
       if (st.step_new > 1 && static_cast<std::int64_t>(hs.live.size()) > budget_) {
         HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
         select(h);
@@ -58,9 +73,24 @@ class SnapKVPolicy final : public TokenPolicy {
 
  protected:
   void on_token(HeadCtx& /*h*/, std::int64_t /*row*/) override {}  // end_step is overridden
+  bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
+
+  // Head-wise ranking: the pooled window mass of the candidates; the sinks and the window rows
+  // are protected (+inf), each head keeping its own window.
+  void eviction_scores(HeadCtx& h, float* out) override {
+    const std::int64_t n = h.n_live();
+    const std::int64_t m = pool(h);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) {
+      out[j] = (j < n_sink_ || j >= m) ? inf : pooled_[static_cast<std::size_t>(j)];
+    }
+  }
 
  private:
-  void select(HeadCtx& h) {
+  // Scores the live rows of the open step: the window's attention mass of every row before the
+  // window (into hs.score, for the merge gate) and its pooled form (pooled_). Returns m, the
+  // number of rows before the window.
+  std::int64_t pool(HeadCtx& h) {
     const std::int64_t n = h.n_live();
     const std::int64_t w = std::min(window_, n);
     const std::int64_t m = n - w;  // rows before the window
@@ -68,9 +98,10 @@ class SnapKVPolicy final : public TokenPolicy {
     mass_.assign(static_cast<std::size_t>(m), 0.0f);
     if (source_.attention()) {
       // The real queries of the window rows that are new in this step (queries exist only for
-      // the step's tokens, the physical rows from step_prev on).
+      // the step's tokens: the physical rows from this head's prev on; with demote= the live
+      // rows are not the physical rows).
       for (std::int64_t r = m; r < n; ++r) {
-        const std::int64_t query = h.hs.live[static_cast<std::size_t>(r)] - h.st.step_prev;
+        const std::int64_t query = h.hs.live[static_cast<std::size_t>(r)] - h.hs.prev;
         if (query < 0) continue;
         const float* a = attention_row(h, query);
         for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += a[h.hs.live[static_cast<std::size_t>(j)]];
@@ -95,6 +126,13 @@ class SnapKVPolicy final : public TokenPolicy {
       pooled_[static_cast<std::size_t>(j)] = avg_ ? acc / static_cast<float>(kernel_) : acc;
     }
     for (std::int64_t j = 0; j < m; ++j) h.hs.score[static_cast<std::size_t>(j)] = mass_[static_cast<std::size_t>(j)];
+    return m;
+  }
+
+  void select(HeadCtx& h) {
+    const std::int64_t n = h.n_live();
+    const std::int64_t m = pool(h);
+    const std::int64_t w = n - m;
     // Keep the top (budget - n_sink - w) candidates by pooled score, ties to the lowest index.
     order_.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, m - n_sink_)));
     std::iota(order_.begin(), order_.end(), n_sink_);
@@ -154,6 +192,7 @@ MethodInfo snapkv_method() {
   };
   add_merge_fields(m.fields, "snap", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

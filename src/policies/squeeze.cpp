@@ -50,7 +50,9 @@ class SqueezePolicy final : public H2OPolicy {
                   recent_window(c, "squeeze"), static_cast<float>(c.get_float("squeeze_decay")),
                   merge_rule_from(c, "squeeze"), score_source_from(c)),
         average_(c.get_int("squeeze_budget")), strength_(c.get_float("squeeze_strength")),
-        fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {}
+        fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {
+    set_headwise(headwise_rule_from(c));
+  }
 
   // The decided budget as soon as it exists (it takes effect at this layer's next step).
   std::int64_t budget() const noexcept override {
@@ -183,6 +185,7 @@ MethodInfo squeeze_method() {
   add_mass_fields(m.fields, "squeeze");
   add_merge_fields(m.fields, "squeeze", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;

@@ -126,7 +126,7 @@ void TokenPolicy::current_attention(HeadCtx& h, float* out) {
   // Outside a step (a group decision applied later, see LayerGroup::members) the step's
   // attention is gone: the proxy stands in.
   if (source_.attention() && h.st.attention != nullptr) {
-    const std::int64_t newest = h.hs.live.back() - h.st.step_prev;
+    const std::int64_t newest = h.hs.live.back() - h.hs.prev;
     const float* a = attention_row(h, newest < 0 ? 0 : newest);
     for (std::int64_t i = 0; i < n; ++i) out[i] = a[h.hs.live[static_cast<std::size_t>(i)]];
   } else {
@@ -323,7 +323,7 @@ void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers
 void TokenPolicy::open_live(LayerState& st) {
   for (HeadState& hs : st.heads) {
     // The method's rows: the stored rows before any demoted ones (demote=, see RowStore).
-    const std::int64_t prev = st.step_prev - hs.store->n_demoted();
+    const std::int64_t prev = hs.prev - hs.store->n_demoted();
     VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
                   static_cast<std::int64_t>(hs.aux.size()) == prev &&
                   static_cast<std::int64_t>(hs.hist.size()) == prev * hs.hist_stride,
@@ -364,10 +364,48 @@ void TokenPolicy::cut_to(HeadCtx& h, std::int64_t keep) {
   evict_rows(h, losers);
 }
 
+void TokenPolicy::headwise_cut(LayerState& st, std::int64_t keep) {
+  if (keep < 0) {
+    for (HeadState& hs : st.heads) {
+      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+    }
+    return;
+  }
+  const std::int64_t H = st.shape.n_kv_heads;
+  head_rankings_.resize(static_cast<std::size_t>(H));
+  for (std::int64_t b = 0; b < st.batch; ++b) {
+    for (std::int64_t kv = 0; kv < H; ++kv) {
+      const std::int64_t i = b * H + kv;
+      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+      HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(kv)]};
+      std::vector<float>& rank = head_rankings_[static_cast<std::size_t>(kv)];
+      rank.resize(static_cast<std::size_t>(h.n_live()));
+      eviction_scores(h, rank.data());
+    }
+    headwise_losers(head_rankings_, keep, headwise_.floor, head_losers_, ties_evict_newer());
+    for (std::int64_t kv = 0; kv < H; ++kv) {
+      const std::int64_t i = b * H + kv;
+      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
+      HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(kv)]};
+      evict_rows(h, head_losers_[static_cast<std::size_t>(kv)]);
+      hs.store->settle(hs.live.data(), h.n_live());
+    }
+  }
+}
+
 void TokenPolicy::cut_stored(LayerState& st, std::int64_t keep) {
-  st.step_prev = st.heads.empty() ? 0 : st.heads[0].store->size();
+  st.step_prev = 0;
+  for (HeadState& hs : st.heads) {
+    hs.prev = hs.store->size();
+    st.step_prev = std::max(st.step_prev, hs.prev);
+  }
   st.step_new = 0;
   open_live(st);
+  if (headwise_.on) {
+    headwise_cut(st, keep);
+    commit_live(st);
+    return;
+  }
   for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
     HeadState& hs = st.heads[static_cast<std::size_t>(i)];
     HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
@@ -378,7 +416,6 @@ void TokenPolicy::cut_stored(LayerState& st, std::int64_t keep) {
 }
 
 void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
-  const std::int64_t prev = st.step_prev;
   const std::int64_t head_dim = st.shape.head_dim;
   // A multi-token step decided at once: every token is scored first, then one cut.
   const bool at_once = st.step_new > 1 && decides_chunk_at_once();
@@ -387,8 +424,8 @@ void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-      on_token(h, prev + j);
-      if (at_once) continue;
+      on_token(h, hs.prev + j);
+      if (at_once || headwise_.on) continue;
       while (budget_ >= 0 && h.n_live() > budget_) {
         const std::int64_t loser = pick_loser(h);
         dispose(h, loser, nullptr);
@@ -396,8 +433,12 @@ void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
       }
       hs.store->settle(hs.live.data(), h.n_live());
     }
+    // Head-wise: one layer-wide decision per token (as the per-head loop decides per token).
+    if (headwise_.on && !at_once) headwise_cut(st, budget_);
   }
-  if (at_once) {
+  if (at_once && headwise_.on) {
+    headwise_cut(st, budget_);
+  } else if (at_once) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};

@@ -11,6 +11,10 @@
 // head of the layer ranks the rows, and the whole layer keeps one index set (gqa_reduce does
 // not apply). A prefill chunk is one decision: its last query ranks every row and the lowest
 // leave in one cut, as the paper does a prompt.
+// Head-wise budgets (headwise=true, policies/headwise.h): each KV head ranks its own rows by
+// the newest query's attention folded over its query heads (gqa_reduce), or by its proxy
+// weights, and the layer's rows are shared by one ranking of those probabilities; a prefill
+// chunk is still one decision by its last query.
 // Deviations from the paper: with the proxy source the key stands in for the query and each KV
 // head ranks its own rows; sinks are protected.
 #include <algorithm>
@@ -31,7 +35,7 @@ class TovaPolicy final : public TokenPolicy {
   using TokenPolicy::TokenPolicy;
 
   void end_step(LayerState& st, const AttentionRef* attention) override {
-    if (!source_.attention()) {
+    if (!source_.attention() || headwise_.on) {
       TokenPolicy::end_step(st, attention);
       return;
     }
@@ -42,7 +46,7 @@ class TovaPolicy final : public TokenPolicy {
     const std::int64_t last = st.step_new - 1;
     open_live(st);
     for (HeadState& hs : st.heads) {
-      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, st.step_prev + j, 0.0f);
+      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, hs.prev + j, 0.0f);
     }
     for (std::int64_t b = 0; b < st.batch; ++b) {
       HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
@@ -83,9 +87,18 @@ class TovaPolicy final : public TokenPolicy {
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
+  // Head-wise with the attention source: a step is one decision, ranked by its last query.
+  bool decides_chunk_at_once() const noexcept override { return source_.attention(); }
   void eviction_scores(HeadCtx& h, float* out) override {
     const std::int64_t n = h.n_live();
-    proxy_weights(h, key_of(h, n - 1), n, out);
+    if (source_.attention() && h.st.attention != nullptr) {
+      // Head-wise (the only way here with attention): the newest query's attention, folded over
+      // this KV head's query heads by gqa_reduce, ranks the head's own rows.
+      const float* a = attention_row(h, h.hs.live.back() - h.hs.prev);
+      for (std::int64_t i = 0; i < n; ++i) out[i] = a[h.hs.live[static_cast<std::size_t>(i)]];
+    } else {
+      proxy_weights(h, key_of(h, n - 1), n, out);
+    }
     float* score = h.hs.score.data();
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) {
@@ -100,8 +113,10 @@ class TovaPolicy final : public TokenPolicy {
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {
   const CacheConfig& c = ctx.config;
-  return std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
-                                      merge_rule_from(c, "tova"), score_source_from(c));
+  auto policy = std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
+                                             merge_rule_from(c, "tova"), score_source_from(c));
+  policy->set_headwise(headwise_rule_from(ctx.config));
+  return policy;
 }
 
 void check(const CacheConfig& c) { require_less(c, "tova_n_sink", "tova_budget"); }
@@ -125,6 +140,7 @@ MethodInfo tova_method() {
   };
   add_merge_fields(m.fields, "tova", "drop");
   add_source_fields(m.fields);
+  add_headwise_fields(m.fields);
   add_quantize_fields(m.fields);
   add_common_fields(m.fields);
   m.check = &check;
