@@ -18,9 +18,9 @@ namespace {
 struct EvalCliOptions {
   eval::ModelEvalOptions eval;
   std::string budgets = "32,64,128,256";
-  std::string ratios;             // --ratio; "" = budget mode
-  bool budget_given = false;      // --budget on the command line (not its default)
-  bool ratio_given = false;       // --ratio on the command line (even empty: an error)
+  std::string ratios;         // --ratio; "" = budget mode
+  bool budget_given = false;  // --budget on the command line (not its default)
+  bool ratio_given = false;   // --ratio on the command line (even empty: an error)
   std::string json, plot, per_token;
   int threads = 0;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
@@ -30,9 +30,9 @@ struct EvalCliOptions {
 // "2,4,8.5": comma-separated finite numbers >= 1; throws Error(kInvalidArgument) naming --ratio.
 std::vector<double> parse_ratio_list(const std::string& text) {
   auto bad = [](const std::string& why) {
-    return vq::Error(ErrorCode::kInvalidArgument,
-                 "--ratio expects comma-separated compression ratios >= 1 (e.g. 2,4,8,16,32), " +
-                     why);
+    return vq::Error(
+        ErrorCode::kInvalidArgument,
+        "--ratio expects comma-separated compression ratios >= 1 (e.g. 2,4,8,16,32), " + why);
   };
   if (text.empty()) throw bad("got an empty value");
   std::vector<double> out;
@@ -61,8 +61,8 @@ void run_eval(EvalCliOptions& o) {
   apply_threads(o.threads);
   if (o.ratio_given && o.budget_given) {
     throw vq::Error(ErrorCode::kInvalidArgument,
-                "--ratio and --budget cannot be given together: --ratio sets each method's "
-                "budget (or bit width) to reach the ratio; use one or the other");
+                    "--ratio and --budget cannot be given together: --ratio sets each method's "
+                    "budget (or bit width) to reach the ratio; use one or the other");
   }
   o.eval.budgets = parse_int_list(o.budgets, "--budget", 1);
   if (o.ratio_given) o.eval.ratios = parse_ratio_list(o.ratios);

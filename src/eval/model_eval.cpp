@@ -188,14 +188,13 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
     }
     ++n_done;
     if (progress != nullptr) {
-      *progress
-          << fmt::format(
-                 "eval: [{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
-                 n_planned > 0 ? fmt::format("{}/{}", n_done, n_planned) : std::to_string(n_done),
-                 config.spec() + (is_reference ? " (reference)" : ""),
-                 row.summary.ppl, row.summary.kl_mean, row.summary.top1_agreement,
-                 row.time_per_token_ms)
-          << std::flush;
+      *progress << fmt::format(
+                       "eval: [{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
+                       n_planned > 0 ? fmt::format("{}/{}", n_done, n_planned)
+                                     : std::to_string(n_done),
+                       config.spec() + (is_reference ? " (reference)" : ""), row.summary.ppl,
+                       row.summary.kl_mean, row.summary.top1_agreement, row.time_per_token_ms)
+                << std::flush;
     }
     return row;
   };
@@ -251,8 +250,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
                             choice->budget, row.kept_bytes, choice->predicted_bytes);
         }
         if (!best) {
-          res.skipped.push_back({m.spec(), 0, "ratio " + fmt::format("{:g}", ratio) +
-                                                  " not reachable: " + why,
+          res.skipped.push_back({m.spec(), 0,
+                                 "ratio " + fmt::format("{:g}", ratio) + " not reachable: " + why,
                                  ratio});
           continue;
         }
@@ -309,10 +308,10 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
       {"n_predictions", r.n_tokens - 1},
       {"scored_from", r.scored_from},
       {"n_scored", r.n_tokens - 1 - r.scored_from},
-      {"budgets", r.options.ratios.empty() ? nlohmann::json(r.options.budgets)
-                                           : nlohmann::json(nullptr)},
-      {"ratios", r.options.ratios.empty() ? nlohmann::json(nullptr)
-                                          : nlohmann::json(r.options.ratios)},
+      {"budgets",
+       r.options.ratios.empty() ? nlohmann::json(r.options.budgets) : nlohmann::json(nullptr)},
+      {"ratios",
+       r.options.ratios.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.options.ratios)},
       {"rows_at_end", r.n_tokens - 1},
       {"methods", r.options.methods.empty() ? method_ids() : r.options.methods},
       {"reference", r.options.reference},
@@ -387,8 +386,7 @@ std::string model_eval_table(const ModelEvalResult& r) {
     const std::string kl_text =
         kl > 0 && kl < 5e-5 ? fmt::format("{:8.1e}", kl) : fmt::format("{:8.4f}", kl);
     // A run that held every row did not compress: say so instead of a ratio of 1 (or below).
-    std::string ratio =
-        row.keeps_all ? "keeps all" : fmt::format("{:.2f}", row.compression_ratio);
+    std::string ratio = row.keeps_all ? "keeps all" : fmt::format("{:.2f}", row.compression_ratio);
     std::string target;
     if (by_ratio) {
       target = row.is_reference ? fmt::format("{:>6} ", "-")
@@ -402,8 +400,8 @@ std::string model_eval_table(const ModelEvalResult& r) {
     out += fmt::format(
         "{:<40} {}{:>6} {:>9.4f} {:>7.4f} {} {:>6.3f} {:>9.1f} {:>10} {:>10} {:>9} {:>8.4f}\n",
         row.series + (row.is_reference ? " (reference)" : ""), target, budget, row.summary.ppl,
-        row.summary.nll_mean, kl_text, row.summary.top1_agreement, row.kept_tokens,
-        row.kept_bytes, row.resident_bytes, ratio, row.time_per_token_ms);
+        row.summary.nll_mean, kl_text, row.summary.top1_agreement, row.kept_tokens, row.kept_bytes,
+        row.resident_bytes, ratio, row.time_per_token_ms);
   }
   out += notes;
   for (const ModelEvalSkip& s : r.skipped) {

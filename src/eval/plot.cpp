@@ -200,8 +200,8 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
                num(ay.map(s.y[i], y0, y1));
       }
       svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"" +
-             (s.highlight ? "3.2" : "1.6") + "\"" +
-             (s.dashed ? " stroke-dasharray=\"5,3\"" : "") + " points=\"" + pts + "\"/>\n";
+             (s.highlight ? "3.2" : "1.6") + "\"" + (s.dashed ? " stroke-dasharray=\"5,3\"" : "") +
+             " points=\"" + pts + "\"/>\n";
       for (std::size_t i = 0; i < s.x.size(); ++i) {
         if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
         const double x = ax.map(s.x[i], x0, x1), y = ay.map(s.y[i], y0, y1);
