@@ -61,6 +61,7 @@ TEST(RatioEval, EvictionKiviAndCompositionAt8x) {
   EXPECT_EQ(j["rows"][1]["ratio_reached"], 95.0 / 11.0);
   ASSERT_EQ(j["best_per_ratio"].size(), 1u);
   EXPECT_EQ(j["best_per_ratio"][0]["method"], "streaming_llm:stream_window_size=7");
+  EXPECT_EQ(j["closest_per_ratio"][0]["method"], "streaming_llm:stream_window_size=7");
   EXPECT_EQ(j["skipped"][0]["ratio"], 8.0);
   const std::string table = eval::model_eval_table(r);
   EXPECT_NE(table.find("best configuration per ratio"), std::string::npos) << table;

@@ -135,6 +135,20 @@ TEST(Pareto, BestPerRatioOnAHandMadeTable) {
   EXPECT_EQ(b[3], std::optional<std::size_t>(4));  // 16x: 4, 6, 7
   EXPECT_EQ(b[4], std::optional<std::size_t>(6));  // 32x: 6, 7 identical -> 6
   EXPECT_EQ(b[5], std::nullopt);                   // 64x: none
+  // By KL (closest to the full cache): 2x: 0 and 5 have KL 0.01, 5 has the lower perplexity;
+  // 4x: 5 (0.01); 8x: 4 (0.03, below 3's 0.04 and 2's 0.05); 16x: 4; 32x: 6 (tie with 7).
+  const auto k = eval::best_per_ratio(c, {2, 4, 8, 16, 32, 64}, eval::ParetoCriterion::kKl);
+  EXPECT_EQ(k[0], std::optional<std::size_t>(5));
+  EXPECT_EQ(k[1], std::optional<std::size_t>(5));
+  EXPECT_EQ(k[2], std::optional<std::size_t>(4));
+  EXPECT_EQ(k[3], std::optional<std::size_t>(4));
+  EXPECT_EQ(k[4], std::optional<std::size_t>(6));
+  EXPECT_EQ(k[5], std::nullopt);
+  // A case where the two disagree: lower perplexity but further from the reference.
+  const std::vector<eval::ParetoCandidate> d = {{8, 3.0, 0.5}, {8, 3.2, 0.1}};
+  EXPECT_EQ(eval::best_per_ratio(d, {8})[0], std::optional<std::size_t>(0));
+  EXPECT_EQ(eval::best_per_ratio(d, {8}, eval::ParetoCriterion::kKl)[0],
+            std::optional<std::size_t>(1));
 }
 
 TEST(DataSplit, TinyStoriesDevAndTestCutAtAStoryBoundary) {

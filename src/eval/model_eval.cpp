@@ -358,7 +358,10 @@ nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& comm
     skipped.push_back(e);
   }
   j["skipped"] = skipped;
-  if (!r.options.ratios.empty()) j["best_per_ratio"] = best_per_ratio_json(r);
+  if (!r.options.ratios.empty()) {
+    j["best_per_ratio"] = best_per_ratio_json(r, ParetoCriterion::kPerplexity);
+    j["closest_per_ratio"] = best_per_ratio_json(r, ParetoCriterion::kKl);
+  }
   return j;
 }
 

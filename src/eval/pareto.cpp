@@ -12,7 +12,12 @@
 namespace vq::eval {
 
 std::vector<std::optional<std::size_t>> best_per_ratio(
-    const std::vector<ParetoCandidate>& candidates, const std::vector<double>& ratios) {
+    const std::vector<ParetoCandidate>& candidates, const std::vector<double>& ratios,
+    ParetoCriterion criterion) {
+  auto better = [criterion](const ParetoCandidate& c, const ParetoCandidate& b) {
+    if (criterion == ParetoCriterion::kKl) return c.kl < b.kl || (c.kl == b.kl && c.ppl < b.ppl);
+    return c.ppl < b.ppl || (c.ppl == b.ppl && c.kl < b.kl);
+  };
   std::vector<std::optional<std::size_t>> out;
   for (const double r : ratios) {
     std::optional<std::size_t> best;
@@ -23,15 +28,15 @@ std::vector<std::optional<std::size_t>> best_per_ratio(
         best = i;
         continue;
       }
-      const ParetoCandidate& b = candidates[*best];
-      if (c.ppl < b.ppl || (c.ppl == b.ppl && c.kl < b.kl)) best = i;
+      if (better(c, candidates[*best])) best = i;
     }
     out.push_back(best);
   }
   return out;
 }
 
-std::vector<std::optional<std::size_t>> best_rows_per_ratio(const ModelEvalResult& r) {
+std::vector<std::optional<std::size_t>> best_rows_per_ratio(const ModelEvalResult& r,
+                                                            ParetoCriterion criterion) {
   std::vector<ParetoCandidate> cands;
   std::vector<std::size_t> index;  // candidate -> row
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
@@ -40,7 +45,7 @@ std::vector<std::optional<std::size_t>> best_rows_per_ratio(const ModelEvalResul
     cands.push_back({row.compression_ratio, row.summary.ppl, row.summary.kl_mean});
     index.push_back(i);
   }
-  std::vector<std::optional<std::size_t>> out = best_per_ratio(cands, r.options.ratios);
+  std::vector<std::optional<std::size_t>> out = best_per_ratio(cands, r.options.ratios, criterion);
   for (auto& o : out) {
     if (o) o = index[*o];
   }
@@ -62,9 +67,9 @@ std::string row_budget(const ModelEvalRow& row) {
 
 }  // namespace
 
-nlohmann::json best_per_ratio_json(const ModelEvalResult& r) {
+nlohmann::json best_per_ratio_json(const ModelEvalResult& r, ParetoCriterion criterion) {
   const double ref = reference_ppl(r);
-  const auto best = best_rows_per_ratio(r);
+  const auto best = best_rows_per_ratio(r, criterion);
   nlohmann::json out = nlohmann::json::array();
   for (std::size_t k = 0; k < best.size(); ++k) {
     nlohmann::json e = {{"ratio", r.options.ratios[k]}};
@@ -91,21 +96,29 @@ nlohmann::json best_per_ratio_json(const ModelEvalResult& r) {
 
 std::string best_per_ratio_table(const ModelEvalResult& r) {
   const double ref = reference_ppl(r);
-  const auto best = best_rows_per_ratio(r);
-  std::string out =
-      fmt::format("best configuration per ratio (reference perplexity {:.4f}):\n", ref);
-  out += fmt::format("{:>6} {:<52} {:>6} {:>8} {:>9} {:>8} {:>8}\n", "ratio", "configuration",
-                     "budget", "reached", "ppl", "vs full", "KL");
-  for (std::size_t k = 0; k < best.size(); ++k) {
-    const std::string asked = fmt::format("{:g}x", r.options.ratios[k]);
-    if (!best[k]) {
-      out += fmt::format("{:>6} {:<52}\n", asked, "(no configuration reached this ratio)");
-      continue;
+  std::string out;
+  for (const ParetoCriterion criterion : {ParetoCriterion::kPerplexity, ParetoCriterion::kKl}) {
+    const auto best = best_rows_per_ratio(r, criterion);
+    out += criterion == ParetoCriterion::kPerplexity
+               ? fmt::format(
+                     "best configuration per ratio, lowest perplexity (reference "
+                     "perplexity {:.4f}):\n",
+                     ref)
+               : "\nclosest to the reference per ratio, lowest KL:\n";
+    out += fmt::format("{:>6} {:<52} {:>6} {:>8} {:>9} {:>8} {:>8}\n", "ratio", "configuration",
+                       "budget", "reached", "ppl", "vs full", "KL");
+    for (std::size_t k = 0; k < best.size(); ++k) {
+      const std::string asked = fmt::format("{:g}x", r.options.ratios[k]);
+      if (!best[k]) {
+        out += fmt::format("{:>6} {:<52}\n", asked, "(no configuration reached this ratio)");
+        continue;
+      }
+      const ModelEvalRow& row = r.rows[*best[k]];
+      out +=
+          fmt::format("{:>6} {:<52} {:>6} {:>8.2f} {:>9.4f} {:>7.2f}% {:>8.4f}\n", asked,
+                      row.series, row_budget(row), row.compression_ratio, row.summary.ppl,
+                      ref > 0 ? 100.0 * (row.summary.ppl / ref - 1.0) : 0.0, row.summary.kl_mean);
     }
-    const ModelEvalRow& row = r.rows[*best[k]];
-    out += fmt::format("{:>6} {:<52} {:>6} {:>8.2f} {:>9.4f} {:>7.2f}% {:>8.4f}\n", asked,
-                       row.series, row_budget(row), row.compression_ratio, row.summary.ppl,
-                       ref > 0 ? 100.0 * (row.summary.ppl / ref - 1.0) : 0.0, row.summary.kl_mean);
   }
   return out;
 }
