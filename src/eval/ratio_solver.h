@@ -15,6 +15,10 @@
 // `offset`: measured minus predicted bytes), because some methods hold more or fewer rows than
 // their budget at the end (snapkv keeps every decoded row after its prefill cut, chunkkv keeps
 // whole chunks, a KIVI store that evicted rows keeps sparse key groups).
+// An option that changes what a kept row costs or how many rows a budget keeps (a low-bit store
+// for demoted rows, per-head budgets whose layer total differs from budget x heads) belongs in
+// store_bytes / predicted_kept_bytes; until it is there, the correction by running still reaches
+// the ratio, in more runs.
 #pragma once
 
 #include <cstdint>
