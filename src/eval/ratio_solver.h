@@ -17,8 +17,8 @@
 // whole chunks, a KIVI store that evicted rows keeps sparse key groups).
 // An option that changes what a kept row costs or how many rows a budget keeps (a low-bit store
 // for demoted rows, per-head budgets whose layer total differs from budget x heads) belongs in
-// store_bytes / predicted_kept_bytes; until it is there, the correction by running still reaches
-// the ratio, in more runs.
+// store_bytes / predicted_kept_bytes; until it is there, the correction by running compensates
+// in more runs, or the row is reported as not reaching the ratio.
 #pragma once
 
 #include <cstdint>
