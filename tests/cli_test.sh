@@ -214,6 +214,15 @@ else
   echo "FAIL eval results differ between identical runs (timing fields excluded):"; head -20 "$tmp/diff"; fails=$((fails + 1))
 fi
 
+# eval --ratio: equal memory; errors name the flag; the table reports the ratio reached. 95 rows
+# at 8x: 95 / 8 = 11.875 rows -> budget 11, 95 / 11 = 8.64x.
+check "eval ratio with budget" 2 "--ratio and --budget cannot be given together" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --ratio 8 --budget 64
+check "eval bad ratio" 2 "--ratio expects comma-separated compression ratios >= 1 \(e.g. 2,4,8,16,32\), got 0.5" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --ratio 4,0.5
+check "eval empty ratio" 2 "--ratio expects .*got an empty value" -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --ratio ""
+check "eval ratio" 0 "^streaming_llm +8x +11 .* 8\.64 " -- "$bin" eval --model "$data/stories260K.bin" --text "$text" --tokens 96 --ratio 8 --method streaming_llm --json "$tmp/r.json" --plot "$tmp/r.svg"
+check "eval ratio json" 0 '"ratio_reached": 8.636' -- cat "$tmp/r.json"
+check "eval ratio best" 0 '"best_per_ratio"' -- cat "$tmp/r.json"
+
 # convert: llama2.c -> GGUF, then generate and eval read it (tokenizer from the metadata).
 check "convert --help" 0 "--type" -- "$bin" convert --help
 check "convert q8_0" 0 "wrote .*47 tensors.*vocab 'llama'" -- \

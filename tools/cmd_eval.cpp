@@ -1,13 +1,16 @@
 // `veloxquant eval`: KV-cache methods on a real model and text, teacher-forced, against the
 // full cache (perplexity, KL, top-1 agreement, kept tokens and bytes, time per token).
 #include <algorithm>
+#include <cmath>
 #include <iostream>
+#include <string>
 
 #include "cli.h"
 #include "eval/model_eval.h"
 #include "eval/output_set.h"
 #include "eval/resources.h"
 #include "eval/results.h"
+#include "veloxquant/errors.h"
 
 namespace vq::cli {
 namespace {
@@ -15,15 +18,54 @@ namespace {
 struct EvalCliOptions {
   eval::ModelEvalOptions eval;
   std::string budgets = "32,64,128,256";
+  std::string ratios;         // --ratio; "" = budget mode
+  bool budget_given = false;  // --budget on the command line (not its default)
+  bool ratio_given = false;   // --ratio on the command line (even empty: an error)
   std::string json, plot, per_token;
   int threads = 0;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
   std::vector<std::string> args;  // the command line, for the result file
 };
 
+// "2,4,8.5": comma-separated finite numbers >= 1; throws Error(kInvalidArgument) naming --ratio.
+std::vector<double> parse_ratio_list(const std::string& text) {
+  auto bad = [](const std::string& why) {
+    return vq::Error(
+        ErrorCode::kInvalidArgument,
+        "--ratio expects comma-separated compression ratios >= 1 (e.g. 2,4,8,16,32), " + why);
+  };
+  if (text.empty()) throw bad("got an empty value");
+  std::vector<double> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      throw bad("got '" + item + "'");
+    }
+    if (item.empty() || used != item.size() || !std::isfinite(v)) throw bad("got '" + item + "'");
+    if (v < 1.0) throw bad("got " + item);
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
 void run_eval(EvalCliOptions& o) {
   apply_threads(o.threads);
+  if (o.ratio_given && o.budget_given) {
+    throw vq::Error(ErrorCode::kInvalidArgument,
+                    "--ratio and --budget cannot be given together: --ratio sets each method's "
+                    "budget (or bit width) to reach the ratio; use one or the other");
+  }
   o.eval.budgets = parse_int_list(o.budgets, "--budget", 1);
+  if (o.ratio_given) o.eval.ratios = parse_ratio_list(o.ratios);
   // Every output is checked before the (long) run and all are written together at the end,
   // or none is (eval/output_set.h).
   eval::OutputSet out;
@@ -93,6 +135,12 @@ void add_eval_command(CLI::App& app) {
                   "Comma-separated token budgets (rows per KV head) for methods that have one")
       ->capture_default_str()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--ratio", o->ratios,
+                  "Equal-memory mode: comma-separated compression ratios in bytes (full fp16 "
+                  "bytes / kept bytes at the end of the text, e.g. 2,4,8,16,32); each method runs "
+                  "at the budget (or, without one, the bit width) that reaches each ratio, and the "
+                  "table reports the ratio reached. Not with --budget")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--reference", o->eval.reference,
                   "The run every other one is compared with (first row)")
       ->capture_default_str();
@@ -107,6 +155,8 @@ void add_eval_command(CLI::App& app) {
                   "docs/results.md), for cross-checking with other tools")
       ->check(non_empty_path());
   cmd->callback([o, cmd]() {
+    o->budget_given = cmd->count("--budget") > 0;
+    o->ratio_given = cmd->count("--ratio") > 0;
     o->args = {"veloxquant", "eval"};
     for (const auto& a : cmd->get_options()) {
       for (const auto& r : a->results()) {

@@ -22,6 +22,10 @@ struct ModelEvalOptions {
   std::int64_t prefill = 0;            // the first N go in as one step (0 or 1: none)
   std::vector<std::string> methods;    // specs; empty = every registered method
   std::vector<std::int64_t> budgets = {32, 64, 128, 256};
+  // Equal-memory mode (--ratio): when not empty, `budgets` is ignored and each method runs at
+  // the setting that reaches each compression ratio in bytes (eval/ratio_solver.h): the budget
+  // for methods with one, the bit width for methods without (the nearest ratio it reaches).
+  std::vector<double> ratios;
   std::string reference = "full";  // the run every other is compared with
   // Called once the model is loaded and the text encoded, before the runs allocate anything
   // (the CLI's memory guard); may throw to refuse the run.
@@ -45,12 +49,18 @@ struct ModelEvalRow {
   std::vector<double> nll;  // [n_tokens - 1] per prediction, every position (--per-token)
   std::int64_t resident_bytes = 0;  // every byte the cache keeps (CacheStats), end of the text
   std::string score_source = "none";  // the source that ran (CacheStats::score_source)
+  // Equal-memory mode only (ModelEvalOptions::ratios); 0 otherwise.
+  double target_ratio = 0;  // the ratio asked for
+  bool ratio_met = false;   // compression_ratio >= target_ratio
+  std::string ratio_note;   // why not met (not reachable, or the nearest bit width); "" if met
+  int solver_runs = 0;      // runs the solver made for this cell (the prediction, its checks)
 };
 
 struct ModelEvalSkip {
   std::string method;  // the spec as given
   std::int64_t budget = 0;
   std::string reason;
+  double ratio = 0;  // equal-memory mode: the ratio that could not be set up (budget 0)
 };
 
 struct ModelEvalResult {
@@ -67,7 +77,11 @@ struct ModelEvalResult {
   std::vector<ModelEvalSkip> skipped;  // method x budget cells the method's guards reject
 };
 
-// Loads the model, tokenizer and text, then runs the reference and every method x budget.
+// Loads the model, tokenizer and text, then runs the reference and every method x budget (or,
+// with options.ratios, every method x ratio: the solver's predicted setting, checked by running
+// it and corrected up to seven times when the measured kept_bytes miss the target; a ratio a
+// method cannot reach gives a row marked ratio_met = false with the nearest setting tried, or a
+// skip when no setting could run).
 // A budget a method's guards reject (e.g. h2o's n_sink + grace >= budget) is skipped and
 // recorded, not fatal. Progress lines go to `progress` (may be null). Throws vq::Error for bad
 // files, specs or options before any run starts.
@@ -82,7 +96,7 @@ std::string model_eval_table(const ModelEvalResult& result);
 // scored, nll.
 std::string model_eval_per_token(const ModelEvalResult& result);
 // An SVG: perplexity and KL against the budget (log x), one series per method, the reference
-// as a dashed line.
+// as a dashed line; in equal-memory mode against the ratio reached (eval/pareto.h).
 std::string model_eval_plot(const ModelEvalResult& result);
 
 }  // namespace vq::eval

@@ -109,7 +109,7 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
   const int rows = (static_cast<int>(panels.size()) + columns - 1) / columns;
   // The legend lists every distinct label once, with one color per label across panels.
   std::vector<std::string> labels;
-  std::vector<bool> label_dashed;
+  std::vector<bool> label_dashed, label_highlight;
   for (const auto& p : panels) {
     for (const auto& s : p.series) {
       if (s.x.size() != s.y.size() || (!s.y_err.empty() && s.y_err.size() != s.y.size())) {
@@ -119,12 +119,18 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
       if (std::find(labels.begin(), labels.end(), s.label) == labels.end()) {
         labels.push_back(s.label);
         label_dashed.push_back(s.dashed);
+        label_highlight.push_back(s.highlight);
       }
     }
   }
-  auto color_of = [&](const std::string& label) {
+  // Highlighted series are black; the others take the palette in order.
+  auto color_of = [&](const std::string& label) -> const char* {
     const auto it = std::find(labels.begin(), labels.end(), label);
-    return kColors[(it - labels.begin()) % kNumColors];
+    const auto i = static_cast<std::size_t>(it - labels.begin());
+    if (label_highlight[i]) return "#000000";
+    std::size_t n = 0;
+    for (std::size_t j = 0; j < i; ++j) n += label_highlight[j] ? 0 : 1;
+    return kColors[n % kNumColors];
   };
   const int legend_rows = static_cast<int>(labels.size());
   const int width = columns * kPanelW + kLegendW;
@@ -193,13 +199,14 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
         pts += (pts.empty() ? "" : " ") + num(ax.map(s.x[i], x0, x1)) + "," +
                num(ay.map(s.y[i], y0, y1));
       }
-      svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"1.6\"" +
-             (s.dashed ? " stroke-dasharray=\"5,3\"" : "") + " points=\"" + pts + "\"/>\n";
+      svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"" +
+             (s.highlight ? "3.2" : "1.6") + "\"" + (s.dashed ? " stroke-dasharray=\"5,3\"" : "") +
+             " points=\"" + pts + "\"/>\n";
       for (std::size_t i = 0; i < s.x.size(); ++i) {
         if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
         const double x = ax.map(s.x[i], x0, x1), y = ay.map(s.y[i], y0, y1);
-        svg += "<circle cx=\"" + num(x) + "\" cy=\"" + num(y) + "\" r=\"2.5\" fill=\"" + color +
-               "\"/>\n";
+        svg += "<circle cx=\"" + num(x) + "\" cy=\"" + num(y) + "\" r=\"" +
+               (s.highlight ? "4.5" : "2.5") + "\" fill=\"" + color + "\"/>\n";
         if (!s.y_err.empty() && s.y_err[i] > 0 && !p.log_y) {
           svg += "<line x1=\"" + num(x) + "\" y1=\"" + num(ay.map(s.y[i] - s.y_err[i], y0, y1)) +
                  "\" x2=\"" + num(x) + "\" y2=\"" + num(ay.map(s.y[i] + s.y_err[i], y0, y1)) +

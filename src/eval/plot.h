@@ -12,6 +12,7 @@ struct Series {
   std::vector<double> x, y;
   std::vector<double> y_err;  // empty, or one half-width per point (drawn as error bars)
   bool dashed = false;
+  bool highlight = false;  // drawn black and thick, with larger markers (e.g. the best per ratio)
 };
 
 struct Panel {

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The quality-per-byte sweep (README "Results", issue 13): every configuration below at the
+# compression ratios in RATIOS (in bytes: full fp16 bytes / kept bytes at the end of the text,
+# `veloxquant eval --ratio`), on each model and text, in the main job's scenario (the first 512
+# tokens, the first 256 as one prefill, then 255 decoded predictions scored). Writes
+# results/eval/pareto_<model>_<text>.{json,svg,txt} (docs/results.md, "Equal-memory mode").
+#
+# Models: stories260K (data/) and TinyStories-656K (../shared/data/models/tinystories-656K, or
+# $VELOXQUANT_SHARED_DIR/data/...; it cannot ship with the project: used when present, and the
+# script says so when it is absent). Texts: the TinyStories test part (the reported table), its
+# development part (where configurations are chosen) and WikiText-2 (out of domain); see
+# data/PROVENANCE.md for the split.
+#
+# CONFIGS is the one list of configurations (method specs without a budget: the budget, or the
+# bit width for methods without one, is solved per ratio). Extend it here. A configuration the
+# binary rejects (e.g. an option this build does not have) is skipped with the binary's message.
+# Expects a build (scripts/build.sh). Flags after the script go to every `veloxquant eval`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RATIOS=2,4,8,16,32
+CONFIGS=(
+  # Eviction methods with their defaults.
+  streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam knorm keydiff
+  # KIVI alone: its bit width is the only lever (residual 128 by default; a shorter fp16 tail
+  # reaches more).
+  kivi "kivi:residual_length=32" "kivi:residual_length=16,kivi_group_size=16"
+  # Eviction + KIVI compositions (the budget is solved; residual = group by default).
+  "streaming_llm:quantize=kivi2" "streaming_llm:quantize=kivi4"
+  "h2o:quantize=kivi2" "h2o:quantize=kivi4"
+  "h2o:quantize=kivi2,kivi_group_size=16,residual_length=16"
+  "h2o:quantize=kivi4,kivi_group_size=16,residual_length=16"
+  "tova:quantize=kivi4" "cam:quantize=kivi2" "cam:quantize=kivi4"
+  "cam:quantize=kivi4,kivi_group_size=16,residual_length=16"
+)
+
+bin=build/veloxquant
+[[ -x $bin ]] || { echo "sweep_pareto: $bin not found; run scripts/build.sh first" >&2; exit 1; }
+shared=${VELOXQUANT_SHARED_DIR:-../shared}
+models=("stories260K=data/stories260K.bin")
+if [[ -f $shared/data/models/tinystories-656K/model.safetensors ]]; then
+  models+=("tinystories-656K=$shared/data/models/tinystories-656K")
+else
+  echo "sweep_pareto: TinyStories-656K not found at $shared/data/models/tinystories-656K" \
+    "(it cannot ship with the project); sweeping stories260K only" >&2
+fi
+texts=("tinystories-test=data/tinystories_test.txt" "tinystories-dev=data/tinystories_dev.txt"
+       "wikitext2=data/wikitext2_test_excerpt.txt")
+
+# Keep the configurations this binary accepts; say which it rejects and why.
+methods=()
+for spec in "${CONFIGS[@]}"; do
+  if msg=$("$bin" eval --model data/stories260K.bin --text data/tinystories_dev.txt --tokens 8 \
+             --ratio 1 --method "$spec" 2>&1 >/dev/null); then
+    methods+=(--method "$spec")
+  else
+    echo "sweep_pareto: skipping '$spec': the binary rejects it: $(tail -n 1 <<<"$msg")" >&2
+  fi
+done
+
+mkdir -p results/eval
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for m in "${models[@]}"; do
+  for t in "${texts[@]}"; do
+    out=results/eval/pareto_${m%%=*}_${t%%=*}
+    echo "sweep_pareto: ${m%%=*} on ${t%%=*} -> $out.{json,svg,txt}" >&2
+    # Progress lines go to a log, shown only when the run fails.
+    if ! "$bin" eval --model "${m#*=}" --text "${t#*=}" --tokens 512 --prefill 256 \
+        --ratio "$RATIOS" "${methods[@]}" --json "$out.json" --plot "$out.svg" "$@" \
+        2>"$log" >"$out.txt"; then
+      cat "$log" >&2
+      exit 1
+    fi
+  done
+done
