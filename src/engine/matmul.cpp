@@ -215,16 +215,54 @@ VQ_AVX2 inline __m256i block_dot_avx2(const std::uint8_t* wq, __m256i xv) noexce
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-VQ_AVX2 inline std::int32_t hsum_i32(__m256i v) noexcept {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
+// Blocks b .. b+7 of one row (blk = the row's block b, xq / xd the activations' block b): the
+// products float(isum) * (d_w * d_x) with lane l = block b + l, as the definition forms them.
+// kFull: all eight blocks exist; otherwise only the first `count` do and the other lanes are
+// +0, which leaves the lanes they are added to unchanged (a lane, starting at +0, is never -0),
+// so the last, partial group needs no scalar tail.
+template <bool kFull>
+VQ_AVX2 inline __m256 group_q8q8_avx2(const std::uint8_t* blk, const std::int8_t* xq,
+                                      const float* xd, int count) noexcept {
+  __m256i v[8];
+  for (int k = 0; k < 8; ++k) {
+    v[k] = kFull || k < count
+               ? block_dot_avx2(blk + k * 34 + 2,
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * 32)))
+               : _mm256_setzero_si256();
+  }
+  // h01 = [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (lo/hi: the sums of a block's
+  // two 128-bit halves), h47 the same for blocks 4-7; the halves added give the eight block sums.
+  const __m256i h01 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h47 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                        _mm256_permute2x128_si256(h01, h47, 0x31));
+  __m128i dw16;
+  __m256 dx;
+  if constexpr (kFull) {
+    dw16 = _mm_setr_epi16(
+        static_cast<short>(load_u16(blk)), static_cast<short>(load_u16(blk + 34)),
+        static_cast<short>(load_u16(blk + 68)), static_cast<short>(load_u16(blk + 102)),
+        static_cast<short>(load_u16(blk + 136)), static_cast<short>(load_u16(blk + 170)),
+        static_cast<short>(load_u16(blk + 204)), static_cast<short>(load_u16(blk + 238)));
+    dx = _mm256_loadu_ps(xd);
+  } else {
+    alignas(16) std::uint16_t dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(32) float dxs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < count; ++k) {
+      dw[k] = load_u16(blk + k * 34);
+      dxs[k] = xd[k];
+    }
+    dw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(dw));
+    dx = _mm256_load_ps(dxs);
+  }
+  const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dw16), dx);
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dd);
 }
 
 // out[r] = dot_q8q8_scalar of rows r < R (row r at w0 + r * row_bytes), bit for bit: eight
-// blocks at a time, their integer dots reduced to one vector of eight block sums (lane l = block
-// b + l), converted, times the eight scale products, added to the lanes.
+// blocks at a time into the eight lanes, then tree().
 template <int R>
 VQ_AVX2 void dot_rows_q8q8_avx2(const std::uint8_t* w0, std::int64_t row_bytes,
                                 const std::int8_t* xq, const float* xd, std::int64_t nb,
@@ -233,42 +271,21 @@ VQ_AVX2 void dot_rows_q8q8_avx2(const std::uint8_t* w0, std::int64_t row_bytes,
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   std::int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
-    const __m256 dx = _mm256_loadu_ps(xd + b);
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* blk = w0 + r * row_bytes + b * 34;
-      __m256i h[4];
-      for (int k = 0; k < 4; ++k) {
-        const __m256i x0 =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (b + 2 * k) * 32));
-        const __m256i x1 =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (b + 2 * k + 1) * 32));
-        h[k] = _mm256_hadd_epi32(block_dot_avx2(blk + 2 * k * 34 + 2, x0),
-                                 block_dot_avx2(blk + (2 * k + 1) * 34 + 2, x1));
-      }
-      // h01 = [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (lo/hi: 128-bit halves'
-      // sums), h23 the same for blocks 4-7; the two halves added give the eight block sums.
-      const __m256i h01 = _mm256_hadd_epi32(h[0], h[1]);
-      const __m256i h23 = _mm256_hadd_epi32(h[2], h[3]);
-      const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h23, 0x20),
-                                            _mm256_permute2x128_si256(h01, h23, 0x31));
-      const __m128i dw16 = _mm_setr_epi16(
-          static_cast<short>(load_u16(blk)), static_cast<short>(load_u16(blk + 34)),
-          static_cast<short>(load_u16(blk + 68)), static_cast<short>(load_u16(blk + 102)),
-          static_cast<short>(load_u16(blk + 136)), static_cast<short>(load_u16(blk + 170)),
-          static_cast<short>(load_u16(blk + 204)), static_cast<short>(load_u16(blk + 238)));
-      const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dw16), dx);
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dd));
+      acc[r] = _mm256_add_ps(
+          acc[r], group_q8q8_avx2<true>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, 8));
+    }
+  }
+  if (b < nb) {
+    const int count = static_cast<int>(nb - b);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_add_ps(
+          acc[r], group_q8q8_avx2<false>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, count));
     }
   }
   for (int r = 0; r < R; ++r) {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, acc[r]);
-    for (std::int64_t t = b; t < nb; ++t) {
-      const std::uint8_t* blk = w0 + r * row_bytes + t * 34;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * 32));
-      const float dd = _cvtsh_ss(load_u16(blk)) * xd[t];
-      lanes[t - b] += static_cast<float>(hsum_i32(block_dot_avx2(blk + 2, xv))) * dd;
-    }
     out[r] = tree(lanes);
   }
 }
@@ -360,10 +377,13 @@ void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, f
     }
     d[b] = half_to_float(float_to_half(amax / 127.0f));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    // |x_j * id| <= 127 up to two roundings, so the codes stay in [-127, 127]; nearbyint rounds
-    // half to even in the default rounding mode, which the library never changes.
+    // |x_j * id| <= 127 up to two roundings, so the codes stay in [-127, 127]. Rounding half to
+    // even: adding and subtracting 1.5 * 2^23 leaves |v| < 2^22 rounded to an integer in the
+    // default rounding mode, which the library never changes (std::nearbyint, the same value,
+    // is a libm call on the baseline x86-64 target).
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
     for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j)
-      qb[j] = static_cast<std::int8_t>(std::nearbyint(xb[j] * id));
+      qb[j] = static_cast<std::int8_t>((xb[j] * id + kRound) - kRound);
   }
 }
 
