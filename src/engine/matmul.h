@@ -53,9 +53,9 @@ void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* x
                       std::int64_t row_end) noexcept;
 
 // What matmul() does with the activations of Q8_0 weights: kQ8_0 (default) quantizes them to
-// Q8_0 blocks (8 bits per value per 32-block, as llama.cpp does; about 2x faster than kF32 with
-// the AVX2 kernels); kF32 keeps them fp32 (matmul_rows's definition: only the weights are
-// rounded). Process-wide, like set_threads; not to be changed while a matmul runs.
+// Q8_0 blocks (8 bits per value per 32-block, as llama.cpp does; faster than kF32: integer
+// block dots, no per-weight conversion); kF32 keeps them fp32 (matmul_rows's definition: only the
+// weights are rounded). Process-wide, like set_threads; not to be changed while a matmul runs.
 enum class Q8_0Activations : std::uint8_t { kQ8_0, kF32 };
 const char* to_string(Q8_0Activations a) noexcept;
 void set_q8_0_activations(Q8_0Activations a) noexcept;
