@@ -230,6 +230,22 @@ check "convert q8_0" 0 "wrote .*47 tensors.*vocab 'llama'" -- \
 check "generate gguf" 0 "Once upon a time" -- "$bin" generate --model "$tmp/s.gguf" --steps 12
 check "eval gguf" 0 "full" -- "$bin" eval --model "$tmp/s.gguf" \
   --text "$root/data/tinystories_validation_excerpt.txt" --tokens 64 --method full
+# --q8-activations: Q8_0 weights with Q8_0-quantized (default) or fp32 matmul inputs; the two
+# give different perplexities on the q8_0 file, and a bad value names the flag.
+for acts in q8_0 f32; do
+  check "eval gguf --q8-activations $acts" 0 "full \(reference\)" -- "$bin" eval \
+    --model "$tmp/s.gguf" --text "$root/data/tinystories_validation_excerpt.txt" --tokens 64 \
+    --method full --q8-activations "$acts"
+  grep -E '^full \(reference\)' "$tmp/out" | awk '{print $4}' >"$tmp/ppl_$acts"
+done
+if [ -s "$tmp/ppl_q8_0" ] && [ -s "$tmp/ppl_f32" ] && ! cmp -s "$tmp/ppl_q8_0" "$tmp/ppl_f32"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL --q8-activations q8_0 and f32 give the same perplexity ($(cat "$tmp/ppl_q8_0") vs $(cat "$tmp/ppl_f32"))"
+  fails=$((fails + 1))
+fi
+check "bad --q8-activations" 2 "--q8-activations must be q8_0 or f32, got 'q8'" -- \
+  "$bin" generate --model "$tmp/s.gguf" --steps 4 --q8-activations q8
 check "convert bad type" 2 "--type must be one of f32, f16, bf16, q8_0, got 'q4'" -- \
   "$bin" convert --from "$root/data/stories260K.bin" --to "$tmp/x.gguf" --type q4
 check "convert not gguf" 2 "--to must name a .gguf file" -- \

@@ -2,7 +2,10 @@
 // kernel family and every thread count against the scalar definition, bit for bit, with the
 // expected values built independently (element conversions written out here, the library's
 // core kernels::dot for the fixed summation order); and GGUF's Q8_0 block layout by hand.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/kernels.h"
@@ -16,6 +19,7 @@ namespace vq {
 namespace {
 using engine::BlockQ8_0;
 using engine::Isa;
+using engine::Q8_0Activations;
 using engine::WeightMatrix;
 using engine::WeightType;
 
@@ -122,21 +126,178 @@ TEST(EngineWeights, Fp32MatricesGiveTheEngineMatmulBitForBit) {
 
 TEST(EngineWeights, ThreadedMatmulIsIdenticalForEveryThreadCount) {
   const int saved = engine::threads();
-  for (const WeightType type : {WeightType::kBF16, WeightType::kQ8_0}) {
-    const Typed t = make_typed(type, 1000, 256, 9);  // large enough to be split
-    const auto x = test::randn(2 * 256, 10);
-    std::vector<float> want(2 * 1000);
-    engine::matmul_rows(Isa::kScalar, want.data(), x.data(), t.m, 2, 0, 1000);
-    for (const int n : {1, 2, 3, 5}) {
-      engine::set_threads(n);
-      std::vector<float> got(want.size(), -1.0f);
-      engine::matmul(got.data(), x.data(), t.m, 2);
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
-          << engine::to_string(type) << " at " << n << " threads";
+  const auto x = test::randn(2 * 256, 10);
+  // Q8_0 weights: with Q8_0 activations (the default) and with fp32 activations.
+  std::vector<std::int8_t> xq(2 * 256);
+  std::vector<float> xd(2 * 256 / 32);
+  engine::quantize_activations_q8_0(x.data(), 2 * 256, xq.data(), xd.data());
+  for (const Q8_0Activations acts : {Q8_0Activations::kQ8_0, Q8_0Activations::kF32}) {
+    engine::set_q8_0_activations(acts);
+    for (const WeightType type : {WeightType::kBF16, WeightType::kQ8_0}) {
+      const Typed t = make_typed(type, 1000, 256, 9);  // large enough to be split
+      std::vector<float> want(2 * 1000);
+      if (type == WeightType::kQ8_0 && acts == Q8_0Activations::kQ8_0) {
+        engine::matmul_rows_q8_0(Isa::kScalar, want.data(), xq.data(), xd.data(), t.m, 2, 0, 1000);
+      } else {
+        engine::matmul_rows(Isa::kScalar, want.data(), x.data(), t.m, 2, 0, 1000);
+      }
+      for (const int n : {1, 2, 3, 5}) {
+        engine::set_threads(n);
+        std::vector<float> got(want.size(), -1.0f);
+        engine::matmul(got.data(), x.data(), t.m, 2);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+            << engine::to_string(type) << " (" << engine::to_string(acts) << " activations) at "
+            << n << " threads";
+      }
     }
   }
+  engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
   engine::set_threads(saved);
   EXPECT_THROW(engine::set_threads(0), Error);
+}
+
+// Two blocks by hand. Activations: block 0 holds 0.25 * (j - 16) for j < 31 and 31.75 =
+// 127 * 0.25, so amax = 31.75, d = 0.25 (exact in fp16), 127 / amax = 4 and the codes are
+// j - 16 and 127 (sum 96). Block 1: -31.75 (code -127), 0.125, 0.375, -0.625, 0.875 (x * 4 =
+// 0.5, 1.5, -2.5, 3.5: ties, to even: 0, 2, -2, 4; llama.cpp's x86 quantizer rounds this way),
+// then zeros.
+void hand_activations(float* x) {
+  for (int j = 0; j < 31; ++j) x[j] = 0.25f * static_cast<float>(j - 16);
+  x[31] = 31.75f;
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;
+  x[32] = -31.75f;
+  x[33] = 0.125f;
+  x[34] = 0.375f;
+  x[35] = -0.625f;
+  x[36] = 0.875f;
+}
+
+TEST(EngineWeights, Q8_0ActivationQuantizationByHand) {
+  float x[64];
+  hand_activations(x);
+  std::int8_t q[64];
+  float d[2];
+  engine::quantize_activations_q8_0(x, 64, q, d);
+  EXPECT_EQ(d[0], 0.25f);
+  EXPECT_EQ(d[1], 0.25f);
+  for (int j = 0; j < 31; ++j) EXPECT_EQ(q[j], j - 16) << j;
+  EXPECT_EQ(q[31], 127);
+  const std::int8_t want1[5] = {-127, 0, 2, -2, 4};
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(q[32 + j], want1[j]) << j;
+  for (int j = 37; j < 64; ++j) EXPECT_EQ(q[j], 0) << j;
+
+  // amax = 12.7: d = fp16(0.1) = 0x2e66 = 0.0999755859375, codes x * 10 rounded.
+  float y[32] = {};
+  y[0] = 12.7f;
+  y[1] = -5.0f;  // -50 (127 / 12.7f = 10 up to one fp32 rounding)
+  y[2] = 1.0f;   // 10
+  std::int8_t qy[32];
+  float dy;
+  engine::quantize_activations_q8_0(y, 32, qy, &dy);
+  EXPECT_EQ(dy, half_to_float(0x2e66));
+  EXPECT_EQ(qy[0], 127);
+  EXPECT_EQ(qy[1], -50);
+  EXPECT_EQ(qy[2], 10);
+
+  // An all-zero block: d = 0, codes 0. A block with a NaN or an infinity: d = NaN, codes 0.
+  std::fill(y, y + 32, 0.0f);
+  engine::quantize_activations_q8_0(y, 32, qy, &dy);
+  EXPECT_EQ(dy, 0.0f);
+  for (const std::int8_t v : qy) EXPECT_EQ(v, 0);
+  y[5] = std::numeric_limits<float>::infinity();
+  y[6] = 3.0f;
+  engine::quantize_activations_q8_0(y, 32, qy, &dy);
+  EXPECT_TRUE(std::isnan(dy));
+  for (const std::int8_t v : qy) EXPECT_EQ(v, 0);
+}
+
+TEST(EngineWeights, Q8_0TimesQ8_0DotByHand) {
+  // Weights: block 0 has d = 0.5 (fp16 0x3800) and every code 1; block 1 has d = 2 (0x4000),
+  // codes -128, 7, 3, 5, 1, then 7.
+  std::uint8_t raw[68];
+  raw[0] = 0x00;
+  raw[1] = 0x38;
+  for (int j = 0; j < 32; ++j) raw[2 + j] = 1;
+  raw[34] = 0x00;
+  raw[35] = 0x40;
+  for (int j = 0; j < 32; ++j) raw[36 + j] = 7;
+  raw[36] = 0x80;  // -128
+  raw[38] = 3;
+  raw[39] = 5;
+  raw[40] = 1;
+  const WeightMatrix m{WeightType::kQ8_0, 1, 64, raw};
+  float x[64];
+  hand_activations(x);
+  std::int8_t q[64];
+  float d[2];
+  engine::quantize_activations_q8_0(x, 64, q, d);
+  // Block 0: isum = 96, times 0.5 * 0.25 = 12. Block 1: isum = (-128)(-127) + 7*0 + 3*2 +
+  // 5*(-2) + 1*4 = 16256, times 2 * 0.25 = 8128. Lanes 0 and 1: 12 + 8128 = 8140.
+  for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+    if (!engine::isa_supported(isa)) continue;
+    float out = -1.0f;
+    engine::matmul_rows_q8_0(isa, &out, q, d, m, 1, 0, 1);
+    EXPECT_EQ(out, 8140.0f) << engine::to_string(isa);
+  }
+  float out = -1.0f;
+  engine::matmul(&out, x, m, 1);  // the default: Q8_0 activations
+  EXPECT_EQ(out, 8140.0f);
+  // fp32 activations: 0.5 * 24 + 2 * (4064 + 0.875 + 1.125 - 3.125 + 0.875) = 12 + 8127.5.
+  engine::set_q8_0_activations(Q8_0Activations::kF32);
+  engine::matmul(&out, x, m, 1);
+  engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
+  EXPECT_EQ(out, 8139.5f);
+}
+
+// The Q8_0 x Q8_0 definition written out here: per block the integer dot times the product of
+// the two scales, added to lane b % 8, the lanes summed as ((0+4)+(2+6))+((1+5)+(3+7)).
+float q8q8_reference(const std::uint8_t* row, const std::int8_t* xq, const float* xd,
+                     std::int64_t nb) {
+  float lane[8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    BlockQ8_0 blk;
+    std::memcpy(&blk, row + 34 * b, 34);
+    int isum = 0;
+    for (int j = 0; j < 32; ++j) isum += blk.q[j] * xq[32 * b + j];
+    const float scale = half_to_float(blk.d) * xd[b];
+    lane[b % 8] += static_cast<float>(isum) * scale;
+  }
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
+  // Block counts around the AVX2 kernel's groups of 8 (tails of every length), odd row counts
+  // (its pairs of rows and the single-row tail), several activation rows.
+  for (const std::int64_t nb : {1, 2, 3, 7, 8, 9, 15, 16, 17, 23, 24, 40}) {
+    const std::int64_t cols = 32 * nb;
+    for (const std::int64_t rows : {1, 2, 3, 5, 8}) {
+      for (const std::int64_t S : {1, 3}) {
+        const Typed t =
+            make_typed(WeightType::kQ8_0, rows, cols, 300 + static_cast<std::uint64_t>(nb));
+        auto x =
+            test::randn(static_cast<std::size_t>(S * cols), 40 + static_cast<std::uint64_t>(rows));
+        for (std::size_t i = 0; i < x.size(); i += 5) x[i] *= 30.0f;  // spread the scales
+        std::vector<std::int8_t> xq(x.size());
+        std::vector<float> xd(x.size() / 32);
+        engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
+        for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+          if (!engine::isa_supported(isa)) continue;
+          std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
+          engine::matmul_rows_q8_0(isa, out.data(), xq.data(), xd.data(), t.m, S, 0, rows);
+          for (std::int64_t s = 0; s < S; ++s) {
+            for (std::int64_t i = 0; i < rows; ++i) {
+              const float want =
+                  q8q8_reference(t.m.row(i), xq.data() + s * cols, xd.data() + s * nb, nb);
+              const float got = out[static_cast<std::size_t>(s * rows + i)];
+              ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
+                  << engine::to_string(isa) << " " << rows << "x" << cols << " S=" << S << " row "
+                  << i << ": " << want << " vs " << got;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(EngineWeights, Q8_0BlockLayoutIsGgufs) {

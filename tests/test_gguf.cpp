@@ -7,9 +7,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "engine/bpe_merge.h"
 #include "engine/gguf.h"
 #include "engine/gguf_convert.h"
 #include "engine/gguf_tokenizer.h"
@@ -574,6 +576,34 @@ TEST(GgufReader, RandomByteFlipsNeverCrash) {
   }
   EXPECT_GT(errors, 100);
   EXPECT_GT(parsed, 100);
+}
+
+// The merge loop both GGUF tokenizers share, on pair tables worked out by hand.
+std::vector<std::string> merged(const std::string& text, const std::map<std::string, int>& pairs) {
+  const auto syms = engine::bpe_merge<int>(
+      text, [&](std::string_view a, std::string_view b) -> std::optional<int> {
+        const auto it = pairs.find(std::string(a) + "|" + std::string(b));
+        if (it == pairs.end()) return std::nullopt;
+        return it->second;
+      });
+  std::vector<std::string> out;
+  for (const auto& s : syms) out.push_back(text.substr(s.start, s.len));
+  return out;
+}
+
+TEST(BpeMerge, BestPairFirstLeftmostOnTiesStalePairsSkipped) {
+  using V = std::vector<std::string>;
+  // a|b and b|c tie: the leftmost merges, then nothing joins "ab" and "c".
+  EXPECT_EQ(merged("abc", {{"a|b", 1}, {"b|c", 1}}), (V{"ab", "c"}));
+  // The higher priority wins wherever it is; the merged symbol can merge again.
+  EXPECT_EQ(merged("abc", {{"a|b", 1}, {"b|c", 2}, {"a|bc", 0}}), (V{"abc"}));
+  // b|c first; the queued a|b and c|d are stale then (b and c changed) and skipped; a|bc runs.
+  EXPECT_EQ(merged("abcd", {{"a|b", 2}, {"b|c", 3}, {"c|d", 2}, {"a|bc", 1}}), (V{"abc", "d"}));
+  // Symbols start as UTF-8 characters: "é" (2 bytes) stays whole; a truncated sequence at the
+  // end is one symbol of what is left.
+  EXPECT_EQ(merged("\xC3\xA9x", {}), (V{"\xC3\xA9", "x"}));
+  EXPECT_EQ(merged("x\xE2\x96", {}), (V{"x", "\xE2\x96"}));
+  EXPECT_EQ(merged("", {{"a|b", 1}}), V{});
 }
 
 }  // namespace

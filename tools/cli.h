@@ -24,6 +24,10 @@ void add_convert_command(CLI::App& app);
 // to the engine (throws Error(kInvalidArgument) for N < 0).
 void add_threads_option(CLI::App* cmd, int& threads);
 void apply_threads(int threads);
+// --q8-activations q8_0|f32 on a command: what matmuls with Q8_0 weights do with their input
+// (engine/matmul.h's Q8_0Activations; default q8_0, as llama.cpp), applied when the flag is
+// parsed; another value throws Error(kInvalidArgument) naming the flag.
+void add_q8_activations_option(CLI::App* cmd);
 // f32 | f16 | bf16 | q8_0 (engine/weights.h), throws Error(kInvalidArgument) naming the flag.
 engine::WeightType parse_weight_type(const std::string& text, const std::string& flag);
 

@@ -240,6 +240,7 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
       ->capture_default_str();
   decode->add_option("--threads", d->threads, "Thread counts, comma-separated (0 = every core)")
       ->capture_default_str();
+  add_q8_activations_option(decode);
   decode->add_option("--steps", d->o.steps, "Timed decode steps")->capture_default_str();
   decode->add_option("--warmup", d->o.warmup, "Untimed decode steps first")->capture_default_str();
   decode->add_option("--fill-chunk", d->o.fill_chunk, "Positions per synthetic fill step")

@@ -145,6 +145,7 @@ void add_eval_command(CLI::App& app) {
                   "The run every other one is compared with (first row)")
       ->capture_default_str();
   add_threads_option(cmd, o->threads);
+  add_q8_activations_option(cmd);
   cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval) here")
       ->check(non_empty_path());
   cmd->add_option("--plot", o->plot, "Write an SVG plot of perplexity and KL against the budget")

@@ -103,6 +103,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
       ->capture_default_str();
   add_threads_option(cmd, o->threads);
+  add_q8_activations_option(cmd);
   cmd->callback([o]() { run_generate(*o); });
 }
 

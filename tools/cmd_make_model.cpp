@@ -1,12 +1,13 @@
 // `veloxquant make-model`: a named model shape with deterministic random weights, written as a
 // Hugging Face checkpoint (config.json + model.safetensors) the engine and other engines load.
-// Also home of the shared --threads option.
+// Also home of the shared --threads and --q8-activations options.
 #include <fmt/format.h>
 
 #include <chrono>
 #include <iostream>
 
 #include "cli.h"
+#include "engine/matmul.h"
 #include "engine/model.h"
 #include "engine/parallel.h"
 #include "engine/shapes.h"
@@ -27,6 +28,22 @@ void apply_threads(int threads) {
                 "--threads must be >= 0 (0 = every core), got " + std::to_string(threads));
   }
   engine::set_threads(threads == 0 ? engine::available_cores() : threads);
+}
+
+void add_q8_activations_option(CLI::App* cmd) {
+  cmd->add_option_function<std::string>(
+         "--q8-activations",
+         [](const std::string& v) {
+           if (v != "q8_0" && v != "f32") {
+             throw Error(ErrorCode::kInvalidArgument,
+                         "--q8-activations must be q8_0 or f32, got '" + v + "'");
+           }
+           engine::set_q8_0_activations(v == "f32" ? engine::Q8_0Activations::kF32
+                                                   : engine::Q8_0Activations::kQ8_0);
+         },
+         "Q8_0 weights: quantize the matmul input to Q8_0 blocks as llama.cpp does (q8_0) or "
+         "keep it fp32 (f32: slower, only the weights rounded)")
+      ->default_str("q8_0");
 }
 
 engine::WeightType parse_weight_type(const std::string& s, const std::string& flag) {

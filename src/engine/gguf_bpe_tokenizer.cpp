@@ -10,9 +10,10 @@
 //  - BOS is added when tokenizer.ggml.add_bos_token says so (and EOS by add_eos_token).
 //  - decode maps the byte-level alphabet back to bytes; control tokens print nothing.
 #include <algorithm>
-#include <queue>
+#include <optional>
 #include <unordered_map>
 
+#include "engine/bpe_merge.h"
 #include "engine/gguf.h"
 #include "engine/gguf_tokenizer.h"
 #include "engine/model_builder.h"
@@ -20,10 +21,6 @@
 
 namespace vq::engine {
 namespace {
-
-std::size_t utf8_len(unsigned char c) {
-  return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-}
 
 class BpeTokenizer final : public Tokenizer {
  public:
@@ -138,53 +135,15 @@ class BpeTokenizer final : public Tokenizer {
         return;
       }
     }
-    struct Sym {
-      std::size_t start, len;
-      std::int64_t prev, next;
-    };
-    std::vector<Sym> syms;
-    for (std::size_t i = 0; i < word.size();) {
-      const std::size_t n =
-          std::min(utf8_len(static_cast<unsigned char>(word[i])), word.size() - i);
-      syms.push_back({i, n, static_cast<std::int64_t>(syms.size()) - 1,
-                      static_cast<std::int64_t>(syms.size()) + 1});
-      i += n;
-    }
-    syms.back().next = -1;
-    struct Bigram {
-      std::int32_t rank;
-      std::int64_t left;
-      std::size_t len;
-      bool operator<(const Bigram& o) const {
-        return rank > o.rank || (rank == o.rank && left > o.left);
-      }
-    };
-    std::priority_queue<Bigram> heap;
+    // Merge priority: the lower merge rank first (as a larger negated rank).
     const std::string_view w(word);
-    auto try_pair = [&](std::int64_t left) {
-      if (left < 0 || syms[static_cast<std::size_t>(left)].next < 0) return;
-      const Sym& a = syms[static_cast<std::size_t>(left)];
-      const Sym& b = syms[static_cast<std::size_t>(a.next)];
-      const std::int32_t r = rank(w.substr(a.start, a.len), w.substr(b.start, b.len));
-      if (r >= 0) heap.push({r, left, a.len + b.len});
-    };
-    for (std::size_t i = 0; i + 1 < syms.size(); ++i) try_pair(static_cast<std::int64_t>(i));
-    while (!heap.empty()) {
-      const Bigram top = heap.top();
-      heap.pop();
-      Sym& a = syms[static_cast<std::size_t>(top.left)];
-      if (a.len == 0 || a.next < 0) continue;
-      Sym& b = syms[static_cast<std::size_t>(a.next)];
-      if (a.len + b.len != top.len) continue;  // stale
-      a.len += b.len;
-      b.len = 0;
-      a.next = b.next;
-      if (a.next >= 0) syms[static_cast<std::size_t>(a.next)].prev = top.left;
-      try_pair(a.prev);
-      try_pair(top.left);
-    }
-    for (std::int64_t i = 0; i >= 0; i = syms[static_cast<std::size_t>(i)].next) {
-      const Sym& s = syms[static_cast<std::size_t>(i)];
+    const std::vector<BpeSymbol> syms = bpe_merge<std::int64_t>(
+        w, [&](std::string_view a, std::string_view b) -> std::optional<std::int64_t> {
+          const std::int32_t r = rank(a, b);
+          if (r < 0) return std::nullopt;
+          return -static_cast<std::int64_t>(r);
+        });
+    for (const BpeSymbol& s : syms) {
       const auto it = lookup_.find(w.substr(s.start, s.len));
       if (it != lookup_.end()) {
         ids.push_back(it->second);

@@ -14,9 +14,10 @@
 // Model "gpt2" (byte-level BPE): see gguf_bpe_tokenizer.cpp.
 #include "engine/gguf_tokenizer.h"
 
-#include <queue>
+#include <optional>
 #include <unordered_map>
 
+#include "engine/bpe_merge.h"
 #include "engine/gguf.h"
 #include "engine/model_builder.h"
 
@@ -24,10 +25,6 @@ namespace vq::engine {
 namespace {
 
 const std::string kSpace = "\xE2\x96\x81";  // U+2581
-
-std::size_t utf8_len(unsigned char c) {
-  return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-}
 
 class SpmTokenizer final : public Tokenizer {
  public:
@@ -61,53 +58,15 @@ class SpmTokenizer final : public Tokenizer {
         text += c;
       }
     }
-    struct Sym {
-      std::size_t start, len;
-      std::int64_t prev, next;
-    };
-    std::vector<Sym> syms;
-    for (std::size_t i = 0; i < text.size();) {
-      const std::size_t n =
-          std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
-      syms.push_back({i, n, static_cast<std::int64_t>(syms.size()) - 1,
-                      static_cast<std::int64_t>(syms.size()) + 1});
-      i += n;
-    }
-    syms.back().next = -1;
-    struct Bigram {
-      float score;
-      std::int64_t left;
-      std::size_t len;  // bytes of the merged text when pushed (stale when it changed)
-      bool operator<(const Bigram& o) const {
-        return score < o.score || (score == o.score && left > o.left);
-      }
-    };
-    std::priority_queue<Bigram> heap;
-    auto try_pair = [&](std::int64_t left) {
-      if (left < 0 || syms[static_cast<std::size_t>(left)].next < 0) return;
-      const Sym& a = syms[static_cast<std::size_t>(left)];
-      const Sym& b = syms[static_cast<std::size_t>(a.next)];
-      const auto it = lookup_.find(std::string_view(text).substr(a.start, a.len + b.len));
-      if (it == lookup_.end()) return;
-      heap.push({v_.scores[static_cast<std::size_t>(it->second)], left, a.len + b.len});
-    };
-    for (std::size_t i = 0; i + 1 < syms.size(); ++i) try_pair(static_cast<std::int64_t>(i));
-    while (!heap.empty()) {
-      const Bigram top = heap.top();
-      heap.pop();
-      Sym& a = syms[static_cast<std::size_t>(top.left)];
-      if (a.len == 0 || a.next < 0) continue;
-      Sym& b = syms[static_cast<std::size_t>(a.next)];
-      if (a.len + b.len != top.len) continue;  // stale: one side changed since the push
-      a.len += b.len;
-      b.len = 0;
-      a.next = b.next;
-      if (a.next >= 0) syms[static_cast<std::size_t>(a.next)].prev = top.left;
-      try_pair(a.prev);
-      try_pair(top.left);
-    }
-    for (std::int64_t i = 0; i >= 0; i = syms[static_cast<std::size_t>(i)].next) {
-      const Sym& s = syms[static_cast<std::size_t>(i)];
+    // Merge priority: the score of the token the two symbols' concatenation is (adjacent
+    // views of one string, so the concatenation is a view too).
+    const std::vector<BpeSymbol> syms =
+        bpe_merge<float>(text, [&](std::string_view a, std::string_view b) -> std::optional<float> {
+          const auto it = lookup_.find(std::string_view(a.data(), a.size() + b.size()));
+          if (it == lookup_.end()) return std::nullopt;
+          return v_.scores[static_cast<std::size_t>(it->second)];
+        });
+    for (const BpeSymbol& s : syms) {
       const auto it = lookup_.find(std::string_view(text).substr(s.start, s.len));
       if (it != lookup_.end()) {
         ids.push_back(it->second);

@@ -1,7 +1,10 @@
 #include "engine/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "engine/parallel.h"
 #include "veloxquant/types.h"
@@ -94,6 +97,38 @@ void rows_scalar(float* out, const float* x, const WeightMatrix& w, std::int64_t
   }
 }
 
+// Q8_0 weights x Q8_0 activations, the definition: block b's integer dot (exact) times its two
+// scales' product (exact: an 11-bit times 11-bit significand), rounded to fp32 once, added to
+// lane b % 8; the lanes are summed by tree(). xq[nb * 32] codes, xd[nb] scales as fp32.
+// (The codes are read through an int8 pointer: GCC 12's vectorizer turned the same loop over
+// static_cast<std::int8_t>(uint8 byte) into an unsigned-times-signed dot product.)
+inline std::int32_t block_isum_scalar(const std::uint8_t* blk, const std::int8_t* xq) noexcept {
+  const auto* wq = reinterpret_cast<const std::int8_t*>(blk + 2);
+  std::int32_t isum = 0;
+  for (int j = 0; j < 32; ++j) isum += static_cast<std::int32_t>(wq[j]) * xq[j];
+  return isum;
+}
+
+float dot_q8q8_scalar(const std::uint8_t* row, const std::int8_t* xq, const float* xd,
+                      std::int64_t nb) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + b * 34;
+    const float dd = half_to_float(load_u16(blk)) * xd[b];
+    acc[b % 8] += static_cast<float>(block_isum_scalar(blk, xq + b * 32)) * dd;
+  }
+  return tree(acc);
+}
+
+void rows_q8q8_scalar(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
+                      std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  const std::int64_t nb = w.cols / kQ8_0BlockSize;
+  for (std::int64_t i = begin; i < end; ++i) {
+    for (std::int64_t s = 0; s < S; ++s)
+      out[s * w.rows + i] = dot_q8q8_scalar(w.row(i), xq + s * w.cols, xd + s * nb, nb);
+  }
+}
+
 #ifdef VQ_MATMUL_X86
 #define VQ_AVX2 __attribute__((target("avx2,f16c")))
 
@@ -170,6 +205,110 @@ VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::i
       dot_rows_avx2<T, 1>(w.row(i), rb, x + s * w.cols, w.cols, out + s * w.rows + i);
   }
 }
+
+// The integer dot of one Q8_0 weight block's codes with 32 activation codes as 8 int32 lanes
+// (exact): |w| as unsigned bytes times x with w's sign (x is never -128; w = -128 gives the
+// unsigned 128), pairs summed to int16 (at most 2 * 128 * 127: no saturation), then to int32.
+VQ_AVX2 inline __m256i block_dot_avx2(const std::uint8_t* wq, __m256i xv) noexcept {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+// Blocks b .. b+7 of one row (blk = the row's block b, xq / xd the activations' block b): the
+// products float(isum) * (d_w * d_x) with lane l = block b + l, as the definition forms them.
+// kFull: all eight blocks exist; otherwise only the first `count` do and the other lanes are
+// +0, which leaves the lanes they are added to unchanged (a lane, starting at +0, is never -0),
+// so the last, partial group needs no scalar tail.
+template <bool kFull>
+VQ_AVX2 inline __m256 group_q8q8_avx2(const std::uint8_t* blk, const std::int8_t* xq,
+                                      const float* xd, int count) noexcept {
+  __m256i v[8];
+  for (int k = 0; k < 8; ++k) {
+    v[k] = kFull || k < count
+               ? block_dot_avx2(blk + k * 34 + 2,
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * 32)))
+               : _mm256_setzero_si256();
+  }
+  // h01 = [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (lo/hi: the sums of a block's
+  // two 128-bit halves), h47 the same for blocks 4-7; the halves added give the eight block sums.
+  const __m256i h01 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h47 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                        _mm256_permute2x128_si256(h01, h47, 0x31));
+  __m128i dw16;
+  __m256 dx;
+  if constexpr (kFull) {
+    dw16 = _mm_setr_epi16(
+        static_cast<short>(load_u16(blk)), static_cast<short>(load_u16(blk + 34)),
+        static_cast<short>(load_u16(blk + 68)), static_cast<short>(load_u16(blk + 102)),
+        static_cast<short>(load_u16(blk + 136)), static_cast<short>(load_u16(blk + 170)),
+        static_cast<short>(load_u16(blk + 204)), static_cast<short>(load_u16(blk + 238)));
+    dx = _mm256_loadu_ps(xd);
+  } else {
+    alignas(16) std::uint16_t dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(32) float dxs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < count; ++k) {
+      dw[k] = load_u16(blk + k * 34);
+      dxs[k] = xd[k];
+    }
+    dw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(dw));
+    dx = _mm256_load_ps(dxs);
+  }
+  const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dw16), dx);
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dd);
+}
+
+// out[r] = dot_q8q8_scalar of rows r < R (row r at w0 + r * row_bytes), bit for bit: eight
+// blocks at a time into the eight lanes, then tree().
+template <int R>
+VQ_AVX2 void dot_rows_q8q8_avx2(const std::uint8_t* w0, std::int64_t row_bytes,
+                                const std::int8_t* xq, const float* xd, std::int64_t nb,
+                                float* out) noexcept {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_add_ps(
+          acc[r], group_q8q8_avx2<true>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, 8));
+    }
+  }
+  if (b < nb) {
+    const int count = static_cast<int>(nb - b);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_add_ps(
+          acc[r], group_q8q8_avx2<false>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, count));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[r]);
+    out[r] = tree(lanes);
+  }
+}
+
+VQ_AVX2 void rows_q8q8_avx2(float* out, const std::int8_t* xq, const float* xd,
+                            const WeightMatrix& w, std::int64_t S, std::int64_t begin,
+                            std::int64_t end) noexcept {
+  constexpr int kR = 2;
+  const std::int64_t rb = w.row_bytes();
+  const std::int64_t nb = w.cols / kQ8_0BlockSize;
+  float r2[kR];
+  std::int64_t i = begin;
+  for (; i + kR <= end; i += kR) {
+    for (std::int64_t s = 0; s < S; ++s) {
+      dot_rows_q8q8_avx2<kR>(w.row(i), rb, xq + s * w.cols, xd + s * nb, nb, r2);
+      for (int r = 0; r < kR; ++r) out[s * w.rows + i + r] = r2[r];
+    }
+  }
+  for (; i < end; ++i) {
+    for (std::int64_t s = 0; s < S; ++s)
+      dot_rows_q8q8_avx2<1>(w.row(i), rb, xq + s * w.cols, xd + s * nb, nb, out + s * w.rows + i);
+  }
+}
 #endif
 
 }  // namespace
@@ -221,8 +360,78 @@ void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std
   }
 }
 
-void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) noexcept {
+void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, float* d) noexcept {
+  for (std::int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
+    const float* xb = x + b * kQ8_0BlockSize;
+    std::int8_t* qb = q + b * kQ8_0BlockSize;
+    float amax = 0.0f;
+    bool finite = true;
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j) {
+      finite = finite && std::isfinite(xb[j]);
+      amax = std::max(amax, std::fabs(xb[j]));
+    }
+    if (!finite) {
+      d[b] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(qb, qb + kQ8_0BlockSize, std::int8_t{0});
+      continue;
+    }
+    d[b] = half_to_float(float_to_half(amax / 127.0f));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    // |x_j * id| <= 127 up to two roundings, so the codes stay in [-127, 127]. Rounding half to
+    // even: adding and subtracting 1.5 * 2^23 leaves |v| < 2^22 rounded to an integer in the
+    // default rounding mode, which the library never changes (std::nearbyint, the same value,
+    // is a libm call on the baseline x86-64 target).
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j)
+      qb[j] = static_cast<std::int8_t>((xb[j] * id + kRound) - kRound);
+  }
+}
+
+void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                      const WeightMatrix& w, std::int64_t S, std::int64_t begin,
+                      std::int64_t end) noexcept {
+#ifdef VQ_MATMUL_X86
+  if (isa == Isa::kAvx2) return rows_q8q8_avx2(out, xq, xd, w, S, begin, end);
+#else
+  (void)isa;
+#endif
+  rows_q8q8_scalar(out, xq, xd, w, S, begin, end);
+}
+
+namespace {
+std::atomic<Q8_0Activations> g_q8_0_activations{Q8_0Activations::kQ8_0};
+}  // namespace
+
+const char* to_string(Q8_0Activations a) noexcept {
+  return a == Q8_0Activations::kQ8_0 ? "q8_0" : "f32";
+}
+void set_q8_0_activations(Q8_0Activations a) noexcept { g_q8_0_activations.store(a); }
+Q8_0Activations q8_0_activations() noexcept { return g_q8_0_activations.load(); }
+
+void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) {
   const Isa isa = best_isa();
+  if (w.type == WeightType::kQ8_0 && q8_0_activations() == Q8_0Activations::kQ8_0) {
+    // Grows to the largest call, then is reused: no allocation per token.
+    thread_local std::vector<std::int8_t> xq;  // [S][w.cols] activation codes
+    thread_local std::vector<float> xd;        // [S][w.cols / 32] their scales
+    const auto n = static_cast<std::size_t>(S * w.cols);
+    if (xq.size() < n) xq.resize(n);
+    if (xd.size() < n / kQ8_0BlockSize) xd.resize(n / kQ8_0BlockSize);
+    quantize_activations_q8_0(x, S * w.cols, xq.data(), xd.data());
+    const std::int8_t* q = xq.data();
+    const float* d = xd.data();
+    constexpr std::int64_t kUnit = 16;
+    const std::int64_t units = (w.rows + kUnit - 1) / kUnit;
+    const int nt = threads();
+    if (nt <= 1 || units < 2 || w.rows * w.cols * S < (std::int64_t{1} << 16)) {
+      matmul_rows_q8_0(isa, out, q, d, w, S, 0, w.rows);
+      return;
+    }
+    parallel_for(units, nt, [&](std::int64_t u0, std::int64_t u1) {
+      matmul_rows_q8_0(isa, out, q, d, w, S, u0 * kUnit, std::min(w.rows, u1 * kUnit));
+    });
+    return;
+  }
   // Units of 16 rows (a multiple of the kernels' 4-row groups); a unit's rows are computed by
   // one thread exactly as matmul_rows computes them, so the split never changes a result.
   constexpr std::int64_t kUnit = 16;

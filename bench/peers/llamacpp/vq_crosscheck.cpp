@@ -20,8 +20,11 @@
 //   vq_crosscheck greedy   MODEL STEPS [KV]      BOS, then argmax until STEPS positions or EOS
 //   vq_crosscheck nll      MODEL TEXT_FILE N [KV] per-token -ln p(next) of the first N tokens,
 //                                                then "mean M over P predictions"
-// KV is the full cache's storage: f32 (default) or f16.
+// KV is the full cache's storage: f32 (default) or f16. With VQ_CROSSCHECK_Q8_0_ACTIVATIONS=f32
+// in the environment, Q8_0 weights multiply fp32 activations (engine/matmul.h's kF32) instead of
+// the default Q8_0-quantized ones, to report what the activation rounding costs.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,6 +36,7 @@
 #include "engine/gguf_tokenizer.h"
 #include "engine/gguf_writer.h"
 #include "engine/mapped_file.h"
+#include "engine/matmul.h"
 #include "engine/model.h"
 #include "engine/pretokenize.h"
 #include "engine/tokenizer.h"
@@ -244,6 +248,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (const char* acts = std::getenv("VQ_CROSSCHECK_Q8_0_ACTIVATIONS")) {
+      if (std::string(acts) != "f32" && std::string(acts) != "q8_0") {
+        std::fprintf(stderr, "VQ_CROSSCHECK_Q8_0_ACTIVATIONS must be f32 or q8_0, got '%s'\n",
+                     acts);
+        return 2;
+      }
+      vq::engine::set_q8_0_activations(std::string(acts) == "f32"
+                                           ? vq::engine::Q8_0Activations::kF32
+                                           : vq::engine::Q8_0Activations::kQ8_0);
+    }
     return run(argc, argv);
   } catch (const vq::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
