@@ -21,7 +21,7 @@
 #    step. What is timed is one decode step (one token through the model, attention over the
 #    cache, the method's cache work, argmax); loading and prefill are not. A row's figure is the
 #    median over the REPS rounds.
-# 4. Writes OUT (docs/results.md, kind `peers`) and prints a table.
+# 4. Writes OUT (docs/results.md, kind `peers`; bench/peers/peers_json.py) and prints a table.
 # The lead re-runs it after matmul changes: `--weights f16,q8_0` adds the Q8_0 comparison.
 # Never part of the unit tests. Exit status 1 when a step fails.
 set -uo pipefail
@@ -129,62 +129,9 @@ PY
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-cp "$tmp/vq.json" "$tmp/vq_last.json"
-python3 - "$samples" "$out" "$tmp/vq_last.json" <<PY
-import json, os, statistics, subprocess, sys, tempfile
-samples, out, vq_last = sys.argv[1], sys.argv[2], sys.argv[3]
-def git(*a):
-    try:
-        return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
-commit = git("rev-parse", "--short=12", "HEAD")
-if git("status", "--porcelain", "--untracked-files=no"):
-    commit += "-dirty"
-last = json.load(open(vq_last))
-groups = {}
-for line in open(samples):
-    e, w, cache, n, t, r, ms, pf = line.rstrip("\n").split("\t")
-    groups.setdefault((e, w, cache, int(n), int(t)), []).append((float(ms), float(pf)))
-rows = []
-for (e, w, cache, n, t), v in groups.items():
-    ms = statistics.median(x for x, _ in v)
-    rows.append({"engine": e, "weights": w, "cache": cache, "context": n, "threads": t,
-                 "ms_per_token": ms, "tokens_per_s": 1e3 / ms,
-                 "round_ms_per_token": [x for x, _ in v],
-                 "prefill_s": statistics.median(p for _, p in v)})
-for row in rows:
-    ref = groups.get(("llama.cpp", row["weights"], "f16", row["context"], row["threads"]))
-    row["speedup_vs_llamacpp_f16"] = statistics.median(x for x, _ in ref) / row["ms_per_token"] if ref else None
-doc = {
-    "schema": "veloxquant.results/1", "kind": "peers",
-    "veloxquant_version": last.get("veloxquant_version"), "git_commit": commit,
-    "machine": last.get("machine"),
-    "command": "bench/peers/run_llamacpp.sh --shape $shape --weights $weights --contexts $contexts --threads $threads --reps $reps --steps $steps --budget $budget --out $out",
-    "settings": {
-        "model": "shape:$shape", "model_config": last["settings"]["model_config"], "seed": 1,
-        "weights": "$weights".split(","), "contexts": [int(x) for x in "$contexts".split(",")],
-        "threads": [int(x) for x in "$threads".split(",")], "rounds": $reps, "steps": $steps,
-        "warmup": 2, "budget": $budget, "methods": "${methods[*]}".split(),
-        "llama_cpp": "$lc_version (npm @node-llama-cpp/linux-x64@3.22.1)",
-        "llama_cpp_settings": "flash_attn auto (its default), n_batch 512, prompt ids i mod vocab",
-        "veloxquant_settings": "bench decode --prefill-real (chunks of 64, prompt ids from the seed)",
-        "matmul_isa": last["settings"].get("matmul_isa"),
-        "load_average_before": "$load_before", "load_average_after": "$load_after",
-    },
-    "rows": sorted(rows, key=lambda r: (r["weights"], r["context"], r["threads"], r["engine"] != "llama.cpp", r["engine"] == "llama.cpp" and r["cache"] != "f16")),
-}
-os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-fd, path = tempfile.mkstemp(dir=os.path.dirname(out) or ".", suffix=".tmp")
-with os.fdopen(fd, "w") as f:
-    json.dump(doc, f, indent=2)
-    f.write("\n")
-os.replace(path, out)
-print(f"| weights | context | threads | engine, cache | ms/token (median of {$reps}) | tok/s | vs llama.cpp f16 KV |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
-for r in doc["rows"]:
-    name = f"llama.cpp, {r['cache']} KV" if r["engine"] == "llama.cpp" else "veloxquant, \`" + r["cache"].replace(" (", "\` (", 1) + ("" if " (" in r["cache"] else "\`")
-    sp = r["speedup_vs_llamacpp_f16"]
-    print(f"| {r['weights']} | {r['context']} | {r['threads']} | {name} | {r['ms_per_token']:.1f} | {r['tokens_per_s']:.1f} | {sp:.2f}x |")
-print(f"wrote {out}", file=sys.stderr)
-PY
+python3 bench/peers/peers_json.py --samples "$samples" --out "$out" --vq-json "$tmp/vq.json" \
+  --command "bench/peers/run_llamacpp.sh --shape $shape --weights $weights --contexts $contexts --threads $threads --reps $reps --steps $steps --budget $budget --out $out" \
+  --shape "$shape" --weights "$weights" --contexts "$contexts" --threads "$threads" \
+  --rounds "$reps" --steps "$steps" --warmup 2 --budget "$budget" --methods "${methods[*]}" \
+  --llama-cpp "$lc_version (npm @node-llama-cpp/linux-x64@3.22.1)" \
+  --load-before "$load_before" --load-after "$load_after"
