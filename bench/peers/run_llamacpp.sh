@@ -3,7 +3,7 @@
 #
 #   bench/peers/run_llamacpp.sh [--shape NAME] [--weights f16[,q8_0]] [--contexts 1024,4096]
 #                               [--threads 1,2] [--reps 3] [--steps 16] [--budget 512]
-#                               [--out results/decode/peers.json]
+#                               [--out results/decode/peers.json] [--samples FILE]
 #
 # 1. Installs llama.cpp from npm (bench/peers/llamacpp/setup.sh; without npm or the registry it
 #    says so and exits 0) and builds VeloxQuant (scripts/build.sh).
@@ -22,6 +22,8 @@
 #    cache, the method's cache work, argmax); loading and prefill are not. A row's figure is the
 #    median over the REPS rounds.
 # 4. Writes OUT (docs/results.md, kind `peers`; bench/peers/peers_json.py) and prints a table.
+#    --samples FILE keeps the raw per-round samples (tab-separated, see peers_json.py), so runs
+#    of separate contexts or thread counts can be combined with peers_json.py.
 # The lead re-runs it after matmul changes: `--weights f16,q8_0` adds the Q8_0 comparison.
 # Never part of the unit tests. Exit status 1 when a step fails.
 set -uo pipefail
@@ -36,6 +38,7 @@ steps=16
 budget=512
 methods=(full streaming_llm h2o kivi)
 out=results/decode/peers.json
+keep_samples=
 while [ $# -gt 0 ]; do
   case $1 in
     --shape) shape=$2; shift 2 ;;
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --samples) keep_samples=$2; shift 2 ;;
     *) echo "run_llamacpp: unknown argument '$1' (see the header of $0)" >&2; exit 1 ;;
   esac
 done
@@ -128,6 +132,7 @@ PY
   done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+[ -n "$keep_samples" ] && cp "$samples" "$keep_samples"
 
 python3 bench/peers/peers_json.py --samples "$samples" --out "$out" --vq-json "$tmp/vq.json" \
   --command "bench/peers/run_llamacpp.sh --shape $shape --weights $weights --contexts $contexts --threads $threads --reps $reps --steps $steps --budget $budget --out $out" \
