@@ -17,8 +17,13 @@
  *   llamacpp_driver dequant  MODEL.gguf                    per tensor "name type_id n_values hash":
  *                                                          ggml's to_float of every tensor,
  *                                                          hashed (FNV-1a 64 over the fp32 bits)
- *   llamacpp_driver bench    MODEL.gguf CTX THREADS KV N   fills CTX positions, then times N
- *                                                          greedy decode steps; prints tok/s
+ *   llamacpp_driver bench    MODEL.gguf CTX THREADS KV N [WARMUP]
+ *                                                          prefills CTX tokens (batches of 512),
+ *                                                          runs WARMUP (default 2) untimed and N
+ *                                                          timed greedy decode steps; prints the
+ *                                                          prefill time and the median and mean
+ *                                                          step (flash attention: llama.cpp's
+ *                                                          default, auto)
  * KV is the KV cache type: f32 (default for greedy/nll), f16 or q8_0. One thread unless given:
  * results are then independent of scheduling. Exit status 0 on success, 1 on errors (printed).
  * LLAMACPP_LIB_DIR names the folder of libllama and its CPU backend libraries (libggml-cpu-*.so).
@@ -60,8 +65,10 @@ static struct llama_model* load_model(const char* path, int vocab_only) {
   return llama_model_load_from_file(path, mp);
 }
 
-static struct llama_context* make_context(struct llama_model* model, int n_ctx, int threads,
-                                          enum ggml_type kv, int n_batch) {
+/* flash < 0: the cross-check's choice (off unless the V cache is quantized, which needs it);
+ * otherwise a llama_flash_attn_type (bench uses AUTO, llama.cpp's default). */
+static struct llama_context* make_context_fa(struct llama_model* model, int n_ctx, int threads,
+                                             enum ggml_type kv, int n_batch, int flash) {
   struct llama_context_params cp = llama_context_default_params();
   cp.n_ctx = (uint32_t)n_ctx;
   cp.n_batch = (uint32_t)n_batch;
@@ -71,10 +78,16 @@ static struct llama_context* make_context(struct llama_model* model, int n_ctx, 
   cp.type_k = kv;
   cp.type_v = kv;
   /* Flash attention needs a quantized V cache; f32/f16 runs use the plain attention path. */
-  cp.flash_attn_type = kv == GGML_TYPE_Q8_0 ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                                            : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.flash_attn_type = flash >= 0             ? (enum llama_flash_attn_type)flash
+                       : kv == GGML_TYPE_Q8_0 ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                                              : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.no_perf = 1;
   return llama_init_from_model(model, cp);
+}
+
+static struct llama_context* make_context(struct llama_model* model, int n_ctx, int threads,
+                                          enum ggml_type kv, int n_batch) {
+  return make_context_fa(model, n_ctx, threads, kv, n_batch, -1);
 }
 
 static char* read_file(const char* path, long* size) {
@@ -242,8 +255,7 @@ int main(int argc, char** argv) {
     int n = tokenize(vocab, text, len, &ids);
     const int want = atoi(argv[4]);
     if (n > want) n = want;
-    struct llama_context* ctx =
-        make_context(model, n, 1, kv_type(argc >= 6 ? argv[5] : "f32"), 1);
+    struct llama_context* ctx = make_context(model, n, 1, kv_type(argc >= 6 ? argv[5] : "f32"), 1);
     if (!ctx) return die("cannot create a context");
     double total = 0;
     /* One token per decode call, like veloxquant eval's token-by-token run. */
@@ -264,25 +276,50 @@ int main(int argc, char** argv) {
 
   if (strcmp(mode, "bench") == 0 && argc >= 7) {
     const int n_ctx = atoi(argv[3]), threads = atoi(argv[4]), n_steps = atoi(argv[6]);
+    const int warmup = argc >= 8 ? atoi(argv[7]) : 2;
+    if (n_ctx < 1 || threads < 1 || n_steps < 1 || warmup < 0)
+      return die("bench: CTX, THREADS and N must be >= 1 and WARMUP >= 0");
     const enum ggml_type kv = kv_type(argv[5]);
-    struct llama_context* ctx = make_context(model, n_ctx + n_steps, threads, kv, 512);
+    struct llama_context* ctx = make_context_fa(model, n_ctx + warmup + n_steps, threads, kv, 512,
+                                                LLAMA_FLASH_ATTN_TYPE_AUTO);
     if (!ctx) return die("cannot create a context");
     /* Context: token ids cycling through the vocabulary (content does not change the cost). */
-    llama_token* fill = malloc(sizeof(llama_token) * (size_t)(n_ctx > 0 ? n_ctx : 1));
+    llama_token* fill = malloc(sizeof(llama_token) * (size_t)n_ctx);
     for (int i = 0; i < n_ctx; ++i) fill[i] = (llama_token)(i % n_vocab);
+    const double t_fill = seconds_now();
     for (int at = 0; at < n_ctx; at += 512) {
       const int len = n_ctx - at < 512 ? n_ctx - at : 512;
       if (llama_decode(ctx, llama_batch_get_one(fill + at, len)) != 0) return die("prefill failed");
     }
-    llama_token tok = 1;
-    const double t0 = seconds_now();
-    for (int s = 0; s < n_steps; ++s) {
+    const double fill_s = seconds_now() - t_fill;
+    llama_token tok = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
+    double* step_s = malloc(sizeof(double) * (size_t)n_steps);
+    double total = 0;
+    for (int s = -warmup; s < n_steps; ++s) {
+      const double t0 = seconds_now();
       if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) return die("decode failed");
       tok = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
+      if (s >= 0) {
+        step_s[s] = seconds_now() - t0;
+        total += step_s[s];
+      }
     }
-    const double dt = seconds_now() - t0;
-    printf("llama.cpp decode: ctx %d, threads %d, kv %s, %d steps: %.3f s, %.1f tok/s\n", n_ctx,
-           threads, argv[5], n_steps, dt, n_steps / dt);
+    /* Median step (insertion sort: N is small). */
+    for (int i = 1; i < n_steps; ++i) {
+      const double x = step_s[i];
+      int j = i - 1;
+      for (; j >= 0 && step_s[j] > x; --j) step_s[j + 1] = step_s[j];
+      step_s[j + 1] = x;
+    }
+    const double median =
+        n_steps % 2 ? step_s[n_steps / 2] : 0.5 * (step_s[n_steps / 2 - 1] + step_s[n_steps / 2]);
+    printf(
+        "llama.cpp decode: ctx %d, threads %d, kv %s, flash_attn auto, %d warmup + %d steps: "
+        "prefill %.3f s, median %.3f ms/token, mean %.3f ms/token\n",
+        n_ctx, threads, argv[5], warmup, n_steps, fill_s, median * 1e3, total / n_steps * 1e3);
+    free(step_s);
+    free(fill);
+    llama_free(ctx);
     return 0;
   }
   fprintf(stderr, "llamacpp_driver: unknown mode or missing arguments (see the source header)\n");

@@ -12,6 +12,13 @@
 //                                                quantizer output can be read back
 //   vq_crosscheck dequant MODEL.gguf              per tensor "name type_id n_values hash" of
 //                                                VeloxQuant's dequantization (as the driver)
+//   vq_crosscheck tokenizer-bin VOCAB.gguf OUT.bin
+//                                                writes a SentencePiece ("llama") GGUF
+//                                                vocabulary as a llama2.c tokenizer.bin (pieces
+//                                                with U+2581 as ' ', scores), which `veloxquant
+//                                                convert --tokenizer` reads: how
+//                                                bench/peers/run_llamacpp.sh gives the 32000-id
+//                                                llama-110m shape Llama 2's vocabulary
 //   vq_crosscheck hf-json VOCAB.gguf llama3|qwen2 OUT.json
 //                                                writes the GGUF's byte-level vocabulary as a
 //                                                Hugging Face tokenizer.json with that model's
@@ -23,6 +30,7 @@
 // KV is the full cache's storage: f32 (default) or f16. With VQ_CROSSCHECK_Q8_0_ACTIVATIONS=f32
 // in the environment, Q8_0 weights multiply fp32 activations (engine/matmul.h's kF32) instead of
 // the default Q8_0-quantized ones, to report what the activation rounding costs.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -101,6 +109,46 @@ int write_hf_json(const std::string& gguf, const std::string& which, const std::
   return 0;
 }
 
+// llama2.c's tokenizer.bin: i32 max_token_length, then per id: f32 score, i32 length, bytes.
+int write_tokenizer_bin(const std::string& gguf, const std::string& out) {
+  const vq::engine::GgufVocab v = vq::engine::read_gguf_vocab(vq::engine::GgufFile::open(gguf));
+  if (v.model != "llama" || v.scores.size() != v.tokens.size()) {
+    std::fprintf(stderr,
+                 "vq_crosscheck: %s: expected a \"llama\" vocabulary with scores, got \"%s\"\n",
+                 gguf.c_str(), v.model.c_str());
+    return 1;
+  }
+  const std::string space = "\xe2\x96\x81";  // U+2581, SentencePiece's word boundary
+  std::vector<std::string> pieces;
+  std::int32_t max_len = 0;
+  for (const std::string& t : v.tokens) {
+    std::string p;
+    for (std::size_t i = 0; i < t.size();) {
+      if (t.compare(i, space.size(), space) == 0) {
+        p += ' ';
+        i += space.size();
+      } else {
+        p += t[i++];
+      }
+    }
+    max_len = std::max(max_len, static_cast<std::int32_t>(p.size()));
+    pieces.push_back(std::move(p));
+  }
+  std::ofstream f(out, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(&max_len), 4);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const std::int32_t len = static_cast<std::int32_t>(pieces[i].size());
+    f.write(reinterpret_cast<const char*>(&v.scores[i]), 4);
+    f.write(reinterpret_cast<const char*>(&len), 4);
+    f.write(pieces[i].data(), len);
+  }
+  if (!f) {
+    std::fprintf(stderr, "vq_crosscheck: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int write_synth(const std::string& tokenizer, const std::string& out) {
   const std::int64_t dim = 256, hid = 768, layers = 2, heads = 4, kv_heads = 2, hd = 64,
                      vocab = 512;
@@ -160,6 +208,7 @@ int write_synth(const std::string& tokenizer, const std::string& out) {
 
 int run(int argc, char** argv) {
   const std::string mode = argv[1];
+  if (mode == "tokenizer-bin" && argc >= 4) return write_tokenizer_bin(argv[2], argv[3]);
   if (mode == "hf-json" && argc >= 5) return write_hf_json(argv[2], argv[3], argv[4]);
   if (mode == "synth" && argc >= 4) return write_synth(argv[2], argv[3]);
   if (mode == "dequant") {
