@@ -51,39 +51,60 @@ TEST(RatioSolver, Fp16BudgetsByHand) {
 }
 
 TEST(RatioSolver, KiviStoreBytesByHand) {
-  // kivi defaults: G = 32, R = 128. 511 rows: q = 32 x floor(383 / 32) = 352 quantized rows,
-  // 159 fp16 tail rows. 2 bits: codes 2 x 352 x ceil(8 x 2 / 8) = 1408; key groups 352 / 32 =
-  // 11, each 8 channels x fp16 scale + zero = 32 bytes: 352; values one group per row (8
-  // channels < 32): 352 x 4 = 1408; tail 159 x 32 = 5088. Total 8256 per store, 165120 over
-  // 20 (the kivi row of results/eval/main.json, measured by the store itself).
+  // kivi defaults: G = 32, R = 128, 2 bits, head_dim 8 (2 code bytes per row). 511 rows: keys
+  // leave the tail by groups, qk = 32 x floor(383 / 32) = 352 quantized keys: codes 352 x 2 =
+  // 704, 11 key groups x 8 channels x (fp16 scale + zero) = 352, key tail 159 x 8 x 2 = 2544.
+  // Values leave one at a time, qv = 511 - 128 = 383: codes 766, one group per row (8 channels
+  // < 32) x 4 = 1532, value tail 128 x 16 = 2048. Total 7946 per store, 158920 over 20 (the
+  // kivi row of the main job, measured by the store itself).
   const CacheConfig kivi2 = CacheConfig::parse("kivi");
-  EXPECT_EQ(eval::store_bytes(kivi2, 8, 511), 8256);
-  EXPECT_EQ(eval::predicted_kept_bytes(kivi2, kStories, 511), 165120);
-  // 4 bits: codes 2 x 352 x 4 = 2816; the rest as above: 2816 + 352 + 1408 + 5088 = 9664.
-  EXPECT_EQ(eval::store_bytes(CacheConfig::parse("kivi:bit_width_inlier=4"), 8, 511), 9664);
-  // Under R + G = 160 rows nothing is quantized: 100 fp16 rows.
+  EXPECT_EQ(eval::store_bytes(kivi2, 8, 511), 7946);
+  EXPECT_EQ(eval::predicted_kept_bytes(kivi2, kStories, 511), 158920);
+  // 4 bits: codes 352 x 4 = 1408 and 383 x 4 = 1532: 1408 + 352 + 2544 + 1532 + 1532 + 2048.
+  EXPECT_EQ(eval::store_bytes(CacheConfig::parse("kivi:bit_width_inlier=4"), 8, 511), 9416);
+  // Up to R = 128 rows nothing is quantized: 100 fp16 rows.
   EXPECT_EQ(eval::store_bytes(kivi2, 8, 100), 3200);
 }
 
 TEST(RatioSolver, KiviCompositionBudgetByHand) {
-  // h2o:quantize=kivi2 (G = 32, R = 32): n rows hold q = 32 floor((n - 32) / 32) quantized rows
-  // at 4 (codes) + 1 (key scale/zero: 32 bytes per 32 rows) + 4 (value scale/zero) = 9 bytes
-  // each and n - q fp16 rows at 32. 8x of 511 rows: 40880 / 20 = 2044 bytes per store. At a
-  // group boundary n = 32k + 32: 288k + 1024 <= 2044 -> k <= 3 (n = 128, q = 96: 1888); from
-  // there 864 + (n - 96) x 32 <= 2044 -> n <= 132. Beyond, n = 160 already holds 2176 and the
-  // bytes only grow. So the budget is 132 (2016 bytes per store, 40320 in all), although 95
-  // (q = 32: 288 + 63 x 32 = 2304) does not fit: the bytes are not monotone in the rows.
+  // h2o:quantize=kivi2 (G = 32, R = 32): n = 32k + 32 + j rows (0 <= j < 32) hold qk = 32k
+  // quantized keys at 2 (codes) + 1 (key scale/zero: 32 bytes per 32 rows) and n - qk fp16 keys
+  // at 16; qv = n - 32 quantized values at 2 + 4 (scale/zero) and 32 fp16 values at 16. Bytes
+  // = 3 qk + 16 (n - qk) + 6 (n - 32) + 512 = 288k + 1024 + 22j. 8x of 511 rows: 40880 / 20 =
+  // 2044 bytes per store: 288k + 22j <= 1020 -> k = 3, j <= 7: n = 135 (2042 bytes, 40840 in
+  // all); k = 4 already holds 2176. 95 rows (k = 1, j = 31) hold 1994 but 96 (k = 2, j = 0)
+  // only 1600: the bytes are not monotone in the rows.
   const std::string spec = "h2o:quantize=kivi2";
-  EXPECT_EQ(eval::store_bytes(CacheConfig::parse(spec), 8, 132), 2016);
-  EXPECT_EQ(eval::store_bytes(CacheConfig::parse(spec), 8, 95), 2304);
+  EXPECT_EQ(eval::store_bytes(CacheConfig::parse(spec), 8, 135), 2042);
+  EXPECT_EQ(eval::store_bytes(CacheConfig::parse(spec), 8, 95), 1994);
   EXPECT_EQ(eval::store_bytes(CacheConfig::parse(spec), 8, 96), 1600);
-  EXPECT_EQ(solved_budget(spec, 511, 8), 132);
-  // 32x: 511 bytes per store, but the smallest budget with quantize= is R + G = 64 rows,
-  // which hold 288 + 32 x 32 = 1312: not reachable, and the reason says so.
+  EXPECT_EQ(solved_budget(spec, 511, 8), 135);
+  // 32x: 511 bytes per store, but the smallest budget with quantize= is R + G = 64 rows
+  // (k = 1, j = 0), which hold 1312: not reachable, and the reason says so.
   std::string why;
   EXPECT_FALSE(eval::solve_budget(CacheConfig::parse(spec), kStories, 511, 32, 0, 0, &why));
   EXPECT_NE(why.find("26240 bytes"), std::string::npos) << why;  // 1312 x 20
   EXPECT_NE(why.find("must be >="), std::string::npos) << why;
+}
+
+TEST(RatioSolver, DemotedRowsByHand) {
+  // demote=kivi4 (demote_group 32 -> 8 = head_dim): a demoted row costs codes 2 x 8 x 4 / 8 = 8
+  // plus one fp16 scale and zero for K and for V = 8: 16 bytes; kivi2: 4 + 8 = 12.
+  EXPECT_EQ(eval::demoted_row_bytes(CacheConfig::parse("h2o:demote=kivi4"), 8), 16);
+  EXPECT_EQ(eval::demoted_row_bytes(CacheConfig::parse("h2o:demote=kivi2"), 8), 12);
+  EXPECT_EQ(eval::demoted_row_bytes(CacheConfig::parse("h2o"), 8), 0);
+  // head_dim 128, group 32: codes 2 x 64 = 128 (4 bits), 4 groups x 2 x 4 = 32: 160.
+  EXPECT_EQ(eval::demoted_row_bytes(CacheConfig::parse("h2o:demote=kivi4"), 128), 160);
+  // h2o at budget 32 with kivi4 after 511 rows: 32 fp16 rows (1024) + 32 demoted (the cap is
+  // the budget) x 16 = 1536 per store, 30720 over 20 (13b's measured figure for this spec).
+  EXPECT_EQ(eval::predicted_kept_bytes(CacheConfig::parse("h2o:budget=32,demote=kivi4"),
+                                       kStories, 511),
+            30720);
+  // demote_budget 100 but only 511 - 400 = 111 rows evicted beyond budget 400: all demoted
+  // would be 111, the cap 100 holds: 400 x 32 + 100 x 16 = 14400 per store.
+  EXPECT_EQ(eval::predicted_kept_bytes(
+                CacheConfig::parse("h2o:budget=400,demote=kivi4,demote_budget=100"), kStories, 511),
+            14400 * 20);
 }
 
 TEST(RatioSolver, OffsetAndBelowCorrectTheBudget) {
@@ -99,19 +120,21 @@ TEST(RatioSolver, OffsetAndBelowCorrectTheBudget) {
 }
 
 TEST(RatioSolver, WidthVariantsAndNearest) {
-  // kivi at 511 rows: 2 bits 327040 / 165120 = 1.98; 4 bits 327040 / 193280 = 1.69.
+  // kivi at 511 rows (KiviStoreBytesByHand): 2 bits 327040 / 158920 = 2.06; 4 bits 9416 x 20 =
+  // 188320 bytes: 327040 / 188320 = 1.74.
   const auto v = eval::width_variants(CacheConfig::parse("kivi"), kStories, 511);
   ASSERT_EQ(v.size(), 2u);
-  EXPECT_NEAR(v[0].predicted_ratio, 327040.0 / 165120.0, 1e-12);
-  EXPECT_NEAR(v[1].predicted_ratio, 327040.0 / 193280.0, 1e-12);
+  EXPECT_NEAR(v[0].predicted_ratio, 327040.0 / 158920.0, 1e-12);
+  EXPECT_NEAR(v[1].predicted_ratio, 327040.0 / 188320.0, 1e-12);
   EXPECT_EQ(eval::nearest_width(v, 4).config.get_int("bit_width_inlier"), 2);
-  EXPECT_EQ(eval::nearest_width(v, 1.7).config.get_int("bit_width_inlier"), 4);
-  // full: quantize none (ratio 1), kivi2, kivi4 (R = 32, G = 32: 511 rows, q = 448, 63 tail:
-  // 2 bits 9 x 448 + 63 x 32 = 6048 per store; ratio 16352 / 6048 = 2.70).
+  EXPECT_EQ(eval::nearest_width(v, 1.75).config.get_int("bit_width_inlier"), 4);
+  // full: quantize none (ratio 1), kivi2, kivi4 (R = 32, G = 32: 511 rows; 2 bits: keys
+  // qk = 448 at 2 + 1 and 63 tail keys at 16: 2352; values qv = 479 at 2 + 4 and 32 at 16:
+  // 3386; 5738 per store; ratio 16352 / 5738 = 2.85).
   const auto f = eval::width_variants(CacheConfig::parse("full"), kStories, 511);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(f[0].predicted_ratio, 1.0);
-  EXPECT_NEAR(f[1].predicted_ratio, 16352.0 / 6048.0, 1e-12);
+  EXPECT_NEAR(f[1].predicted_ratio, 16352.0 / 5738.0, 1e-12);
   // A method with neither a budget nor a bit width: nothing to vary (full has quantize, so
   // there is none among the registered methods; the empty case is covered by the eval test).
 }

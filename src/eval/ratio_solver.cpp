@@ -35,15 +35,31 @@ std::int64_t store_bytes(const CacheConfig& c, std::int64_t d, std::int64_t rows
   if (bits == 0) return rows * 2 * d * row_size;
   const std::int64_t g = c.get_int("kivi_group_size");
   const std::int64_t r = c.get_int("residual_length");
-  const std::int64_t q = rows > r ? g * ((rows - r) / g) : 0;
+  // Keys leave the tail a group at a time, values one token at a time (kivi_store.cpp).
+  const std::int64_t qk = rows > r ? g * ((rows - r) / g) : 0;
+  const std::int64_t qv = rows > r ? rows - r : 0;
   const std::int64_t code_row = (d * bits + 7) / 8;
   const std::int64_t value_groups = (d + g - 1) / g;
-  return 2 * q * code_row + (q / g) * d * 4 + q * value_groups * 4 + (rows - q) * 2 * d * row_size;
+  const std::int64_t keys = qk * code_row + (qk / g) * d * 4 + (rows - qk) * d * row_size;
+  const std::int64_t values = qv * code_row + qv * value_groups * 4 + (rows - qv) * d * row_size;
+  return keys + values;
+}
+
+std::int64_t demoted_row_bytes(const CacheConfig& c, std::int64_t head_dim) {
+  if (!c.has("demote") || c.get_enum("demote") == "none") return 0;
+  const std::int64_t bits = c.get_enum("demote") == "kivi2" ? 2 : 4;
+  const std::int64_t group = std::min(c.get_int("demote_group"), head_dim);
+  return 2 * ((head_dim * bits + 7) / 8) + 8 * ((head_dim + group - 1) / group);
 }
 
 std::int64_t predicted_kept_bytes(const CacheConfig& c, const KvShape& s, std::int64_t rows_seen) {
   const std::int64_t rows = has_token_budget(c) ? std::min(token_budget(c), rows_seen) : rows_seen;
-  return s.n_layers * s.n_kv_heads * store_bytes(c, s.head_dim, rows);
+  std::int64_t per_head = store_bytes(c, s.head_dim, rows);
+  if (const std::int64_t row = demoted_row_bytes(c, s.head_dim); row > 0) {
+    const std::int64_t cap = c.get_int("demote_budget") < 0 ? token_budget(c) : c.get_int("demote_budget");
+    per_head += row * std::min(cap, rows_seen - rows);
+  }
+  return s.n_layers * s.n_kv_heads * per_head;
 }
 
 std::optional<BudgetChoice> solve_budget(const CacheConfig& config, const KvShape& shape,

@@ -15,10 +15,8 @@
 // `offset`: measured minus predicted bytes), because some methods hold more or fewer rows than
 // their budget at the end (snapkv keeps every decoded row after its prefill cut, chunkkv keeps
 // whole chunks, a KIVI store that evicted rows keeps sparse key groups).
-// An option that changes what a kept row costs or how many rows a budget keeps (a low-bit store
-// for demoted rows, per-head budgets whose layer total differs from budget x heads) belongs in
-// store_bytes / predicted_kept_bytes; until it is there, the correction by running compensates
-// in more runs, or the row is reported as not reaching the ratio.
+// demote= (a low-bit tier for the rows the method evicts) is in predicted_kept_bytes; headwise=
+// keeps each layer's total at budget x heads, so the prediction holds for it unchanged.
 #pragma once
 
 #include <cstdint>
@@ -40,14 +38,22 @@ std::int64_t full_cache_bytes(const KvShape& shape, std::int64_t rows);
 // The payload of one (layer, KV head) store holding `rows` rows appended in order with none
 // evicted: rows x 2 x head_dim x sizeof(kv_dtype); or, for KIVI storage (method kivi, or
 // quantize=kivi2|kivi4 on an eviction method), with G = kivi_group_size, R = residual_length,
-// b = bits, D = head_dim: q = G * floor(max(0, rows - R) / G) quantized rows and rows - q tail
-// rows in kv_dtype; bytes = 2 q ceil(D b / 8) (K and V codes) + (q / G) D 4 (a key group's fp16
-// scale and zero per channel) + q ceil(D / G) 4 (a row's fp16 scale and zero per value group)
-// + (rows - q) 2 D sizeof(kv_dtype).
+// b = bits, D = head_dim, s = sizeof(kv_dtype): keys leave the unquantized tail a group at a
+// time, values a token at a time, so qk = G * floor(max(0, rows - R) / G) keys and
+// qv = max(0, rows - R) values are quantized; bytes = qk ceil(D b / 8) + (qk / G) D 4 (a key
+// group's fp16 scale and zero per channel) + (rows - qk) D s (the key tail) + qv ceil(D b / 8)
+// + qv ceil(D / G) 4 (a value row's fp16 scale and zero per group) + (rows - qv) D s.
 std::int64_t store_bytes(const CacheConfig& config, std::int64_t head_dim, std::int64_t rows);
 
+// The payload of one row in the low-bit tier of demote=kivi2|kivi4 (mixed_store.cpp): with
+// b = bits, D = head_dim, G = min(demote_group, D): K and V codes 2 ceil(D b / 8) plus an fp16
+// scale and zero per G channels of K and of V, 8 ceil(D / G). 0 without demote.
+std::int64_t demoted_row_bytes(const CacheConfig& config, std::int64_t head_dim);
+
 // Predicted kept_bytes at the end of a text whose cache has seen `rows_seen` rows: every layer
-// and KV head holds min(budget, rows_seen) rows (every row for a method without a budget).
+// and KV head holds min(budget, rows_seen) rows (every row for a method without a budget), and
+// with demote= also min(demote cap, rows_seen - those) demoted rows (the cap is demote_budget,
+// or the budget when that is -1).
 std::int64_t predicted_kept_bytes(const CacheConfig& config, const KvShape& shape,
                                   std::int64_t rows_seen);
 
