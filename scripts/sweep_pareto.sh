@@ -32,6 +32,14 @@ CONFIGS=(
   "h2o:quantize=kivi4,kivi_group_size=16,residual_length=16"
   "tova:quantize=kivi4" "cam:quantize=kivi2" "cam:quantize=kivi4"
   "cam:quantize=kivi4,kivi_group_size=16,residual_length=16"
+  # Mixed precision (demote=: the rows a method evicts are kept at 4 bits, up to as many as its
+  # budget; the budget is solved with the low-bit tier counted).
+  "streaming_llm:demote=kivi4" "h2o:demote=kivi4" "tova:demote=kivi4" "pyramidkv:demote=kivi4"
+  "squeeze:demote=kivi4" "h2o:demote=kivi2"
+  # Head-wise budgets (AdaKV): a layer's rows shared among its KV heads by attention.
+  "h2o:headwise=true" "snapkv:headwise=true" "pyramidkv:headwise=true" "squeeze:headwise=true"
+  "cam:headwise=true" "h2o:headwise=true,demote=kivi4"
+  "h2o:headwise=true,quantize=kivi4,kivi_group_size=16,residual_length=16"
 )
 
 bin=build/veloxquant
