@@ -220,13 +220,24 @@ class KiviStore final : public RowStore, public PackedRows {
     for (std::int64_t r = std::max(r0, kq_); r < r1; ++r) {
       kernels::load_row(tail_row(tk_, r - kbase_), tail_dtype_, keys + (r - r0) * stride, D_);
     }
-    const std::int64_t vend = std::min(r1, vq_);
+    // Values: the rows' scales and zeros ([rows][n_vgroups], contiguous) converted kParams at a
+    // time; params [p0, p1) are in vs / vz.
+    constexpr std::int64_t kParams = 256;
+    float vs[kParams], vz[kParams];
+    const std::int64_t vend = std::min(r1, vq_), pend = vend * n_vgroups_;
+    std::int64_t p0 = 0, p1 = 0;
     for (std::int64_t r = r0; r < vend; ++r) {
       float* o = values + (r - r0) * stride;
       unpack_codes(vcodes_.data() + r * row_bytes_, bits_, D_, o);
       for (std::int64_t g = 0; g < n_vgroups_; ++g) {
-        const std::size_t p = static_cast<std::size_t>(r * n_vgroups_ + g);
-        const float s = half_to_float(vscale_[p]), z = half_to_float(vzero_[p]);
+        const std::int64_t p = r * n_vgroups_ + g;
+        if (p >= p1) {
+          p0 = p;
+          p1 = std::min(pend, p + kParams);
+          kernels::f16_to_f32(vscale_.data() + p0, vs, p1 - p0);
+          kernels::f16_to_f32(vzero_.data() + p0, vz, p1 - p0);
+        }
+        const float s = vs[p - p0], z = vz[p - p0];
         const std::int64_t c1 = std::min(D_, (g + 1) * G_);
         for (std::int64_t c = g * G_; c < c1; ++c) o[c] = o[c] * s + z;
       }
