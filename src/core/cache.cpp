@@ -32,15 +32,20 @@ float HeadRows::value(std::int64_t row, std::int64_t d) const noexcept {
                               : half_to_float(static_cast<const std::uint16_t*>(values)[off]);
 }
 
+void PackedRows::load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
+                           float* values) const noexcept {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    load_key(r, keys + (r - r0) * stride);
+    load_value(r, values + (r - r0) * stride);
+  }
+}
+
 HeadRows dequantized(const HeadRows& rows, std::vector<float>& keys, std::vector<float>& values) {
   if (rows.packed == nullptr) return rows;
   const std::int64_t D = rows.row_stride;
   keys.resize(static_cast<std::size_t>(rows.n_rows * D));
   values.resize(keys.size());
-  for (std::int64_t r = 0; r < rows.n_rows; ++r) {
-    rows.packed->load_key(r, keys.data() + r * D);
-    rows.packed->load_value(r, values.data() + r * D);
-  }
+  rows.packed->load_rows(0, rows.n_rows, D, keys.data(), values.data());
   HeadRows out = rows;
   out.keys = keys.data();
   out.values = values.data();

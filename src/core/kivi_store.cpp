@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/packed_codes.h"
 #include "core/store.h"
 #include "veloxquant/errors.h"
 
@@ -190,6 +191,62 @@ class KiviStore final : public RowStore, public PackedRows {
     return dequantize(code_at(vcodes_.data() + i * row_bytes_, d), half_to_float(vscale_[p]),
                       half_to_float(vzero_[p]));
   }
+  // Bulk read (the engine's attention, a whole head per step): keys a key group at a time, its
+  // scales and zeros converted once per block of channels; codes unpacked a byte at a time
+  // (packed_codes.h); each element is q * scale + zero as in load_key / load_value.
+  void load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
+                 float* values) const noexcept override {
+    constexpr std::int64_t kBlock = 64;  // channels per block: a whole number of code bytes
+    float sc[kBlock], zr[kBlock];
+    const std::int64_t kend = std::min(r1, kq_);
+    if (r0 < kend) {
+      for (std::int64_t g = group_of(r0), a = r0; a < kend; ++g) {
+        const std::int64_t b = std::min(kend, group_end(g));
+        const std::uint16_t* scale = kscale_.data() + g * D_;
+        const std::uint16_t* zero = kzero_.data() + g * D_;
+        for (std::int64_t c0 = 0; c0 < D_; c0 += kBlock) {
+          const std::int64_t n = std::min(kBlock, D_ - c0);
+          kernels::f16_to_f32(scale + c0, sc, n);
+          kernels::f16_to_f32(zero + c0, zr, n);
+          for (std::int64_t r = a; r < b; ++r) {
+            float* o = keys + (r - r0) * stride + c0;
+            unpack_codes(kcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_, n, o);
+            for (std::int64_t j = 0; j < n; ++j) o[j] = o[j] * sc[j] + zr[j];
+          }
+        }
+        a = std::max(a, b);
+      }
+    }
+    for (std::int64_t r = std::max(r0, kq_); r < r1; ++r) {
+      kernels::load_row(tail_row(tk_, r - kbase_), tail_dtype_, keys + (r - r0) * stride, D_);
+    }
+    // Values: the rows' scales and zeros ([rows][n_vgroups], contiguous) converted kParams at a
+    // time; params [p0, p1) are in vs / vz.
+    constexpr std::int64_t kParams = 256;
+    float vs[kParams], vz[kParams];
+    const std::int64_t vend = std::min(r1, vq_), pend = vend * n_vgroups_;
+    std::int64_t p0 = 0, p1 = 0;
+    for (std::int64_t r = r0; r < vend; ++r) {
+      float* o = values + (r - r0) * stride;
+      unpack_codes(vcodes_.data() + r * row_bytes_, bits_, D_, o);
+      for (std::int64_t g = 0; g < n_vgroups_; ++g) {
+        const std::int64_t p = r * n_vgroups_ + g;
+        if (p >= p1) {
+          p0 = p;
+          p1 = std::min(pend, p + kParams);
+          kernels::f16_to_f32(vscale_.data() + p0, vs, p1 - p0);
+          kernels::f16_to_f32(vzero_.data() + p0, vz, p1 - p0);
+        }
+        const float s = vs[p - p0], z = vz[p - p0];
+        const std::int64_t c1 = std::min(D_, (g + 1) * G_);
+        for (std::int64_t c = g * G_; c < c1; ++c) o[c] = o[c] * s + z;
+      }
+    }
+    for (std::int64_t r = std::max(r0, vq_); r < r1; ++r) {
+      kernels::load_row(tail_row(tv_, r - vbase_), tail_dtype_, values + (r - r0) * stride, D_);
+    }
+  }
+
   void read_key(std::int64_t i, float* out) const noexcept override { load_key(i, out); }
   void read_value(std::int64_t i, float* out) const noexcept override { load_value(i, out); }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/packed_codes.h"
 #include "core/store.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -380,13 +381,12 @@ class MixedStore final : public RowStore, public PackedRows {
                       const std::vector<std::uint16_t>& scale,
                       const std::vector<std::uint16_t>& zero, std::int64_t k,
                       float* out) const noexcept {
-    const std::uint8_t* row = codes.data() + k * code_bytes_;
+    unpack_codes(codes.data() + k * code_bytes_, bits_, D_, out);  // out[c] = code c
     for (std::int64_t g = 0; g < n_groups_; ++g) {
       const std::size_t p = static_cast<std::size_t>(k * n_groups_ + g);
       const float s = half_to_float(scale[p]), z = half_to_float(zero[p]);
-      for (std::int64_t c = g * G_; c < std::min(D_, (g + 1) * G_); ++c) {
-        out[c] = static_cast<float>(code_at(row, c)) * s + z;
-      }
+      const std::int64_t c1 = std::min(D_, (g + 1) * G_);
+      for (std::int64_t c = g * G_; c < c1; ++c) out[c] = out[c] * s + z;
     }
   }
   float element(const std::vector<std::uint8_t>& fp16, const std::vector<std::uint8_t>& codes,
