@@ -30,44 +30,19 @@ version=3.22.1
 work=build/llamacpp
 out=${VQ_CROSSCHECK_OUT:-results/crosscheck/crosscheck.txt}
 
-if ! command -v npm >/dev/null 2>&1; then
-  echo "crosscheck: npm is not installed; skipping the llama.cpp cross-check"
-  exit 0
-fi
-bins=$work/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
-bundle=$work/node_modules/node-llama-cpp/llama/gitRelease.bundle
-if [ ! -f "$bins/libllama.v0.5.0.so" ] || [ ! -f "$bundle" ]; then
-  mkdir -p "$work"
-  if ! timeout 60 npm view "@node-llama-cpp/linux-x64@$version" version >/dev/null 2>&1; then
-    echo "crosscheck: the npm registry is not reachable; skipping the llama.cpp cross-check"
-    exit 0
-  fi
-  echo "crosscheck: installing node-llama-cpp@$version and @node-llama-cpp/linux-x64@$version into $work" >&2
-  (cd "$work" && timeout 600 npm install --omit=optional --ignore-scripts --no-audit --no-fund \
-     "node-llama-cpp@$version" "@node-llama-cpp/linux-x64@$version" >npm.log 2>&1) || {
-    echo "crosscheck: npm install failed (see $work/npm.log)" >&2
-    exit 1
-  }
-fi
-libllama=$(ls "$bins"/libllama.v*.so 2>/dev/null | head -1)
-libggml=$(ls "$bins"/libggml.v*.so 2>/dev/null | head -1)
-if [ -z "$libllama" ] || [ -z "$libggml" ]; then
-  echo "crosscheck: no libllama in $bins" >&2
-  exit 1
-fi
-if [ ! -f "$work/src/include/llama.h" ]; then
-  rm -rf "$work/src"
-  git clone -q "$bundle" "$work/src" 2>/dev/null || { echo "crosscheck: cannot clone $bundle" >&2; exit 1; }
-fi
-bins_abs=$(cd "$bins" && pwd)
-cc=${CC:-cc}
-$cc -O2 -std=c11 -Wall -Wextra -o "$work/llamacpp_driver" bench/peers/llamacpp/llamacpp_driver.c \
-  -I"$work/src/include" -I"$work/src/ggml/include" -L"$bins_abs" \
-  -l:"$(basename "$libllama")" -l:"$(basename "$libggml")" -l:libggml-base.so -lm \
-  -Wl,-rpath,"$bins_abs" || { echo "crosscheck: building the driver failed" >&2; exit 1; }
+# llama.cpp from npm and the driver: bench/peers/llamacpp/setup.sh (exit 3: npm or the registry
+# is unavailable, so the cross-check is skipped and the rest of CI still runs).
+lc=$(bench/peers/llamacpp/setup.sh)
+case $? in
+  0) ;;
+  3) echo "crosscheck: llama.cpp is unavailable (see the message above); skipping the llama.cpp cross-check"
+     exit 0 ;;
+  *) echo "crosscheck: setting up llama.cpp failed" >&2
+     exit 1 ;;
+esac
+bins_abs=$(cd "$work/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64" && pwd)
 scripts/build.sh >/dev/null || { echo "crosscheck: building veloxquant failed" >&2; exit 1; }
 export LLAMACPP_LIB_DIR=$bins_abs
-lc=$work/llamacpp_driver
 vq=build/bench/peers/llamacpp/vq_crosscheck
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
