@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/kernels.h"
@@ -154,6 +156,82 @@ TEST(EngineWeights, ThreadedMatmulIsIdenticalForEveryThreadCount) {
   engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
   engine::set_threads(saved);
   EXPECT_THROW(engine::set_threads(0), Error);
+}
+
+// Fused products (q/k/v, gate/up in the engine) equal each matrix's product alone, bit for
+// bit, for every weight type and thread count: the expected values are the single-thread
+// definitions (matmul_rows, or matmul_rows_q8_0 over x quantized once) per matrix. The matrices
+// have row counts that are not multiples of the 16-row units, so a thread's range crosses from
+// one matrix into the next mid-way.
+TEST(EngineWeights, FusedMatmulEqualsSeparateProductsBitForBit) {
+  const int saved = engine::threads();
+  constexpr std::int64_t S = 3, cols = 256;
+  const std::int64_t rows[3] = {200, 72, 37};
+  const auto x = test::randn(static_cast<std::size_t>(S * cols), 21);
+  std::vector<std::int8_t> xq(static_cast<std::size_t>(S * cols));
+  std::vector<float> xd(static_cast<std::size_t>(S * cols / 32));
+  engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
+  for (const Q8_0Activations acts : {Q8_0Activations::kQ8_0, Q8_0Activations::kF32}) {
+    engine::set_q8_0_activations(acts);
+    for (const WeightType type :
+         {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0}) {
+      std::vector<Typed> ts;
+      std::vector<std::vector<float>> want;
+      for (int m = 0; m < 3; ++m) {
+        ts.push_back(make_typed(type, rows[m], cols, 30 + static_cast<std::uint64_t>(m)));
+        want.emplace_back(static_cast<std::size_t>(S * rows[m]));
+        if (type == WeightType::kQ8_0 && acts == Q8_0Activations::kQ8_0) {
+          engine::matmul_rows_q8_0(Isa::kScalar, want.back().data(), xq.data(), xd.data(),
+                                   ts.back().m, S, 0, rows[m]);
+        } else {
+          engine::matmul_rows(Isa::kScalar, want.back().data(), x.data(), ts.back().m, S, 0,
+                              rows[m]);
+        }
+      }
+      for (const int n : {1, 2, 3, 7}) {
+        engine::set_threads(n);
+        std::vector<std::vector<float>> got, alone;
+        std::vector<engine::MatmulOut> outs;
+        for (int m = 0; m < 3; ++m) {
+          got.emplace_back(want[static_cast<std::size_t>(m)].size(), -1.0f);
+          alone.emplace_back(want[static_cast<std::size_t>(m)].size(), -2.0f);
+        }
+        for (int m = 0; m < 3; ++m) {
+          outs.push_back(
+              {got[static_cast<std::size_t>(m)].data(), &ts[static_cast<std::size_t>(m)].m});
+          engine::matmul(alone[static_cast<std::size_t>(m)].data(), x.data(),
+                         ts[static_cast<std::size_t>(m)].m, S);
+        }
+        engine::matmul_fused(outs, x.data(), S);
+        for (std::size_t m = 0; m < 3; ++m) {
+          EXPECT_EQ(std::memcmp(want[m].data(), got[m].data(), want[m].size() * 4), 0)
+              << "fused matrix " << m << ", " << engine::to_string(type) << " ("
+              << engine::to_string(acts) << " activations) at " << n << " threads";
+          EXPECT_EQ(std::memcmp(want[m].data(), alone[m].data(), want[m].size() * 4), 0)
+              << "matrix " << m << " alone, " << engine::to_string(type) << " at " << n
+              << " threads";
+        }
+      }
+    }
+  }
+  engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
+  engine::set_threads(saved);
+}
+
+TEST(EngineWeights, FusedMatmulRefusesMismatchedMatrices) {
+  const Typed a = make_typed(WeightType::kF32, 16, 64, 40);
+  const Typed b = make_typed(WeightType::kF32, 16, 96, 41);
+  const auto x = test::randn(96, 42);
+  std::vector<float> oa(16), ob(16);
+  const engine::MatmulOut outs[] = {{oa.data(), &a.m}, {ob.data(), &b.m}};
+  try {
+    engine::matmul_fused(outs, x.data(), 1);
+    ADD_FAILURE() << "mismatched cols accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("cols = 64, got 96"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine::matmul_fused(std::span<const engine::MatmulOut>(), x.data(), 1), Error);
 }
 
 // Two blocks by hand. Activations: block 0 holds 0.25 * (j - 16) for j < 31 and 31.75 =

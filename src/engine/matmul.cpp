@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/parallel.h"
+#include "veloxquant/errors.h"
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -408,42 +410,81 @@ const char* to_string(Q8_0Activations a) noexcept {
 void set_q8_0_activations(Q8_0Activations a) noexcept { g_q8_0_activations.store(a); }
 Q8_0Activations q8_0_activations() noexcept { return g_q8_0_activations.load(); }
 
-void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) {
+void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t S) {
+  constexpr std::size_t kMaxOuts = 8;
+  if (outs.empty() || outs.size() > kMaxOuts) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "[engine] matmul_fused products must be in [1, 8], got " + std::to_string(outs.size()));
+  }
+  const std::int64_t cols = outs[0].w->cols;
+  for (const MatmulOut& o : outs) {
+    if (o.w->cols != cols) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[engine] matmul_fused matrices must share cols = " + std::to_string(cols) +
+                      ", got " + std::to_string(o.w->cols));
+    }
+  }
   const Isa isa = best_isa();
-  if (w.type == WeightType::kQ8_0 && q8_0_activations() == Q8_0Activations::kQ8_0) {
+  // Q8_0 weights with Q8_0 activations share one quantization of x, made here once per call.
+  bool quantize = false;
+  if (q8_0_activations() == Q8_0Activations::kQ8_0) {
+    for (const MatmulOut& o : outs) quantize = quantize || o.w->type == WeightType::kQ8_0;
+  }
+  const std::int8_t* q = nullptr;
+  const float* d = nullptr;
+  if (quantize) {
     // Grows to the largest call, then is reused: no allocation per token.
-    thread_local std::vector<std::int8_t> xq;  // [S][w.cols] activation codes
-    thread_local std::vector<float> xd;        // [S][w.cols / 32] their scales
-    const auto n = static_cast<std::size_t>(S * w.cols);
+    thread_local std::vector<std::int8_t> xq;  // [S][cols] activation codes
+    thread_local std::vector<float> xd;        // [S][cols / 32] their scales
+    const auto n = static_cast<std::size_t>(S * cols);
     if (xq.size() < n) xq.resize(n);
     if (xd.size() < n / kQ8_0BlockSize) xd.resize(n / kQ8_0BlockSize);
-    quantize_activations_q8_0(x, S * w.cols, xq.data(), xd.data());
-    const std::int8_t* q = xq.data();
-    const float* d = xd.data();
-    constexpr std::int64_t kUnit = 16;
-    const std::int64_t units = (w.rows + kUnit - 1) / kUnit;
-    const int nt = threads();
-    if (nt <= 1 || units < 2 || w.rows * w.cols * S < (std::int64_t{1} << 16)) {
-      matmul_rows_q8_0(isa, out, q, d, w, S, 0, w.rows);
-      return;
-    }
-    parallel_for(units, nt, [&](std::int64_t u0, std::int64_t u1) {
-      matmul_rows_q8_0(isa, out, q, d, w, S, u0 * kUnit, std::min(w.rows, u1 * kUnit));
-    });
-    return;
+    quantize_activations_q8_0(x, S * cols, xq.data(), xd.data());
+    q = xq.data();
+    d = xd.data();
   }
-  // Units of 16 rows (a multiple of the kernels' 4-row groups); a unit's rows are computed by
-  // one thread exactly as matmul_rows computes them, so the split never changes a result.
+  // Rows [begin, end) of matrix m, by one thread, exactly as matmul_rows / matmul_rows_q8_0
+  // compute them.
+  const auto rows = [&](std::size_t m, std::int64_t begin, std::int64_t end) {
+    const MatmulOut& o = outs[m];
+    if (o.w->type == WeightType::kQ8_0 && quantize) {
+      matmul_rows_q8_0(isa, o.out, q, d, *o.w, S, begin, end);
+    } else {
+      matmul_rows(isa, o.out, x, *o.w, S, begin, end);
+    }
+  };
+  // Units of 16 rows (a multiple of the kernels' 4-row groups), numbered through the matrices
+  // in order; a unit's rows are computed by one thread exactly as matmul_rows computes them, so
+  // neither the split nor the fusion changes a result.
   constexpr std::int64_t kUnit = 16;
-  const std::int64_t units = (w.rows + kUnit - 1) / kUnit;
+  std::int64_t first_unit[kMaxOuts + 1];  // matrix m's units are [first_unit[m], first_unit[m+1])
+  first_unit[0] = 0;
+  std::int64_t work = 0;
+  for (std::size_t m = 0; m < outs.size(); ++m) {
+    first_unit[m + 1] = first_unit[m] + (outs[m].w->rows + kUnit - 1) / kUnit;
+    work += outs[m].w->rows * cols * S;
+  }
+  const std::int64_t units = first_unit[outs.size()];
   const int nt = threads();
-  if (nt <= 1 || units < 2 || w.rows * w.cols * S < (std::int64_t{1} << 16)) {
-    matmul_rows(isa, out, x, w, S, 0, w.rows);
+  if (nt <= 1 || units < 2 || work < (std::int64_t{1} << 16)) {
+    for (std::size_t m = 0; m < outs.size(); ++m) rows(m, 0, outs[m].w->rows);
     return;
   }
   parallel_for(units, nt, [&](std::int64_t u0, std::int64_t u1) {
-    matmul_rows(isa, out, x, w, S, u0 * kUnit, std::min(w.rows, u1 * kUnit));
+    for (std::size_t m = 0; m < outs.size(); ++m) {
+      const std::int64_t b = std::max(u0, first_unit[m]), e = std::min(u1, first_unit[m + 1]);
+      if (b < e) {
+        rows(m, (b - first_unit[m]) * kUnit,
+             std::min(outs[m].w->rows, (e - first_unit[m]) * kUnit));
+      }
+    }
   });
+}
+
+void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) {
+  const MatmulOut one{out, &w};
+  matmul_fused(std::span<const MatmulOut>(&one, 1), x, S);
 }
 
 void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "engine/weights.h"
 
@@ -66,5 +67,20 @@ Q8_0Activations q8_0_activations() noexcept;
 // a per-thread scratch that grows to the largest S * w.cols seen and is then reused (no
 // allocation per token once the first forward has run; growing it may throw std::bad_alloc).
 void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S);
+
+// One product of a fused call: out[S][w->rows] = x[S][w->cols] w^T.
+struct MatmulOut {
+  float* out;
+  const WeightMatrix* w;
+};
+
+// Several products of the same input in one parallel loop (one barrier instead of one per
+// matrix): the matrices' 16-row units are numbered in order and split over the threads as one
+// range, and every output element is computed by one thread with matmul_rows's (or, for Q8_0
+// weights with Q8_0 activations, matmul_rows_q8_0's) code, so each out equals matmul(out, x, *w,
+// S) bit for bit for every thread count. x is quantized once for all Q8_0 matrices. 1 to 8
+// products (throws Error(kInvalidArgument) otherwise), all with the same cols; the outs must
+// not overlap each other or x. matmul() is the one-product case.
+void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t S);
 
 }  // namespace vq::engine

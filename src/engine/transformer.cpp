@@ -240,9 +240,9 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     for (std::int64_t t = 0; t < S; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
     laps.mark(times_.other);
-    matmul(s_.q.data(), xb, lw.wq, S);
-    matmul(s_.k.data(), xb, lw.wk, S);
-    matmul(s_.v.data(), xb, lw.wv, S);
+    // q, k and v in one parallel loop (one barrier; x quantized once for Q8_0 weights).
+    const MatmulOut qkv[] = {{s_.q.data(), &lw.wq}, {s_.k.data(), &lw.wk}, {s_.v.data(), &lw.wv}};
+    matmul_fused(qkv, xb, S);
     laps.mark(times_.matmul);
     rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
     rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
@@ -273,8 +273,8 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     for (std::int64_t t = 0; t < S; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
     laps.mark(times_.other);
-    matmul(s_.hb.data(), xb, lw.w_gate, S);
-    matmul(s_.hb2.data(), xb, lw.w_up, S);
+    const MatmulOut gate_up[] = {{s_.hb.data(), &lw.w_gate}, {s_.hb2.data(), &lw.w_up}};
+    matmul_fused(gate_up, xb, S);
     laps.mark(times_.matmul);
     ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
     laps.mark(times_.other);
