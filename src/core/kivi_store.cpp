@@ -54,41 +54,13 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/lowbit_params.h"
 #include "core/packed_codes.h"
 #include "core/store.h"
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
 namespace {
-
-constexpr float kScaleFloor = 6.103515625e-05f;  // 2^-14, fp16's smallest normal
-constexpr std::uint16_t kHalfMax = 0x7BFF;       // 65504
-constexpr std::uint16_t kHalfLowest = 0xFBFF;    // -65504
-
-std::uint16_t half_next_down(std::uint16_t h) noexcept {
-  if (h == 0x0000) return 0x8001;
-  return (h & 0x8000) != 0 ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h - 1);
-}
-std::uint16_t half_next_up(std::uint16_t h) noexcept {
-  if (h == 0x8000) return 0x0001;
-  return (h & 0x8000) != 0 ? static_cast<std::uint16_t>(h - 1) : static_cast<std::uint16_t>(h + 1);
-}
-// The largest finite fp16 <= x (saturating at -65504).
-std::uint16_t half_down(float x) noexcept {
-  std::uint16_t h = float_to_half(x);
-  if (half_to_float(h) > x) h = half_next_down(h);
-  if (h == 0xFC00) h = kHalfLowest;
-  if (h == 0x7C00) h = kHalfMax;
-  return h;
-}
-// The smallest finite fp16 >= x (saturating at 65504).
-std::uint16_t half_up(float x) noexcept {
-  std::uint16_t h = float_to_half(x);
-  if (half_to_float(h) < x) h = half_next_up(h);
-  if (h == 0x7C00) h = kHalfMax;
-  if (h == 0xFC00) h = kHalfLowest;
-  return h;
-}
 
 // Grows v to n elements; capacity grows by an eighth (not doubled), so containers hold little
 // slack.
@@ -105,11 +77,6 @@ void shrink_to(std::vector<T>& v, std::size_t cap) {
   t.reserve(cap);
   t.assign(v.begin(), v.end());
   v.swap(t);
-}
-
-template <typename T>
-std::int64_t cap_bytes(const std::vector<T>& v) noexcept {
-  return static_cast<std::int64_t>(v.capacity() * sizeof(T));
 }
 
 class KiviStore final : public RowStore, public PackedRows {
@@ -665,23 +632,13 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
 
-  // Parameters of the n values x[0], x[stride], ...: fp16 bits to *scale_h / *zero_h, their
-  // fp32 values to *scale / *zero (see the header comment).
+  // Parameters of the n values x[0], x[stride], ... (lowbit_params.h, see the header comment).
   void params(const float* x, std::int64_t n, std::int64_t stride, std::uint16_t* scale_h,
               std::uint16_t* zero_h, float* scale, float* zero) const noexcept {
-    float lo = x[0], hi = x[0];
-    for (std::int64_t i = 1; i < n; ++i) {
-      lo = std::min(lo, x[i * stride]);
-      hi = std::max(hi, x[i * stride]);
-    }
-    *zero_h = half_down(lo);
-    *zero = half_to_float(*zero_h);
-    *scale_h = half_up(std::max((hi - *zero) / static_cast<float>(levels_), kScaleFloor));
-    *scale = half_to_float(*scale_h);
+    lowbit_params(x, n, stride, levels_, scale_h, zero_h, scale, zero);
   }
   std::uint32_t quantize(float x, float scale, float zero) const noexcept {
-    const float q = std::floor((x - zero) / scale + 0.5f);
-    return static_cast<std::uint32_t>(std::clamp(q, 0.0f, static_cast<float>(levels_)));
+    return lowbit_code(x, scale, zero, levels_);
   }
   static float dequantize(std::uint32_t q, float scale, float zero) noexcept {
     return static_cast<float>(q) * scale + zero;

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/lowbit_params.h"
 #include "core/packed_codes.h"
 #include "core/store.h"
 #include "veloxquant/errors.h"
@@ -46,40 +47,6 @@
 
 namespace vq::detail {
 namespace {
-
-constexpr float kScaleFloor = 6.103515625e-05f;  // 2^-14, fp16's smallest normal
-constexpr std::uint16_t kHalfMax = 0x7BFF;       // 65504
-constexpr std::uint16_t kHalfLowest = 0xFBFF;    // -65504
-
-// The largest finite fp16 <= x (saturating at -65504).
-std::uint16_t half_at_most(float x) noexcept {
-  std::uint16_t h = float_to_half(x);
-  if (half_to_float(h) > x) {
-    h = h == 0x0000         ? std::uint16_t{0x8001}
-        : (h & 0x8000) != 0 ? static_cast<std::uint16_t>(h + 1)
-                            : static_cast<std::uint16_t>(h - 1);
-  }
-  if (h == 0xFC00) h = kHalfLowest;
-  if (h == 0x7C00) h = kHalfMax;
-  return h;
-}
-// The smallest finite fp16 >= x (saturating at 65504).
-std::uint16_t half_at_least(float x) noexcept {
-  std::uint16_t h = float_to_half(x);
-  if (half_to_float(h) < x) {
-    h = h == 0x8000         ? std::uint16_t{0x0001}
-        : (h & 0x8000) != 0 ? static_cast<std::uint16_t>(h - 1)
-                            : static_cast<std::uint16_t>(h + 1);
-  }
-  if (h == 0x7C00) h = kHalfMax;
-  if (h == 0xFC00) h = kHalfLowest;
-  return h;
-}
-
-template <typename T>
-std::int64_t cap_bytes(const std::vector<T>& v) noexcept {
-  return static_cast<std::int64_t>(v.capacity() * sizeof(T));
-}
 
 class MixedStore final : public RowStore, public PackedRows {
  public:
@@ -358,22 +325,13 @@ class MixedStore final : public RowStore, public PackedRows {
     std::memset(row, 0, static_cast<std::size_t>(code_bytes_));
     for (std::int64_t g = 0; g < n_groups_; ++g) {
       const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
-      float lo = in[c0], hi = in[c0];
-      for (std::int64_t c = c0 + 1; c < c1; ++c) {
-        lo = std::min(lo, in[c]);
-        hi = std::max(hi, in[c]);
-      }
       const std::size_t p = static_cast<std::size_t>(k * n_groups_ + g);
-      zero[p] = half_at_most(lo);
-      const float z = half_to_float(zero[p]);
-      scale[p] = half_at_least(std::max((hi - z) / static_cast<float>(levels_), kScaleFloor));
-      const float s = half_to_float(scale[p]);
+      float s, z;
+      lowbit_params(in + c0, c1 - c0, 1, levels_, &scale[p], &zero[p], &s, &z);
       for (std::int64_t c = c0; c < c1; ++c) {
-        const float q =
-            std::clamp(std::floor((in[c] - z) / s + 0.5f), 0.0f, static_cast<float>(levels_));
         const std::int64_t bit = c * bits_;
-        row[bit / 8] =
-            static_cast<std::uint8_t>(row[bit / 8] | (static_cast<std::uint32_t>(q) << (bit % 8)));
+        row[bit / 8] = static_cast<std::uint8_t>(row[bit / 8] |
+                                                 (lowbit_code(in[c], s, z, levels_) << (bit % 8)));
       }
     }
   }
