@@ -240,7 +240,6 @@ class TokenPolicy : public Policy {
   std::vector<std::uint8_t> mask_;  // [n_live] losers of evict_rows
   std::vector<float> att_;          // [R] attention_row output
   std::vector<float> current_;      // [n_live] current_attention cache for the gate
-  std::int64_t current_for_ = -1;   // live size current_ was computed for (-1: stale)
   std::vector<std::int64_t> window_;  // kWindow targets
   std::vector<std::vector<float>> head_rankings_;       // [Hkv][n_live of the head]
   std::vector<std::vector<std::int64_t>> head_losers_;  // [Hkv] headwise_cut scratch
