@@ -195,12 +195,65 @@ inline __m256 load8(const void* row, DType dtype, std::int64_t i) noexcept {
   return _mm256_loadu_ps(static_cast<const float*>(row) + i);
 }
 
+// load8 with the type fixed at compile time (kF16: fp16 rows, else fp32), for inner loops.
+template <bool kF16>
+inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
+#if defined(__F16C__)
+  if constexpr (kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i)));
+  }
+#endif
+  return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+}
+
 inline bool simd_rows(DType dtype, std::int64_t D) noexcept {
 #if defined(__F16C__)
   return D % 8 == 0 && D <= 256 && (dtype == DType::kF32 || dtype == DType::kF16);
 #else
   return D % 8 == 0 && D <= 256 && dtype == DType::kF32;
 #endif
+}
+#endif
+
+#ifdef __AVX2__
+// attention_scores' rows in blocks of eight, r < n_rows - n_rows % 8 (the rest: the caller);
+// returns the first row not done. Masked rows are computed, then replaced by -inf.
+template <bool kF16>
+std::int64_t score_blocks(const float* q, std::int64_t n_q, std::int64_t D,
+                          const std::uint8_t* base, std::int64_t row_bytes,
+                          const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                          float* scores, std::int64_t ld) noexcept {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const std::int64_t C = D / 8;
+  const std::int64_t row_span = D * (kF16 ? 2 : 4);  // bytes of a row read
+  const __m256i limit = _mm256_set1_epi32(static_cast<std::int32_t>(pos));
+  std::int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) {
+    // The rows two blocks ahead, fetched while these are computed (a prefetch past the end
+    // reads nothing and cannot fault).
+    for (std::int64_t k = 16; k < 24 && r + k < n_rows; ++k) {
+      const auto* row = reinterpret_cast<const char*>(base + (r + k) * row_bytes);
+      for (std::int64_t b = 0; b < row_span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    }
+    const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions + r)), limit));
+    for (std::int64_t j = 0; j < n_q; ++j) {
+      const float* qj = q + j * D;
+      __m256 acc[8];
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+      for (std::int64_t c = 0; c < C; ++c) {
+        const __m256 qv = _mm256_loadu_ps(qj + 8 * c);
+        for (int k = 0; k < 8; ++k) {
+          acc[k] = _mm256_add_ps(
+              acc[k], _mm256_mul_ps(qv, load8_as<kF16>(base + (r + k) * row_bytes, 8 * c)));
+        }
+      }
+      _mm256_storeu_ps(scores + j * ld + r,
+                       _mm256_blendv_ps(reduce_tree8(acc), _mm256_set1_ps(neg_inf), hidden));
+    }
+  }
+  return r;
 }
 #endif
 
@@ -218,26 +271,10 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
   if (simd_rows(dtype, D)) {
     const std::int64_t C = D / 8;
 #ifdef __AVX2__
-    // Eight rows at a time; masked rows are computed, then replaced by -inf.
-    const __m256i limit = _mm256_set1_epi32(static_cast<std::int32_t>(pos));
-    for (; r + 8 <= n_rows; r += 8) {
-      const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions + r)), limit));
-      for (std::int64_t j = 0; j < n_q; ++j) {
-        const float* qj = q + j * D;
-        __m256 acc[8];
-        for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
-        for (std::int64_t c = 0; c < C; ++c) {
-          const __m256 qv = _mm256_loadu_ps(qj + 8 * c);
-          for (int k = 0; k < 8; ++k) {
-            acc[k] = _mm256_add_ps(
-                acc[k], _mm256_mul_ps(qv, load8(base + (r + k) * stride * esize, dtype, 8 * c)));
-          }
-        }
-        _mm256_storeu_ps(scores + j * ld + r,
-                         _mm256_blendv_ps(reduce_tree8(acc), _mm256_set1_ps(neg_inf), hidden));
-      }
-    }
+    r = dtype == DType::kF16 ? score_blocks<true>(q, n_q, D, base, stride * esize, positions,
+                                                  n_rows, pos, scores, ld)
+                             : score_blocks<false>(q, n_q, D, base, stride * esize, positions,
+                                                   n_rows, pos, scores, ld);
 #endif
     for (; r < n_rows; ++r) {
       if (positions[r] > pos) {
@@ -270,15 +307,16 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
 namespace {
 
 #ifdef VQ_ENGINE_AVX
-template <int NQ>
+template <int NQ, bool kF16>
 void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std::uint8_t* base,
-                  DType dtype, std::int64_t row_bytes, const std::int32_t* positions,
-                  std::int64_t n_rows, std::int64_t pos, float* out) noexcept {
+                  std::int64_t row_bytes, const std::int32_t* positions, std::int64_t n_rows,
+                  std::int64_t pos, float* out) noexcept {
   // Rows in blocks of kBlock, each block's rows read for every 8-lane chunk while they are in
   // L1; the partial sums live in `acc` between blocks. Every partial sum still adds its rows in
   // increasing r, so blocking does not change a result.
   constexpr std::int64_t kBlock = 64;
-  const std::int64_t C = D / 8;  // <= 32 (simd_rows)
+  const std::int64_t C = D / 8;                      // <= 32 (simd_rows)
+  const std::int64_t row_span = D * (kF16 ? 2 : 4);  // bytes of a row read
   alignas(32) float acc[32][NQ][4][8];
   for (std::int64_t c = 0; c < C; ++c) {
     for (int j = 0; j < NQ; ++j) {
@@ -287,17 +325,41 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
   }
   for (std::int64_t r0 = 0; r0 < n_rows; r0 += kBlock) {
     const std::int64_t r1 = std::min(n_rows, r0 + kBlock);
+    // The next block's rows, fetched while this one is summed.
+    for (std::int64_t r = r1; r < std::min(n_rows, r1 + kBlock); ++r) {
+      const auto* row = reinterpret_cast<const char*>(base + r * row_bytes);
+      for (std::int64_t b = 0; b < row_span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    }
+    // Whether every row of the block is visible (the usual case): then no row is skipped.
+    bool all_visible = r1 - r0 == kBlock;
+    for (std::int64_t r = r0; r < r1 && all_visible; ++r) all_visible = positions[r] <= pos;
     for (std::int64_t c = 0; c < C; ++c) {
       __m256 part[NQ][4];
       for (int j = 0; j < NQ; ++j) {
         for (int k = 0; k < 4; ++k) part[j][k] = _mm256_load_ps(acc[c][j][k]);
       }
-      for (std::int64_t r = r0; r < r1; ++r) {
-        if (positions[r] > pos) continue;
-        const __m256 v = load8(base + r * row_bytes, dtype, 8 * c);
-        for (int j = 0; j < NQ; ++j) {
-          part[j][r & 3] =
-              _mm256_add_ps(part[j][r & 3], _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r]), v));
+      // Row r goes to partial sum r % 4 (r0 is a multiple of 4); the index is a constant in
+      // the unrolled body, so the partial sums stay in registers.
+      if (all_visible) {
+        for (std::int64_t r = r0; r < r1; r += 4) {
+          for (int k = 0; k < 4; ++k) {
+            const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
+            for (int j = 0; j < NQ; ++j) {
+              part[j][k] = _mm256_add_ps(part[j][k],
+                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+            }
+          }
+        }
+      } else {
+        for (std::int64_t r = r0; r < r1; r += 4) {
+          for (int k = 0; k < 4; ++k) {
+            if (r + k >= r1 || positions[r + k] > pos) continue;
+            const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
+            for (int j = 0; j < NQ; ++j) {
+              part[j][k] = _mm256_add_ps(part[j][k],
+                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+            }
+          }
         }
       }
       for (int j = 0; j < NQ; ++j) {
@@ -312,6 +374,23 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
                         _mm256_add_ps(_mm256_load_ps(acc[c][j][1]), _mm256_load_ps(acc[c][j][3])));
       _mm256_storeu_ps(out + j * D + 8 * c, sum);
     }
+  }
+}
+
+template <bool kF16>
+void values_dispatch(std::int64_t nj, const float* probs, std::int64_t ld, std::int64_t D,
+                     const std::uint8_t* base, std::int64_t row_bytes,
+                     const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                     float* out) noexcept {
+  switch (nj) {
+    case 4:
+      return values_group<4, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+    case 3:
+      return values_group<3, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+    case 2:
+      return values_group<2, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+    default:
+      return values_group<1, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
   }
 }
 #endif
@@ -330,23 +409,12 @@ void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std
     // four partial sums by row index mod 4.
     for (std::int64_t j0 = 0; j0 < n_q; j0 += 4) {
       const std::int64_t nj = std::min<std::int64_t>(4, n_q - j0);
-      switch (nj) {
-        case 4:
-          values_group<4>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
-                          pos, out + j0 * D);
-          break;
-        case 3:
-          values_group<3>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
-                          pos, out + j0 * D);
-          break;
-        case 2:
-          values_group<2>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
-                          pos, out + j0 * D);
-          break;
-        default:
-          values_group<1>(probs + j0 * ld, ld, D, base, dtype, stride * esize, positions, n_rows,
-                          pos, out + j0 * D);
-          break;
+      if (dtype == DType::kF16) {
+        values_dispatch<true>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
+                              pos, out + j0 * D);
+      } else {
+        values_dispatch<false>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
+                               pos, out + j0 * D);
       }
     }
     return;
