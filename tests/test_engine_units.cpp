@@ -92,9 +92,10 @@ TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
           }
           for (std::int64_t j = 0; j < nq; ++j)
             engine::ops::softmax(scores.data() + j * ld, R, std::sqrt(static_cast<float>(D)));
-          std::vector<float> out(static_cast<std::size_t>(nq * D));
+          std::vector<float> out(static_cast<std::size_t>(nq * D)),
+              sums(static_cast<std::size_t>(nq * 4 * D));
           engine::ops::attention_values(scores.data(), nq, ld, D, values, dtype, stride,
-                                        positions.data(), R, pos, out.data(), scratch.data());
+                                        positions.data(), R, pos, out.data(), sums.data());
           for (std::int64_t j = 0; j < nq; ++j) {
             for (std::int64_t d = 0; d < D; ++d) {
               float part[4] = {0, 0, 0, 0};
@@ -107,6 +108,23 @@ TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
               ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
                   << "values D=" << D << " R=" << R << " nq=" << nq;
             }
+          }
+          // The same sums added a block of rows at a time (blocks starting at multiples of 4,
+          // the last one short) give the one-call result bit for bit.
+          for (const std::int64_t block : {4, 12, 64}) {
+            std::vector<float> parts(static_cast<std::size_t>(nq * 4 * D), 0.0f),
+                blocked(static_cast<std::size_t>(nq * D));
+            for (std::int64_t b0 = 0; b0 < R; b0 += block) {
+              const std::int64_t n = std::min(block, R - b0);
+              const void* vb = dtype == DType::kF32
+                                   ? static_cast<const void*>(vf.data() + b0 * stride)
+                                   : static_cast<const void*>(vh.data() + b0 * stride);
+              engine::ops::attention_values_add(scores.data() + b0, nq, ld, D, vb, dtype, stride,
+                                                positions.data() + b0, n, pos, parts.data());
+            }
+            engine::ops::attention_values_finish(parts.data(), nq, D, blocked.data());
+            ASSERT_EQ(std::memcmp(blocked.data(), out.data(), blocked.size() * 4), 0)
+                << "blocked values D=" << D << " R=" << R << " nq=" << nq << " block=" << block;
           }
         }
       }

@@ -48,6 +48,14 @@ void expect_bulk_matches(const PackedRows& p, std::int64_t D, std::int64_t r0, s
       ASSERT_EQ(v[static_cast<std::size_t>((r - r0) * stride + d)], kPad) << what;
     }
   }
+  // Either half alone (the other pointer null) reads the same bits.
+  std::vector<float> k_only(k.size(), kPad), v_only(k.size(), kPad);
+  p.load_rows(r0, r1, stride, k_only.data(), nullptr);
+  p.load_rows(r0, r1, stride, nullptr, v_only.data());
+  ASSERT_EQ(std::memcmp(k_only.data(), k.data(), k.size() * sizeof(float)), 0)
+      << what << " keys only";
+  ASSERT_EQ(std::memcmp(v_only.data(), v.data(), v.size() * sizeof(float)), 0)
+      << what << " values only";
 }
 
 // The whole store and a few sub-ranges (starting inside key groups and inside the tail).

@@ -73,10 +73,11 @@ class VQ_API PackedRows {
   virtual float value_at(std::int64_t row, std::int64_t d) const noexcept = 0;
   // Rows [r0, r1) at once, dequantized: row r's key to keys + (r - r0) * stride and its value
   // to values + (r - r0) * stride ([r1 - r0][stride], first head_dim used; stride >= head_dim),
-  // bit-identical to load_key / load_value of each row (0 <= r0 <= r1 <= the rows held). The
-  // default loops over load_key / load_value; a store overrides it with a bulk path (the
-  // engine's attention reads a whole head per step). Declared after the other virtuals, so the
-  // vtable only grows at its end.
+  // bit-identical to load_key / load_value of each row (0 <= r0 <= r1 <= the rows held); keys
+  // or values may be null, and that half is not read. The default loops over load_key /
+  // load_value; a store overrides it with a bulk path (the engine's attention reads a head a
+  // block of rows at a time). Declared after the other virtuals, so the vtable only grows at
+  // its end.
   virtual void load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
                          float* values) const noexcept;
 

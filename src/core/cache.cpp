@@ -35,8 +35,8 @@ float HeadRows::value(std::int64_t row, std::int64_t d) const noexcept {
 void PackedRows::load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
                            float* values) const noexcept {
   for (std::int64_t r = r0; r < r1; ++r) {
-    load_key(r, keys + (r - r0) * stride);
-    load_value(r, values + (r - r0) * stride);
+    if (keys != nullptr) load_key(r, keys + (r - r0) * stride);
+    if (values != nullptr) load_value(r, values + (r - r0) * stride);
   }
 }
 

@@ -163,6 +163,13 @@ class KiviStore final : public RowStore, public PackedRows {
   // (packed_codes.h); each element is q * scale + zero as in load_key / load_value.
   void load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
                  float* values) const noexcept override {
+    if (keys != nullptr) load_keys(r0, r1, stride, keys);
+    if (values != nullptr) load_values(r0, r1, stride, values);
+  }
+
+ private:
+  void load_keys(std::int64_t r0, std::int64_t r1, std::int64_t stride,
+                 float* keys) const noexcept {
     constexpr std::int64_t kBlock = 64;  // channels per block: a whole number of code bytes
     float sc[kBlock], zr[kBlock];
     const std::int64_t kend = std::min(r1, kq_);
@@ -177,8 +184,8 @@ class KiviStore final : public RowStore, public PackedRows {
           kernels::f16_to_f32(zero + c0, zr, n);
           for (std::int64_t r = a; r < b; ++r) {
             float* o = keys + (r - r0) * stride + c0;
-            unpack_codes(kcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_, n, o);
-            for (std::int64_t j = 0; j < n; ++j) o[j] = o[j] * sc[j] + zr[j];
+            dequantize_codes<true>(kcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_, n,
+                                   sc, zr, o);
           }
         }
         a = std::max(a, b);
@@ -187,6 +194,10 @@ class KiviStore final : public RowStore, public PackedRows {
     for (std::int64_t r = std::max(r0, kq_); r < r1; ++r) {
       kernels::load_row(tail_row(tk_, r - kbase_), tail_dtype_, keys + (r - r0) * stride, D_);
     }
+  }
+
+  void load_values(std::int64_t r0, std::int64_t r1, std::int64_t stride,
+                   float* values) const noexcept {
     // Values: the rows' scales and zeros ([rows][n_vgroups], contiguous) converted kParams at a
     // time; params [p0, p1) are in vs / vz.
     constexpr std::int64_t kParams = 256;
@@ -195,6 +206,22 @@ class KiviStore final : public RowStore, public PackedRows {
     std::int64_t p0 = 0, p1 = 0;
     for (std::int64_t r = r0; r < vend; ++r) {
       float* o = values + (r - r0) * stride;
+      // Groups of a multiple of 8 channels start on a byte: dequantized group by group.
+      if (G_ % 8 == 0) {
+        for (std::int64_t g = 0; g < n_vgroups_; ++g) {
+          const std::int64_t p = r * n_vgroups_ + g;
+          if (p >= p1) {
+            p0 = p;
+            p1 = std::min(pend, p + kParams);
+            kernels::f16_to_f32(vscale_.data() + p0, vs, p1 - p0);
+            kernels::f16_to_f32(vzero_.data() + p0, vz, p1 - p0);
+          }
+          const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
+          dequantize_codes<false>(vcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_,
+                                  c1 - c0, vs + (p - p0), vz + (p - p0), o + c0);
+        }
+        continue;
+      }
       unpack_codes(vcodes_.data() + r * row_bytes_, bits_, D_, o);
       for (std::int64_t g = 0; g < n_vgroups_; ++g) {
         const std::int64_t p = r * n_vgroups_ + g;
@@ -214,6 +241,7 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
 
+ public:
   void read_key(std::int64_t i, float* out) const noexcept override { load_key(i, out); }
   void read_value(std::int64_t i, float* out) const noexcept override { load_value(i, out); }
 

@@ -8,6 +8,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace vq::detail {
 
@@ -37,6 +42,50 @@ inline void unpack_codes(const std::uint8_t* row, int bits, std::int64_t n, floa
   } else {
     for (std::int64_t i = 0; i < full; ++i) std::memcpy(out + 2 * i, kCodeTables.four[row[i]], 8);
     for (std::int64_t j = 0; j < rest; ++j) out[2 * full + j] = kCodeTables.four[row[full]][j];
+  }
+}
+
+// Codes [0, n) of `row` (bits 2 or 4) dequantized: out[c] = code_c * scale[c] + zero[c] with
+// kPerChannel, else code_c * scale[0] + zero[0]; a multiply, then an add (two roundings), as
+// unpack_codes followed by that loop gives, bit for bit. With AVX2, eight codes at a time:
+// their bytes broadcast, shifted per lane, masked and converted (exact: codes are < 16).
+template <int kBits, bool kPerChannel>
+inline void dequantize_codes_as(const std::uint8_t* row, std::int64_t n, const float* scale,
+                                const float* zero, float* out) noexcept {
+  std::int64_t c = 0;
+#if defined(__AVX2__)
+  using Word = std::conditional_t<kBits == 2, std::uint16_t, std::uint32_t>;  // eight codes
+  const __m256i shift = kBits == 2 ? _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)
+                                   : _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i mask = _mm256_set1_epi32((1 << kBits) - 1);
+  __m256 s = _mm256_set1_ps(scale[0]), z = _mm256_set1_ps(zero[0]);
+  for (; c + 8 <= n; c += 8) {
+    Word word;
+    std::memcpy(&word, row + c * kBits / 8, sizeof(Word));
+    const __m256i codes =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shift), mask);
+    if constexpr (kPerChannel) {
+      s = _mm256_loadu_ps(scale + c);
+      z = _mm256_loadu_ps(zero + c);
+    }
+    _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(codes), s), z));
+  }
+#endif
+  if (c < n) {
+    // The rest (or all, without AVX2): c is a multiple of 8, so a whole byte boundary.
+    unpack_codes(row + c * kBits / 8, kBits, n - c, out + c);
+    for (std::int64_t j = c; j < n; ++j)
+      out[j] = out[j] * scale[kPerChannel ? j : 0] + zero[kPerChannel ? j : 0];
+  }
+}
+
+template <bool kPerChannel>
+inline void dequantize_codes(const std::uint8_t* row, int bits, std::int64_t n, const float* scale,
+                             const float* zero, float* out) noexcept {
+  if (bits == 2) {
+    dequantize_codes_as<2, kPerChannel>(row, n, scale, zero, out);
+  } else {
+    dequantize_codes_as<4, kPerChannel>(row, n, scale, zero, out);
   }
 }
 

@@ -310,19 +310,15 @@ namespace {
 template <int NQ, bool kF16>
 void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std::uint8_t* base,
                   std::int64_t row_bytes, const std::int32_t* positions, std::int64_t n_rows,
-                  std::int64_t pos, float* out) noexcept {
+                  std::int64_t pos, float* sums) noexcept {
   // Rows in blocks of kBlock, each block's rows read for every 8-lane chunk while they are in
   // L1; the partial sums live in `acc` between blocks. Every partial sum still adds its rows in
   // increasing r, so blocking does not change a result.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t C = D / 8;                      // <= 32 (simd_rows)
   const std::int64_t row_span = D * (kF16 ? 2 : 4);  // bytes of a row read
-  alignas(32) float acc[32][NQ][4][8];
-  for (std::int64_t c = 0; c < C; ++c) {
-    for (int j = 0; j < NQ; ++j) {
-      for (int k = 0; k < 4; ++k) _mm256_store_ps(acc[c][j][k], _mm256_setzero_ps());
-    }
-  }
+  // The partial sums: query j's sum k of channels [8c, 8c + 8) at sums + (j * 4 + k) * D + 8c.
+  auto at = [&](int j, int k, std::int64_t c) { return sums + (j * 4 + k) * D + 8 * c; };
   for (std::int64_t r0 = 0; r0 < n_rows; r0 += kBlock) {
     const std::int64_t r1 = std::min(n_rows, r0 + kBlock);
     // The next block's rows, fetched while this one is summed.
@@ -336,7 +332,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
     for (std::int64_t c = 0; c < C; ++c) {
       __m256 part[NQ][4];
       for (int j = 0; j < NQ; ++j) {
-        for (int k = 0; k < 4; ++k) part[j][k] = _mm256_load_ps(acc[c][j][k]);
+        for (int k = 0; k < 4; ++k) part[j][k] = _mm256_loadu_ps(at(j, k, c));
       }
       // Row r goes to partial sum r % 4 (r0 is a multiple of 4); the index is a constant in
       // the unrolled body, so the partial sums stay in registers.
@@ -363,16 +359,8 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
         }
       }
       for (int j = 0; j < NQ; ++j) {
-        for (int k = 0; k < 4; ++k) _mm256_store_ps(acc[c][j][k], part[j][k]);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(at(j, k, c), part[j][k]);
       }
-    }
-  }
-  for (std::int64_t c = 0; c < C; ++c) {
-    for (int j = 0; j < NQ; ++j) {
-      const __m256 sum =
-          _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(acc[c][j][0]), _mm256_load_ps(acc[c][j][2])),
-                        _mm256_add_ps(_mm256_load_ps(acc[c][j][1]), _mm256_load_ps(acc[c][j][3])));
-      _mm256_storeu_ps(out + j * D + 8 * c, sum);
     }
   }
 }
@@ -381,40 +369,39 @@ template <bool kF16>
 void values_dispatch(std::int64_t nj, const float* probs, std::int64_t ld, std::int64_t D,
                      const std::uint8_t* base, std::int64_t row_bytes,
                      const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
-                     float* out) noexcept {
+                     float* sums) noexcept {
   switch (nj) {
     case 4:
-      return values_group<4, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+      return values_group<4, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, sums);
     case 3:
-      return values_group<3, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+      return values_group<3, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, sums);
     case 2:
-      return values_group<2, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+      return values_group<2, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, sums);
     default:
-      return values_group<1, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, out);
+      return values_group<1, kF16>(probs, ld, D, base, row_bytes, positions, n_rows, pos, sums);
   }
 }
 #endif
 
 }  // namespace
 
-void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
-                      const void* values, DType dtype, std::int64_t stride,
-                      const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
-                      float* out, float* /*scratch*/) noexcept {
+void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                          const void* values, DType dtype, std::int64_t stride,
+                          const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                          float* sums) noexcept {
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(dtype));
   const auto* base = static_cast<const std::uint8_t*>(values);
 #ifdef VQ_ENGINE_AVX
   if (simd_rows(dtype, D)) {
-    // Queries in groups of up to four share each value row load; per query and 8-lane chunk,
-    // four partial sums by row index mod 4.
+    // Queries in groups of up to four share each value row load.
     for (std::int64_t j0 = 0; j0 < n_q; j0 += 4) {
       const std::int64_t nj = std::min<std::int64_t>(4, n_q - j0);
       if (dtype == DType::kF16) {
         values_dispatch<true>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
-                              pos, out + j0 * D);
+                              pos, sums + j0 * 4 * D);
       } else {
         values_dispatch<false>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
-                               pos, out + j0 * D);
+                               pos, sums + j0 * 4 * D);
       }
     }
     return;
@@ -422,11 +409,12 @@ void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std
 #endif
   for (std::int64_t j = 0; j < n_q; ++j) {
     const float* p = probs + j * ld;
-    for (std::int64_t d = 0; d < D; ++d) {
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (std::int64_t r = 0; r < n_rows; ++r) {
-        if (positions[r] > pos) continue;
-        const std::uint8_t* row = base + r * stride * esize;
+    float* sj = sums + j * 4 * D;
+    for (std::int64_t r = 0; r < n_rows; ++r) {
+      if (positions[r] > pos) continue;
+      const std::uint8_t* row = base + r * stride * esize;
+      float* part = sj + (r & 3) * D;
+      for (std::int64_t d = 0; d < D; ++d) {
         float v;
         if (dtype == DType::kF32) {
           std::memcpy(&v, row + d * 4, 4);
@@ -435,11 +423,28 @@ void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std
           std::memcpy(&h, row + d * 2, 2);
           v = half_to_float(h);
         }
-        part[r & 3] += p[r] * v;
+        part[d] += p[r] * v;
       }
-      out[j * D + d] = (part[0] + part[2]) + (part[1] + part[3]);
     }
   }
+}
+
+void attention_values_finish(const float* sums, std::int64_t n_q, std::int64_t D,
+                             float* out) noexcept {
+  for (std::int64_t j = 0; j < n_q; ++j) {
+    const float* s = sums + j * 4 * D;
+    for (std::int64_t d = 0; d < D; ++d)
+      out[j * D + d] = (s[d] + s[2 * D + d]) + (s[D + d] + s[3 * D + d]);
+  }
+}
+
+void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                      const void* values, DType dtype, std::int64_t stride,
+                      const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                      float* out, float* sums) noexcept {
+  std::fill(sums, sums + n_q * 4 * D, 0.0f);
+  attention_values_add(probs, n_q, ld, D, values, dtype, stride, positions, n_rows, pos, sums);
+  attention_values_finish(sums, n_q, D, out);
 }
 
 void swiglu(float* x, const float* up, std::int64_t n) noexcept {

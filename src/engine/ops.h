@@ -55,10 +55,23 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
 // out_j[d] = sum over rows r with positions[r] <= pos of probs[j * ld + r] * value_r[d], for
 // j < n_q (out_j = out + j * D). Fixed order: four partial sums s_k over the rows r = k mod 4,
 // each in increasing r, then (s0 + s2) + (s1 + s3) (independent chains hide the add latency).
+// sums: scratch of n_q * 4 * D floats (the partial sums).
 void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
                       const void* values, DType dtype, std::int64_t stride,
                       const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
-                      float* out, float* scratch) noexcept;
+                      float* out, float* sums) noexcept;
+
+// attention_values in pieces, for rows read a block at a time: sums ([n_q][4][D], query j's
+// partial sum k of channel d at sums[(j * 4 + k) * D + d]) starts at +0; each call adds rows
+// [0, n_rows) of a block whose first row's index in the whole is a multiple of 4 (so a row's
+// partial sum is the same as in one call over all rows); finish writes out_j[d] =
+// (s0 + s2) + (s1 + s3). Blocks passed in increasing row order give attention_values' result.
+void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                          const void* values, DType dtype, std::int64_t stride,
+                          const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                          float* sums) noexcept;
+void attention_values_finish(const float* sums, std::int64_t n_q, std::int64_t D,
+                             float* out) noexcept;
 
 // x[i] <- silu(x[i]) * up[i], silu(v) = v * (1 / (1 + exp(-v))) (run.c's form, exp as
 // exp_inplace).

@@ -48,6 +48,7 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   att_out.resize(sz(S * c.q_dim()));
   att.resize(sz(c.n_heads * S * R));
   row.resize(sz(c.n_kv_heads * D));
+  sums.resize(sz(c.n_heads * S * 4 * D));
   packed_k.resize(sz(c.n_kv_heads));
   packed_v.resize(sz(c.n_kv_heads));
   hb.resize(sz(S * c.hidden_dim));
@@ -146,7 +147,8 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
   const std::int64_t R = view.n_rows();
   if (R > s_.max_rows || view.n_new() != S) {
     try {
-      cache.end_step();  // leave the cache usable; an attention-sourced method refuses, and stays open
+      cache.end_step();  // leave the cache usable; an attention-sourced method refuses, and stays
+                         // open
     } catch (const Error&) {
     }
     throw Error(ErrorCode::kInvalidState,
@@ -162,28 +164,67 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
   const int nt = S * R * D * G >= 4096 ? threads() : 1;
   parallel_for(Hkv, nt, [&](std::int64_t g0, std::int64_t g1) {
     for (std::int64_t g = g0; g < g1; ++g) {
-      // A quantized cache's head is read once per step into this head's scratch (one layer's
-      // rows in all, shared by every layer); plain heads are read in place.
-      const HeadRows hr = dequantized(view.head(0, g), s_.packed_k[static_cast<std::size_t>(g)],
-                                      s_.packed_v[static_cast<std::size_t>(g)]);
+      const HeadRows hr = view.head(0, g);
       float* scratch = s_.row.data() + g * D;
+      float* sums = s_.sums.data() + g * S * G * 4 * D;  // [S][G][4][D]
       // The head's own rows: with head-wise budgets a head may hold fewer than R, and the
       // columns past its rows stay 0 (AttentionRef's contract).
       const std::int64_t n = hr.n_rows;
-      for (std::int64_t t = 0; t < S; ++t) {
-        // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
-        // every row (masked by position), softmax, weighted sum of the values.
-        const float* q = s_.q.data() + t * qd + g * G * D;
-        float* scores = att + (g * G * S + t) * R;  // head j's row at + j * S * R
-        ops::attention_scores(q, G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n, pos0 + t,
-                              scores, S * R, scratch);
+      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+      // every row (masked by position), softmax, weighted sum of the values.
+      auto q_of = [&](std::int64_t t) { return s_.q.data() + t * qd + g * G * D; };
+      auto scores_of = [&](std::int64_t t) {
+        return att + (g * G * S + t) * R;
+      };  // head j: + j*S*R
+      auto out_of = [&](std::int64_t t) { return s_.att_out.data() + t * qd + g * G * D; };
+      auto normalize = [&](std::int64_t t) {
         for (std::int64_t j = 0; j < G; ++j) {
-          ops::softmax(scores + j * S * R, n, scale);
-          std::fill(scores + j * S * R + n, scores + j * S * R + R, 0.0f);
+          float* p = scores_of(t) + j * S * R;
+          ops::softmax(p, n, scale);
+          std::fill(p + n, p + R, 0.0f);
         }
-        ops::attention_values(scores, G, S * R, D, hr.values, hr.dtype, hr.row_stride, hr.positions,
-                              n, pos0 + t, s_.att_out.data() + t * qd + g * G * D, scratch);
+      };
+      if (hr.packed == nullptr) {
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_scores(q_of(t), G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n,
+                                pos0 + t, scores_of(t), S * R, scratch);
+          normalize(t);
+          ops::attention_values(scores_of(t), G, S * R, D, hr.values, hr.dtype, hr.row_stride,
+                                hr.positions, n, pos0 + t, out_of(t), sums);
+        }
+        continue;
       }
+      // A quantized head is read a block of rows at a time into this head's scratch (small
+      // enough to stay in cache): the keys' blocks for the scores, then the values' blocks for
+      // the sums. Scores are per row and the value sums continue across blocks (blocks start at
+      // multiples of 4), so the result is the whole-head computation's, bit for bit.
+      constexpr std::int64_t kB = RunState::kPackedBlock;
+      std::vector<float>& kb = s_.packed_k[static_cast<std::size_t>(g)];
+      std::vector<float>& vb = s_.packed_v[static_cast<std::size_t>(g)];
+      if (kb.size() < static_cast<std::size_t>(kB * D)) {  // once per run
+        kb.resize(static_cast<std::size_t>(kB * D));
+        vb.resize(static_cast<std::size_t>(kB * D));
+      }
+      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
+        const std::int64_t b1 = std::min(n, b0 + kB);
+        hr.packed->load_rows(b0, b1, D, kb.data(), nullptr);
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_scores(q_of(t), G, D, kb.data(), DType::kF32, D, hr.positions + b0,
+                                b1 - b0, pos0 + t, scores_of(t) + b0, S * R, scratch);
+        }
+      }
+      for (std::int64_t t = 0; t < S; ++t) normalize(t);
+      std::fill(sums, sums + S * G * 4 * D, 0.0f);
+      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
+        const std::int64_t b1 = std::min(n, b0 + kB);
+        hr.packed->load_rows(b0, b1, D, nullptr, vb.data());
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_values_add(scores_of(t) + b0, G, S * R, D, vb.data(), DType::kF32, D,
+                                    hr.positions + b0, b1 - b0, pos0 + t, sums + t * G * 4 * D);
+        }
+      }
+      for (std::int64_t t = 0; t < S; ++t)
+        ops::attention_values_finish(sums + t * G * 4 * D, G, D, out_of(t));
     }
   });
   laps.mark(times_.attention);

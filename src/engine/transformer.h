@@ -46,9 +46,11 @@ struct RunState {
   std::vector<float> att_out;       // [S][Hq * D]      attention-weighted values per query head
   std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
   std::vector<float> row;           // [Hkv][D]         per KV head: a cached row as fp32
-  // A packed (quantized) head's keys and values, dequantized for one step: per KV head (each
-  // head is read by one thread) [Hkv][R * D]; one layer's rows, shared by every layer; empty
-  // until a quantized cache is read.
+  std::vector<float> sums;          // [Hkv][S][G][4][D] attention_values' partial sums
+  // A packed (quantized) head's keys and values, dequantized kPackedBlock rows at a time (a
+  // block small enough to stay in cache): per KV head (each head is read by one thread)
+  // [Hkv][kPackedBlock * D]; empty until a quantized cache is read.
+  static constexpr std::int64_t kPackedBlock = 256;  // rows; a multiple of 4
   std::vector<std::vector<float>> packed_k, packed_v;
   std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
   std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
