@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -92,7 +94,7 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
           const Typed t = make_typed(type, rows, cols, 100 + static_cast<std::uint64_t>(cols));
           const auto x =
               test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
             if (!engine::isa_supported(isa)) continue;
             std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
             engine::matmul_rows(isa, out.data(), x.data(), t.m, S, 0, rows);
@@ -311,7 +313,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0DotByHand) {
   engine::quantize_activations_q8_0(x, 64, q, d);
   // Block 0: isum = 96, times 0.5 * 0.25 = 12. Block 1: isum = (-128)(-127) + 7*0 + 3*2 +
   // 5*(-2) + 1*4 = 16256, times 2 * 0.25 = 8128. Lanes 0 and 1: 12 + 8128 = 8140.
-  for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
     if (!engine::isa_supported(isa)) continue;
     float out = -1.0f;
     engine::matmul_rows_q8_0(isa, &out, q, d, m, 1, 0, 1);
@@ -358,7 +360,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
         std::vector<std::int8_t> xq(x.size());
         std::vector<float> xd(x.size() / 32);
         engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
-        for (const Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+        for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
           if (!engine::isa_supported(isa)) continue;
           std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
           engine::matmul_rows_q8_0(isa, out.data(), xq.data(), xd.data(), t.m, S, 0, rows);
@@ -414,6 +416,33 @@ TEST(EngineWeights, Bf16RoundsToNearestEven) {
   EXPECT_EQ(engine::float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
   EXPECT_EQ(engine::float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);  // halfway, odd below: up
   EXPECT_EQ(engine::bf16_to_float(0xc000), -2.0f);
+}
+
+TEST(EngineWeights, KernelFamiliesFollowTheCpuFlagsLinuxReports) {
+  // The kernel's own reading of the CPU (/proc/cpuinfo's "flags") against the library's CPUID
+  // checks: the family chosen is the best one the CPU has, whatever the build targeted.
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  std::vector<std::string> flags;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string f; words >> f;) flags.push_back(f);
+    break;
+  }
+  if (flags.empty()) GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+  const auto has = [&](const char* f) {
+    return std::find(flags.begin(), flags.end(), f) != flags.end();
+  };
+  const bool avx2 = has("avx2") && has("f16c");
+  const bool vnni = avx2 && has("avx_vnni");
+  EXPECT_TRUE(engine::isa_supported(Isa::kScalar));
+  EXPECT_EQ(engine::isa_supported(Isa::kAvx2), avx2);
+  EXPECT_EQ(engine::isa_supported(Isa::kAvx2Vnni), vnni);
+  EXPECT_EQ(engine::best_isa(), vnni ? Isa::kAvx2Vnni : avx2 ? Isa::kAvx2 : Isa::kScalar);
+  EXPECT_STREQ(engine::to_string(Isa::kScalar), "scalar");
+  EXPECT_STREQ(engine::to_string(Isa::kAvx2), "avx2+f16c");
+  EXPECT_STREQ(engine::to_string(Isa::kAvx2Vnni), "avx2+f16c+avxvnni");
 }
 
 }  // namespace

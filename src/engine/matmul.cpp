@@ -37,7 +37,17 @@ const char* to_string(WeightType type) noexcept {
   return "?";
 }
 
-const char* to_string(Isa isa) noexcept { return isa == Isa::kAvx2 ? "avx2+f16c" : "scalar"; }
+const char* to_string(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2+f16c";
+    case Isa::kAvx2Vnni:
+      return "avx2+f16c+avxvnni";
+  }
+  return "?";
+}
 
 std::uint16_t float_to_bf16(float value) noexcept {
   std::uint32_t bits;
@@ -221,115 +231,31 @@ VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::i
 }
 
 // The integer dot of one Q8_0 weight block's codes with 32 activation codes as 8 int32 lanes
-// (exact): |w| as unsigned bytes times x with w's sign (x is never -128; w = -128 gives the
-// unsigned 128), pairs summed to int16 (at most 2 * 128 * 127: no saturation), then to int32.
-VQ_AVX2 inline __m256i block_dot_avx2(const std::uint8_t* wq, __m256i xv) noexcept {
+// (exact), for both x86 families: |w| as unsigned bytes times x with w's sign (x is never -128;
+// w = -128 gives the unsigned 128). AVX2 sums pairs to int16 (at most 2 * 128 * 127: no
+// saturation), then to int32; AVX-VNNI's vpdpbusd sums groups of four straight to int32 (at most
+// 4 * 128 * 127, no saturation either). The kernels built on them: matmul_q8q8_x86.inc.
+namespace q8q8_avx2 {
+#define VQ_Q8Q8_TARGET VQ_AVX2
+VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
+#include "engine/matmul_q8q8_x86.inc"
+#undef VQ_Q8Q8_TARGET
+}  // namespace q8q8_avx2
 
-// Blocks b .. b+7 of one row (blk = the row's block b, xq / xd the activations' block b): the
-// products float(isum) * (d_w * d_x) with lane l = block b + l, as the definition forms them.
-// kFull: all eight blocks exist; otherwise only the first `count` do and the other lanes are
-// +0, which leaves the lanes they are added to unchanged (a lane, starting at +0, is never -0),
-// so the last, partial group needs no scalar tail.
-template <bool kFull>
-VQ_AVX2 inline __m256 group_q8q8_avx2(const std::uint8_t* blk, const std::int8_t* xq,
-                                      const float* xd, int count) noexcept {
-  __m256i v[8];
-  for (int k = 0; k < 8; ++k) {
-    v[k] = kFull || k < count
-               ? block_dot_avx2(blk + k * 34 + 2,
-                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * 32)))
-               : _mm256_setzero_si256();
-  }
-  // h01 = [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (lo/hi: the sums of a block's
-  // two 128-bit halves), h47 the same for blocks 4-7; the halves added give the eight block sums.
-  const __m256i h01 =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i h47 =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
-                                        _mm256_permute2x128_si256(h01, h47, 0x31));
-  __m128i dw16;
-  __m256 dx;
-  if constexpr (kFull) {
-    dw16 = _mm_setr_epi16(
-        static_cast<short>(load_u16(blk)), static_cast<short>(load_u16(blk + 34)),
-        static_cast<short>(load_u16(blk + 68)), static_cast<short>(load_u16(blk + 102)),
-        static_cast<short>(load_u16(blk + 136)), static_cast<short>(load_u16(blk + 170)),
-        static_cast<short>(load_u16(blk + 204)), static_cast<short>(load_u16(blk + 238)));
-    dx = _mm256_loadu_ps(xd);
-  } else {
-    alignas(16) std::uint16_t dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    alignas(32) float dxs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < count; ++k) {
-      dw[k] = load_u16(blk + k * 34);
-      dxs[k] = xd[k];
-    }
-    dw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(dw));
-    dx = _mm256_load_ps(dxs);
-  }
-  const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(dw16), dx);
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dd);
+namespace q8q8_vnni {
+#define VQ_Q8Q8_TARGET __attribute__((target("avx2,f16c,avxvnni")))
+VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv),
+                                 _mm256_sign_epi8(xv, wv));
 }
-
-// out[r] = dot_q8q8_scalar of rows r < R (row r at w0 + r * row_bytes), bit for bit: eight
-// blocks at a time into the eight lanes, then tree().
-template <int R>
-VQ_AVX2 void dot_rows_q8q8_avx2(const std::uint8_t* w0, std::int64_t row_bytes,
-                                const std::int8_t* xq, const float* xd, std::int64_t nb,
-                                float* out) noexcept {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  // The rows two groups ahead, fetched while these are read (see dot_rows_avx2).
-  const std::uint8_t* ahead = w0 + 2 * R * row_bytes;
-  std::int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    for (int r = 0; r < R; ++r) {
-      for (std::int64_t o = 0; o < 8 * 34; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + r * row_bytes + b * 34 + o),
-                     _MM_HINT_T0);
-    }
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_add_ps(
-          acc[r], group_q8q8_avx2<true>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, 8));
-    }
-  }
-  if (b < nb) {
-    const int count = static_cast<int>(nb - b);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_add_ps(
-          acc[r], group_q8q8_avx2<false>(w0 + r * row_bytes + b * 34, xq + b * 32, xd + b, count));
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc[r]);
-    out[r] = tree(lanes);
-  }
-}
-
-VQ_AVX2 void rows_q8q8_avx2(float* out, const std::int8_t* xq, const float* xd,
-                            const WeightMatrix& w, std::int64_t S, std::int64_t begin,
-                            std::int64_t end) noexcept {
-  constexpr int kR = 2;
-  const std::int64_t rb = w.row_bytes();
-  const std::int64_t nb = w.cols / kQ8_0BlockSize;
-  float r2[kR];
-  std::int64_t i = begin;
-  for (; i + kR <= end; i += kR) {
-    for (std::int64_t s = 0; s < S; ++s) {
-      dot_rows_q8q8_avx2<kR>(w.row(i), rb, xq + s * w.cols, xd + s * nb, nb, r2);
-      for (int r = 0; r < kR; ++r) out[s * w.rows + i + r] = r2[r];
-    }
-  }
-  for (; i < end; ++i) {
-    for (std::int64_t s = 0; s < S; ++s)
-      dot_rows_q8q8_avx2<1>(w.row(i), rb, xq + s * w.cols, xd + s * nb, nb, out + s * w.rows + i);
-  }
-}
+#include "engine/matmul_q8q8_x86.inc"
+#undef VQ_Q8Q8_TARGET
+}  // namespace q8q8_vnni
 #endif
 
 }  // namespace
@@ -340,21 +266,30 @@ bool isa_supported(Isa isa) noexcept {
   // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 29) & 1u) != 0;
-  return __builtin_cpu_supports("avx2") && f16c;
+  const bool avx2 = __builtin_cpu_supports("avx2") && f16c;
+  if (isa == Isa::kAvx2) return avx2;
+  // AVX-VNNI (the VEX-coded vpdpbusd) is CPUID leaf 7 subleaf 1, EAX bit 4. Asked of the CPU,
+  // not of the compiler: the build may target a CPU with it (-march=native) and run on one
+  // without. It needs no OS state beyond AVX2's (ymm registers).
+  a = b = c = d = 0;
+  const bool vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
+  return avx2 && vnni;
 #else
   return false;
 #endif
 }
 
 Isa best_isa() noexcept {
-  static const Isa best = isa_supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar;
+  static const Isa best = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni
+                          : isa_supported(Isa::kAvx2)   ? Isa::kAvx2
+                                                        : Isa::kScalar;
   return best;
 }
 
 void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_MATMUL_X86
-  if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {  // the same kernels for fp32 activations
     switch (w.type) {
       case WeightType::kF32:
         return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
@@ -412,7 +347,8 @@ void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* x
                       const WeightMatrix& w, std::int64_t S, std::int64_t begin,
                       std::int64_t end) noexcept {
 #ifdef VQ_MATMUL_X86
-  if (isa == Isa::kAvx2) return rows_q8q8_avx2(out, xq, xd, w, S, begin, end);
+  if (isa == Isa::kAvx2) return q8q8_avx2::rows(out, xq, xd, w, S, begin, end);
+  if (isa == Isa::kAvx2Vnni) return q8q8_vnni::rows(out, xq, xd, w, S, begin, end);
 #else
   (void)isa;
 #endif

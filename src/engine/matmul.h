@@ -17,7 +17,9 @@
 // exact int32, d_w * d_x an exact fp32 product of two fp16 values, and the one rounding is the
 // multiplication, then the lane's addition; tree() is ops::dot's ((l0+l4)+(l2+l6)) +
 // ((l1+l5)+(l3+l7)). The AVX2 kernel (maddubs/madd integer dots, eight blocks' sums reduced to
-// one vector) keeps that order lane for lane and equals the scalar definition bit for bit.
+// one vector) keeps that order lane for lane and equals the scalar definition bit for bit; the
+// AVX-VNNI kernel is the same code with each block's integer dot formed by vpdpbusd (the sums
+// are exact either way), so it gives the same bits.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +29,10 @@
 
 namespace vq::engine {
 
-// The kernel families. kAvx2 needs AVX2 and F16C (checked at run time).
-enum class Isa { kScalar, kAvx2 };
+// The kernel families. kAvx2 needs AVX2 and F16C; kAvx2Vnni also AVX-VNNI (CPUID leaf 7.1 EAX
+// bit 4), which only its Q8_0 x Q8_0 block dots use: for fp32 activations it runs kAvx2's
+// kernels. Support is checked at run time (CPUID), never taken from the compiler's flags.
+enum class Isa { kScalar, kAvx2, kAvx2Vnni };
 const char* to_string(Isa isa) noexcept;
 // The best family this CPU supports (cached after the first call).
 Isa best_isa() noexcept;
