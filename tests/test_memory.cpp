@@ -197,10 +197,12 @@ TEST(Memory, KiviHoldsNoMoreThanTheFp16FullCacheAfterAPrefill) {
 
 TEST(Memory, APrefillCutToTheBudgetHoldsWhatTheBudgetNeeds) {
   // h2o at budget 64 reads a 256-token prompt as one step and cuts it to 64 rows. Afterwards
-  // every per-row container holds 64 rows plus room for one more (the next decode token), by
-  // hand, per head: K and V 65 x 64 x fp16 = 8320 bytes each, positions 65 x 4, the policy's
-  // live indices 65 x 8 (empty between steps, refilled next step), score and aux 65 x 4 each.
-  // Besides: one HeadState, one RNG and one HeadRows per head.
+  // every per-row container holds 64 rows plus room for one more (the next decode token); the
+  // row store also keeps 64 / 32 = 2 slots of front slack (rows dropped from the front move
+  // the few rows before them, not all after). By hand, per head: K and V 67 x 64 x fp16 = 8576
+  // bytes each, positions 67 x 4, the policy's live indices 65 x 8 (empty between steps,
+  // refilled next step), score and aux 65 x 4 each. Besides: one HeadState, one RNG and one
+  // HeadRows per head.
   const std::int64_t H = 4, D = 64;
   const test::KV kv(1, H, 256, D, 19);
   LayerCache c = test::make_cache("h2o:budget=64", H, D);
@@ -210,7 +212,7 @@ TEST(Memory, APrefillCutToTheBudgetHoldsWhatTheBudgetNeeds) {
   const long long heap = g_live.load() - before;
   const CacheStats s = c.stats();
   ASSERT_EQ(s.tokens_kept, 64);
-  const std::int64_t per_head = 2 * 8320 + 65 * 4 + 65 * 8 + 2 * 65 * 4;
+  const std::int64_t per_head = 2 * 8576 + 67 * 4 + 65 * 8 + 2 * 65 * 4;
   const std::int64_t tables =
       static_cast<std::int64_t>(sizeof(detail::HeadState) + sizeof(CounterRng) + sizeof(HeadRows));
   EXPECT_EQ(s.resident_bytes, H * (per_head + tables));
