@@ -92,18 +92,24 @@ const float* TokenPolicy::attention_row(const HeadCtx& h, std::int64_t j) {
   const AttentionRef& a = *st.attention;
   const std::int64_t H = st.shape.n_kv_heads, Hq = a.n_query_heads, R = a.n_rows, S = a.n_queries;
   const std::int64_t g = Hq / H, b = h.index / H, kv = h.index % H;
-  att_.assign(static_cast<std::size_t>(R), 0.0f);
-  for (std::int64_t q = kv * g; q < (kv + 1) * g; ++q) {
-    const float* row = a.data + ((b * Hq + q) * S + j) * R;
-    for (std::int64_t r = 0; r < R; ++r) {
-      float& out = att_[static_cast<std::size_t>(r)];
-      out = (source_.reduce == ScoreSource::Reduce::kMax && q > kv * g) ? std::max(out, row[r])
-            : source_.reduce == ScoreSource::Reduce::kMax                ? row[r]
-                                                                         : out + row[r];
+  att_.resize(static_cast<std::size_t>(R));
+  float* __restrict out = att_.data();
+  const bool max = source_.reduce == ScoreSource::Reduce::kMax;
+  // The first query head's row as it is (0 + x = x exactly, also for the sum), then the others
+  // folded in, by max or by sum in increasing q.
+  const float* first = a.data + ((b * Hq + kv * g) * S + j) * R;
+  std::copy(first, first + R, out);
+  for (std::int64_t q = kv * g + 1; q < (kv + 1) * g; ++q) {
+    const float* __restrict row = a.data + ((b * Hq + q) * S + j) * R;
+    if (max) {
+      for (std::int64_t r = 0; r < R; ++r) out[r] = std::max(out[r], row[r]);
+    } else {
+      for (std::int64_t r = 0; r < R; ++r) out[r] = out[r] + row[r];
     }
   }
   if (source_.reduce == ScoreSource::Reduce::kMean) {
-    for (auto& x : att_) x /= static_cast<float>(g);
+    const float gf = static_cast<float>(g);
+    for (std::int64_t r = 0; r < R; ++r) out[r] = out[r] / gf;
   }
   return att_.data();
 }

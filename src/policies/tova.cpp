@@ -60,17 +60,30 @@ class TovaPolicy final : public TokenPolicy {
         }
       }
       if (n <= budget_) continue;
-      // The n - budget lowest (sinks protected; NaN first, ties to the lowest index).
+      // The n - budget lowest (sinks protected; NaN first, ties to the lowest index): a strict
+      // order on (NaN first, score, index), so selecting them needs no sort of all rows (a
+      // decode step drops one row: one pass).
+      const float* score = first.score.data();
+      auto before = [score](std::int64_t x, std::int64_t y) {
+        const float ax = score[x], ay = score[y];
+        const bool nx = std::isnan(ax), ny = std::isnan(ay);
+        if (nx || ny) return nx != ny ? nx : x < y;
+        return ax < ay || (ax == ay && x < y);
+      };
+      const std::int64_t k = n - budget_;
       order_.clear();
-      for (std::int64_t i = n_sink_; i < n; ++i) order_.push_back(i);
-      std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t x, std::int64_t y) {
-        const float ax = first.score[static_cast<std::size_t>(x)];
-        const float ay = first.score[static_cast<std::size_t>(y)];
-        if (std::isnan(ax) || std::isnan(ay)) return std::isnan(ax) && !std::isnan(ay);
-        return ax < ay;
-      });
-      order_.resize(static_cast<std::size_t>(n - budget_));
-      std::sort(order_.begin(), order_.end());
+      if (k == 1) {
+        std::int64_t best = n_sink_;
+        for (std::int64_t i = n_sink_ + 1; i < n; ++i) {
+          if (before(i, best)) best = i;
+        }
+        order_.push_back(best);
+      } else {
+        for (std::int64_t i = n_sink_; i < n; ++i) order_.push_back(i);
+        std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
+        order_.resize(static_cast<std::size_t>(k));
+        std::sort(order_.begin(), order_.end());
+      }
       losers_.assign(order_.begin(), order_.end());
       for (std::int64_t h = 0; h < H; ++h) {
         const std::int64_t i = b * H + h;
