@@ -53,6 +53,63 @@ float dot_f16(const std::uint16_t* a, const float* b, std::int64_t n) noexcept {
   return reduce_lanes(acc);
 }
 
+namespace {
+#if defined(VQ_HAVE_F16C) && defined(__AVX2__)
+template <bool kF16>
+inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
+  if constexpr (kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i)));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  }
+}
+
+// Eight rows' dots at once, n a multiple of 8: lane l of row k's accumulator sums i = l mod 8 in
+// increasing i, as dot() does; the lanes are reduced by reduce_lanes, row by row.
+template <bool kF16>
+void dot_rows8(const void* rows, std::int64_t stride, const float* q, std::int64_t n,
+               std::int64_t count, float* out) noexcept {
+  const std::int64_t esize = kF16 ? 2 : 4;
+  const auto* base = static_cast<const std::uint8_t*>(rows);
+  std::int64_t r = 0;
+  for (; r + 8 <= count; r += 8) {
+    __m256 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+    for (std::int64_t i = 0; i < n; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int k = 0; k < 8; ++k) {
+        acc[k] = _mm256_add_ps(
+            acc[k], _mm256_mul_ps(load8_as<kF16>(base + (r + k) * stride * esize, i), qv));
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[k]);
+      out[r + k] = reduce_lanes(lanes);
+    }
+  }
+  for (; r < count; ++r) {
+    out[r] = kF16 ? dot_f16(reinterpret_cast<const std::uint16_t*>(base + r * stride * esize), q, n)
+                  : dot(reinterpret_cast<const float*>(base + r * stride * esize), q, n);
+  }
+}
+#endif
+}  // namespace
+
+void dot_rows(const void* rows, DType dtype, std::int64_t stride, const float* q, std::int64_t n,
+              std::int64_t count, float* out) noexcept {
+#if defined(VQ_HAVE_F16C) && defined(__AVX2__)
+  if (n % 8 == 0) {
+    if (dtype == DType::kF16) return dot_rows8<true>(rows, stride, q, n, count, out);
+    return dot_rows8<false>(rows, stride, q, n, count, out);
+  }
+#endif
+  const std::int64_t esize = dtype == DType::kF16 ? 2 : 4;
+  for (std::int64_t r = 0; r < count; ++r)
+    out[r] = dot_row(static_cast<const std::uint8_t*>(rows) + r * stride * esize, dtype, q, n);
+}
+
 void f16_to_f32(const std::uint16_t* in, float* out, std::int64_t n) noexcept {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) load8_f16(in + i, out + i);

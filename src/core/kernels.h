@@ -20,6 +20,11 @@ inline float dot_row(const void* row, DType dtype, const float* q, std::int64_t 
                               : dot_f16(static_cast<const std::uint16_t*>(row), q, n);
 }
 
+// out[i] = dot_row(rows + i * stride elements, dtype, q, n) for i < count, bit for bit (with
+// AVX2, eight rows at a time).
+void dot_rows(const void* rows, DType dtype, std::int64_t stride, const float* q, std::int64_t n,
+              std::int64_t count, float* out) noexcept;
+
 // Row conversion: dtype -> fp32 (exact) and fp32 -> dtype (round to nearest even).
 void load_row(const void* row, DType dtype, float* out, std::int64_t n) noexcept;
 void store_row(const float* in, DType dtype, void* row, std::int64_t n) noexcept;

@@ -153,6 +153,13 @@ const float* TokenPolicy::key_of_row(const HeadCtx& h, std::int64_t row) {
 void TokenPolicy::proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out) {
   const RowsRef rows = h.rows();
   const float sqrt_d = std::sqrt(static_cast<float>(h.head_dim));
+  if (rows.packed == nullptr && n > 0 && h.hs.live[static_cast<std::size_t>(n - 1)] == n - 1) {
+    // live is the identity (strictly increasing from 0): rows 0 .. n-1 in one batched call.
+    kernels::dot_rows(rows.keys, rows.dtype, rows.stride, q, h.head_dim, n, out);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = out[i] / sqrt_d;
+    kernels::softmax(out, n);
+    return;
+  }
   std::vector<float> key(rows.packed != nullptr ? static_cast<std::size_t>(h.head_dim) : 0);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t r = h.hs.live[static_cast<std::size_t>(i)];
