@@ -204,25 +204,12 @@ class KiviStore final : public RowStore, public PackedRows {
     float vs[kParams], vz[kParams];
     const std::int64_t vend = std::min(r1, vq_), pend = vend * n_vgroups_;
     std::int64_t p0 = 0, p1 = 0;
+    // Groups of a multiple of 8 channels start on a byte: dequantized group by group (SIMD);
+    // otherwise the row's codes are unpacked at once and each group scaled.
+    const bool byte_groups = G_ % 8 == 0;
     for (std::int64_t r = r0; r < vend; ++r) {
       float* o = values + (r - r0) * stride;
-      // Groups of a multiple of 8 channels start on a byte: dequantized group by group.
-      if (G_ % 8 == 0) {
-        for (std::int64_t g = 0; g < n_vgroups_; ++g) {
-          const std::int64_t p = r * n_vgroups_ + g;
-          if (p >= p1) {
-            p0 = p;
-            p1 = std::min(pend, p + kParams);
-            kernels::f16_to_f32(vscale_.data() + p0, vs, p1 - p0);
-            kernels::f16_to_f32(vzero_.data() + p0, vz, p1 - p0);
-          }
-          const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
-          dequantize_codes<false>(vcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_,
-                                  c1 - c0, vs + (p - p0), vz + (p - p0), o + c0);
-        }
-        continue;
-      }
-      unpack_codes(vcodes_.data() + r * row_bytes_, bits_, D_, o);
+      if (!byte_groups) unpack_codes(vcodes_.data() + r * row_bytes_, bits_, D_, o);
       for (std::int64_t g = 0; g < n_vgroups_; ++g) {
         const std::int64_t p = r * n_vgroups_ + g;
         if (p >= p1) {
@@ -231,9 +218,14 @@ class KiviStore final : public RowStore, public PackedRows {
           kernels::f16_to_f32(vscale_.data() + p0, vs, p1 - p0);
           kernels::f16_to_f32(vzero_.data() + p0, vz, p1 - p0);
         }
-        const float s = vs[p - p0], z = vz[p - p0];
-        const std::int64_t c1 = std::min(D_, (g + 1) * G_);
-        for (std::int64_t c = g * G_; c < c1; ++c) o[c] = o[c] * s + z;
+        const std::int64_t c0 = g * G_, c1 = std::min(D_, c0 + G_);
+        if (byte_groups) {
+          dequantize_codes<false>(vcodes_.data() + r * row_bytes_ + c0 * bits_ / 8, bits_,
+                                  c1 - c0, vs + (p - p0), vz + (p - p0), o + c0);
+        } else {
+          const float sc = vs[p - p0], z = vz[p - p0];
+          for (std::int64_t c = c0; c < c1; ++c) o[c] = o[c] * sc + z;
+        }
       }
     }
     for (std::int64_t r = std::max(r0, vq_); r < r1; ++r) {

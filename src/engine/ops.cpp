@@ -184,18 +184,8 @@ void softmax(float* x, std::int64_t n, float divisor) noexcept {
 namespace {
 
 #ifdef VQ_ENGINE_AVX
-// Eight fp32 lanes of a key/value row, from fp16 (F16C, exact) or fp32.
-inline __m256 load8(const void* row, DType dtype, std::int64_t i) noexcept {
-#if defined(__F16C__)
-  if (dtype == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i)));
-  }
-#endif
-  return _mm256_loadu_ps(static_cast<const float*>(row) + i);
-}
-
-// load8 with the type fixed at compile time (kF16: fp16 rows, else fp32), for inner loops.
+// Eight fp32 lanes of a key/value row, from fp16 (F16C, exact) or fp32; the type fixed at
+// compile time (kF16: fp16 rows), for inner loops.
 template <bool kF16>
 inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
 #if defined(__F16C__)
@@ -205,6 +195,21 @@ inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
   }
 #endif
   return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+}
+
+// The same with the type chosen at run time.
+inline __m256 load8(const void* row, DType dtype, std::int64_t i) noexcept {
+  return dtype == DType::kF16 ? load8_as<true>(row, i) : load8_as<false>(row, i);
+}
+
+// Rows [r0, r1) (row r at base + r * row_bytes; their first `span` bytes) fetched into cache
+// ahead of their use. A prefetch past the end reads nothing and cannot fault.
+inline void prefetch_rows(const std::uint8_t* base, std::int64_t row_bytes, std::int64_t r0,
+                          std::int64_t r1, std::int64_t span) noexcept {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const auto* row = reinterpret_cast<const char*>(base + r * row_bytes);
+    for (std::int64_t b = 0; b < span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
 }
 
 inline bool simd_rows(DType dtype, std::int64_t D) noexcept {
@@ -230,12 +235,8 @@ std::int64_t score_blocks(const float* q, std::int64_t n_q, std::int64_t D,
   const __m256i limit = _mm256_set1_epi32(static_cast<std::int32_t>(pos));
   std::int64_t r = 0;
   for (; r + 8 <= n_rows; r += 8) {
-    // The rows two blocks ahead, fetched while these are computed (a prefetch past the end
-    // reads nothing and cannot fault).
-    for (std::int64_t k = 16; k < 24 && r + k < n_rows; ++k) {
-      const auto* row = reinterpret_cast<const char*>(base + (r + k) * row_bytes);
-      for (std::int64_t b = 0; b < row_span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-    }
+    // The rows two blocks ahead, fetched while these are computed.
+    prefetch_rows(base, row_bytes, r + 16, std::min(n_rows, r + 24), row_span);
     const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions + r)), limit));
     for (std::int64_t j = 0; j < n_q; ++j) {
@@ -312,7 +313,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
                   std::int64_t row_bytes, const std::int32_t* positions, std::int64_t n_rows,
                   std::int64_t pos, float* sums) noexcept {
   // Rows in blocks of kBlock, each block's rows read for every 8-lane chunk while they are in
-  // L1; the partial sums live in `acc` between blocks. Every partial sum still adds its rows in
+  // L1; the partial sums live in `sums` between blocks. Every partial sum still adds its rows in
   // increasing r, so blocking does not change a result.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t C = D / 8;                      // <= 32 (simd_rows)
@@ -322,10 +323,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
   for (std::int64_t r0 = 0; r0 < n_rows; r0 += kBlock) {
     const std::int64_t r1 = std::min(n_rows, r0 + kBlock);
     // The next block's rows, fetched while this one is summed.
-    for (std::int64_t r = r1; r < std::min(n_rows, r1 + kBlock); ++r) {
-      const auto* row = reinterpret_cast<const char*>(base + r * row_bytes);
-      for (std::int64_t b = 0; b < row_span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-    }
+    prefetch_rows(base, row_bytes, r1, std::min(n_rows, r1 + kBlock), row_span);
     // Whether every row of the block is visible (the usual case): then no row is skipped.
     bool all_visible = r1 - r0 == kBlock;
     for (std::int64_t r = r0; r < r1 && all_visible; ++r) all_visible = positions[r] <= pos;
