@@ -5,7 +5,7 @@
 // source=proxy variants time the key-as-query proxy.
 #include <benchmark/benchmark.h>
 
-#include "engine/generate.h"
+#include "engine/run/generate.h"
 #include "veloxquant/registry.h"
 
 namespace {

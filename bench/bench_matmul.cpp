@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/matmul.h"
+#include "engine/compute/matmul.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // A Hugging Face config.json, loaded beside an empty model.safetensors: every config check runs
 // before the weights are read.
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

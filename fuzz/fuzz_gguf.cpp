@@ -1,9 +1,9 @@
 // A GGUF file: the header, metadata and tensor directory parsed from memory, then (when that
 // succeeds) loaded as a model from a file with its tokenizer from the metadata, used to encode
 // and decode.
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/formats/gguf.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

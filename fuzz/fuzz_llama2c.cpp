@@ -1,5 +1,5 @@
 // A llama2.c checkpoint (header and tensor sizes), loaded as a model.
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

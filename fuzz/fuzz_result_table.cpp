@@ -1,5 +1,5 @@
 // A result file as `bench table` reads it: parsed with the JSON limits, then tabulated.
-#include "engine/json_limits.h"
+#include "engine/formats/json_limits.h"
 #include "eval/perturb_bench.h"
 #include "fuzz_util.h"
 

@@ -1,5 +1,5 @@
 // A safetensors file (the 8-byte header length, the JSON header, the data section).
-#include "engine/safetensors.h"
+#include "engine/formats/safetensors.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,5 +1,5 @@
 // A llama2.c tokenizer.bin, loaded for a 512-token vocabulary, then used to encode and decode.
-#include "engine/tokenizer.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "test_util.h"
 
 namespace vq::test {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "engine/transformer.h"
+#include "engine/model/model.h"
+#include "engine/model/transformer.h"
 #include "test_util.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/types.h"

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 namespace vq::ref {
 

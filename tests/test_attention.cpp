@@ -5,7 +5,7 @@
 
 #include "attention_util.h"
 #include "policies/policy.h"
-#include "core/rng.h"
+#include "base/rng.h"
 #include "test_util.h"
 
 namespace vq {

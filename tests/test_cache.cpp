@@ -3,7 +3,7 @@
 
 #include <set>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "test_util.h"
 
 namespace vq {

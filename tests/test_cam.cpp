@@ -1,7 +1,7 @@
 // CaM: target selection, the gate, the blend, and its exact reduction to H2O.
 #include <gtest/gtest.h>
 
-#include "core/store.h"
+#include "store/store.h"
 #include "policies/policy.h"
 #include "test_util.h"
 

@@ -4,9 +4,9 @@
 // what was expected vs found, never a crash.
 #include <cmath>
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "engine/transformer.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
 

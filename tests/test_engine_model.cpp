@@ -3,11 +3,11 @@
 // format, read from ../shared; skipped when it is absent).
 #include <cmath>
 
-#include "engine/evaluate.h"
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "engine/transformer.h"
+#include "engine/run/evaluate.h"
+#include "engine/run/generate.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/registry.h"

@@ -2,10 +2,10 @@
 // thread-count invariance on them: logits bit-identical for 1, 2 and 3 threads.
 #include <cstring>
 
-#include "engine/matmul.h"
-#include "engine/parallel.h"
-#include "engine/shapes.h"
-#include "engine/transformer.h"
+#include "engine/compute/matmul.h"
+#include "engine/compute/parallel.h"
+#include "engine/model/shapes.h"
+#include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
 

@@ -4,10 +4,10 @@
 #include <map>
 #include <random>
 
-#include "core/kernels.h"
-#include "engine/ops.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "base/kernels.h"
+#include "engine/compute/ops.h"
+#include "engine/run/sampler.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
 
 namespace vq {

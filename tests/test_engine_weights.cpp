@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "core/kernels.h"
-#include "engine/matmul.h"
-#include "engine/ops.h"
-#include "engine/parallel.h"
-#include "engine/weights.h"
+#include "base/kernels.h"
+#include "engine/compute/matmul.h"
+#include "engine/compute/ops.h"
+#include "engine/compute/parallel.h"
+#include "engine/compute/weights.h"
 #include "test_util.h"
 
 namespace vq {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/store.h"
+#include "store/store.h"
 #include "policies/schedules.h"
 #include "reference_policies.h"
 #include "test_util.h"

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/bpe_merge.h"
-#include "engine/gguf.h"
-#include "engine/gguf_convert.h"
-#include "engine/gguf_tokenizer.h"
-#include "engine/gguf_writer.h"
-#include "engine/pretokenize.h"
-#include "engine/quants.h"
+#include "engine/tokenizers/bpe_merge.h"
+#include "engine/formats/gguf.h"
+#include "engine/run/gguf_convert.h"
+#include "engine/tokenizers/gguf_tokenizer.h"
+#include "engine/formats/gguf_writer.h"
+#include "engine/tokenizers/pretokenize.h"
+#include "engine/compute/quants.h"
 #include "engine_test_util.h"
 #include "veloxquant/errors.h"
 

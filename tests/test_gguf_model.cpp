@@ -4,13 +4,13 @@
 // usable model.
 #include <cmath>
 
-#include "engine/gguf.h"
-#include "engine/gguf_convert.h"
-#include "engine/gguf_tokenizer.h"
-#include "engine/gguf_writer.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "engine/transformer.h"
+#include "engine/formats/gguf.h"
+#include "engine/run/gguf_convert.h"
+#include "engine/tokenizers/gguf_tokenizer.h"
+#include "engine/formats/gguf_writer.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
 

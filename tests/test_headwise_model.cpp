@@ -3,10 +3,10 @@
 // a covering budget equals the full cache, and compressed runs are deterministic.
 #include <numeric>
 
-#include "engine/evaluate.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "engine/transformer.h"
+#include "engine/run/evaluate.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/registry.h"

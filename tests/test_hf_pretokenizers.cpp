@@ -6,12 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/gguf.h"
-#include "engine/gguf_convert.h"
-#include "engine/gguf_tokenizer.h"
-#include "engine/gguf_writer.h"
-#include "engine/pretokenize.h"
-#include "engine/tokenizer.h"
+#include "engine/formats/gguf.h"
+#include "engine/run/gguf_convert.h"
+#include "engine/tokenizers/gguf_tokenizer.h"
+#include "engine/formats/gguf_writer.h"
+#include "engine/tokenizers/pretokenize.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
 #include "veloxquant/errors.h"
 

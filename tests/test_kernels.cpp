@@ -6,9 +6,9 @@
 #include <cstring>
 #include <limits>
 
-#include "core/float_env.h"
-#include "core/kernels.h"
-#include "core/rng.h"
+#include "base/float_env.h"
+#include "base/kernels.h"
+#include "base/rng.h"
 #include "test_util.h"
 
 namespace vq {

@@ -1,4 +1,4 @@
-// KIVI storage against values derived by hand from the definition in src/core/kivi_store.cpp:
+// KIVI storage against values derived by hand from the definition in src/store/kivi_store.cpp:
 //   zero = lo rounded down to fp16, scale = max((hi - zero) / (2^bits - 1), 2^-14) rounded up to
 //   fp16, q = clamp(floor((x - zero) / scale + 0.5), 0, 2^bits - 1), x' = q * scale + zero.
 // Every expected number below was worked out by hand (fp16 grid: in [2^e, 2^(e+1)) the spacing
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/store.h"
+#include "store/store.h"
 #include "test_util.h"
 
 namespace vq {

@@ -6,7 +6,7 @@
 #include <new>
 #include <string>
 
-#include "core/layer_state.h"
+#include "policies/layer_state.h"
 #include "test_util.h"
 
 namespace {

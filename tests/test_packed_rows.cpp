@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "core/store.h"
+#include "store/store.h"
 #include "test_util.h"
 
 namespace vq {

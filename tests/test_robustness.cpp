@@ -10,10 +10,10 @@
 #include <fstream>
 #include <limits>
 
-#include "core/checked_math.h"
-#include "engine/json_limits.h"
-#include "engine/mapped_file.h"
-#include "engine/weights_check.h"
+#include "base/checked_math.h"
+#include "engine/formats/json_limits.h"
+#include "engine/formats/mapped_file.h"
+#include "engine/model/weights_check.h"
 #include "eval/output_set.h"
 #include "eval/resources.h"
 #include "test_util.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "base/rng.h"
 #include "veloxquant/veloxquant.h"
 
 namespace vq::test {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/weights.h"
+#include "engine/compute/weights.h"
 #include "veloxquant/config.h"
 
 namespace vq::cli {

@@ -9,13 +9,13 @@
 
 #include "cli.h"
 #include "eval/decode_bench.h"
-#include "engine/json_limits.h"
-#include "engine/mapped_file.h"
+#include "engine/formats/json_limits.h"
+#include "engine/formats/mapped_file.h"
 #include "eval/output_set.h"
 #include "eval/perturb_bench.h"
 #include "eval/resources.h"
 #include "eval/results.h"
-#include "engine/parallel.h"
+#include "engine/compute/parallel.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 

@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "cli.h"
-#include "engine/gguf_convert.h"
-#include "engine/model.h"
+#include "engine/run/gguf_convert.h"
+#include "engine/model/model.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {

@@ -5,9 +5,9 @@
 #include <iostream>
 
 #include "cli.h"
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/run/generate.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "eval/resources.h"
 #include "veloxquant/config.h"
 #include "veloxquant/errors.h"

@@ -7,10 +7,10 @@
 #include <iostream>
 
 #include "cli.h"
-#include "engine/matmul.h"
-#include "engine/model.h"
-#include "engine/parallel.h"
-#include "engine/shapes.h"
+#include "engine/compute/matmul.h"
+#include "engine/model/model.h"
+#include "engine/compute/parallel.h"
+#include "engine/model/shapes.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {

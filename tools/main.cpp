@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "cli.h"
-#include "engine/json_limits.h"
+#include "engine/formats/json_limits.h"
 #include "eval/resources.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"

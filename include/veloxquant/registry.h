@@ -1,6 +1,6 @@
 // The method registry: one entry per method id, in a fixed order. The CLI (`veloxquant list`),
 // the conformance tests, the benchmarks and the README table all read this table, so adding a
-// method is: its policy file, one line in src/core/registry.cpp, its test file.
+// method is: its policy file, one line in src/policies/registry.cpp, its test file.
 #pragma once
 
 #include <cstdint>

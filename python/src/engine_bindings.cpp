@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "bindings.h"
-#include "engine/evaluate.h"
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/run/evaluate.h"
+#include "engine/run/generate.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "eval/model_eval.h"
 #include "veloxquant/config.h"
 

@@ -12,11 +12,11 @@
 #include <memory>
 #include <optional>
 
-#include "engine/matmul.h"
-#include "engine/model.h"
-#include "engine/parallel.h"
-#include "engine/shapes.h"
-#include "engine/transformer.h"
+#include "engine/compute/matmul.h"
+#include "engine/model/model.h"
+#include "engine/compute/parallel.h"
+#include "engine/model/shapes.h"
+#include "engine/model/transformer.h"
 #include "eval/plot.h"
 #include "eval/results.h"
 #include "veloxquant/builder.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/weights.h"
+#include "engine/compute/weights.h"
 
 namespace vq::eval {
 

@@ -7,9 +7,9 @@
 #include <map>
 #include <optional>
 
-#include "engine/mapped_file.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/formats/mapped_file.h"
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "eval/pareto.h"
 #include "eval/plot.h"
 #include "eval/ratio_solver.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/evaluate.h"
+#include "engine/run/evaluate.h"
 #include "veloxquant/config.h"
 
 namespace vq::eval {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 namespace vq::eval {
 

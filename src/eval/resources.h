@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 namespace vq::eval {
 

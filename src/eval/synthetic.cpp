@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/checked_math.h"
-#include "core/rng.h"
+#include "base/checked_math.h"
+#include "base/rng.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {

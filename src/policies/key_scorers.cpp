@@ -18,7 +18,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"

@@ -29,7 +29,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "policies/fields.h"
 #include "policies/h2o.h"
 #include "policies/methods.h"

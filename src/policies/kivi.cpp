@@ -4,7 +4,7 @@
 // Paper: Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache",
 // ICML 2024.
 //
-// Storage (src/core/kivi_store.cpp): keys per channel in groups of kivi_group_size tokens,
+// Storage (src/store/kivi_store.cpp): keys per channel in groups of kivi_group_size tokens,
 // values per token in groups of kivi_group_size channels, asymmetric uniform codes packed into
 // bytes, fp16 scale and zero per group (as KIVI's kernels; scale floor 2^-14, fp16's smallest
 // normal), the newest rows in kv_dtype: values of residual_length rows (each quantized as it

@@ -7,9 +7,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/layer_state.h"
+#include "policies/layer_state.h"
 #include "policies/headwise.h"
-#include "veloxquant/cache.h"
+#include "veloxquant/rows.h"
 
 namespace vq::detail {
 

@@ -30,7 +30,7 @@
 #include <limits>
 #include <numeric>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"

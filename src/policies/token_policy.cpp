@@ -3,7 +3,7 @@
 #include <limits>
 #include <numeric>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
 

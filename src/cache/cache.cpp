@@ -1,0 +1,404 @@
+#include "veloxquant/cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "base/float_env.h"
+#include "base/kernels.h"
+#include "policies/layer_state.h"
+#include "policies/policy.h"
+#include "policies/storage.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
+
+namespace vq {
+
+using detail::HeadState;
+using detail::LayerState;
+
+namespace {
+
+[[noreturn]] void shape_error(const std::string& msg) {
+  throw Error(ErrorCode::kShapeMismatch, "[cache] " + msg);
+}
+
+std::string shape_text(const TensorRef& t) {
+  return "[" + std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
+         std::to_string(t.shape[2]) + ", " + std::to_string(t.shape[3]) + "]";
+}
+
+void check_tensor(const TensorRef& t, const char* name) {
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 0) shape_error(std::string(name) + " has a negative dimension " + shape_text(t));
+  }
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF16) {
+    shape_error(std::string(name) + " has an unsupported dtype (allowed: f32, f16)");
+  }
+  const bool empty = t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0 || t.shape[3] == 0;
+  if (!empty && t.data == nullptr) shape_error(std::string(name) + " has no data pointer");
+  if (!empty && t.stride[3] != 1) {
+    shape_error(std::string(name) + " must be contiguous along head_dim (stride 1), got stride " +
+                std::to_string(t.stride[3]));
+  }
+}
+
+template <typename T>
+std::int64_t capacity_bytes(const std::vector<T>& v) noexcept {
+  return static_cast<std::int64_t>(v.capacity() * sizeof(T));
+}
+
+// After a large cut (a prefill cut to the budget: more than 2 x rows + 64 rows before it), a
+// per-row array of `per_row` elements a row gives back its capacity beyond the kept rows and
+// one more, whatever that capacity is (a token-by-token cut inside the prompt grows the arrays
+// to about twice the budget, not to the prompt). Small cuts (decode steps) keep the capacity,
+// so the steady state reallocates nothing.
+template <typename T>
+void give_back_capacity(std::vector<T>& v, std::int64_t rows, std::int64_t per_row) {
+  const auto keep = static_cast<std::size_t>((rows + 1) * per_row);
+  if (per_row == 0 || v.capacity() <= std::max(keep, v.size())) return;
+  std::vector<T> t;
+  t.reserve(std::max(v.size(), keep));
+  t.assign(v.begin(), v.end());
+  v.swap(t);
+}
+
+HeadRows to_head_rows(const detail::RowsRef& r) {
+  return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride, r.packed};
+}
+
+}  // namespace
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : LayerCache(config, shape, nullptr) {}
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
+                       std::shared_ptr<detail::LayerGroup> group)
+    : state_(std::make_unique<LayerState>()) {
+  config.validate();
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[cache] " + msg);
+  };
+  if (shape.n_kv_heads < 0) bad("n_kv_heads must be >= 0, got " + std::to_string(shape.n_kv_heads));
+  if (shape.head_dim < 0) bad("head_dim must be >= 0, got " + std::to_string(shape.head_dim));
+  if (shape.n_query_heads < 0) {
+    bad("n_query_heads must be >= 0, got " + std::to_string(shape.n_query_heads));
+  }
+  if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
+  if (shape.layer < 0 || shape.layer >= shape.n_layers) {
+    bad("layer must be in [0, " + std::to_string(shape.n_layers - 1) + "], got " +
+        std::to_string(shape.layer));
+  }
+  if (shape.n_query_heads > 0 && shape.n_kv_heads > 0 &&
+      shape.n_query_heads % shape.n_kv_heads != 0) {
+    bad("n_query_heads (" + std::to_string(shape.n_query_heads) +
+        ") must be a multiple of n_kv_heads (" + std::to_string(shape.n_kv_heads) + ")");
+  }
+  state_->config = config;
+  state_->shape = shape;
+  policy_ = config.info().make_policy(detail::PolicyContext{config, shape, std::move(group)});
+}
+
+LayerCache::~LayerCache() = default;
+LayerCache::LayerCache(LayerCache&&) noexcept = default;
+LayerCache& LayerCache::operator=(LayerCache&&) noexcept = default;
+
+StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] begin_step called while a step is open; call end_step() first");
+  }
+  check_tensor(keys, "keys");
+  check_tensor(values, "values");
+  for (int i = 0; i < 4; ++i) {
+    if (keys.shape[i] != values.shape[i]) {
+      shape_error("keys " + shape_text(keys) + " and values " + shape_text(values) +
+                  " must have the same shape [B, Hkv, S, D]");
+    }
+  }
+  const std::int64_t B = keys.shape[0], H = keys.shape[1], S = keys.shape[2], D = keys.shape[3];
+  const LayerShape& ls = st.shape;
+  auto mismatch = [&](const char* what, std::int64_t got, std::int64_t want, const char* origin) {
+    shape_error(std::string("keys/values ") + shape_text(keys) + " have " + what + " " +
+                std::to_string(got) + ", but this cache holds " + std::to_string(want) + " (" +
+                origin + ")");
+  };
+  if (st.shaped) {
+    if (B != st.batch) mismatch("batch", B, st.batch, "fixed by the first update");
+    if (H != ls.n_kv_heads) mismatch("n_kv_heads", H, ls.n_kv_heads, "fixed");
+    if (D != ls.head_dim) mismatch("head_dim", D, ls.head_dim, "fixed");
+  } else {
+    if (ls.n_kv_heads > 0 && H != ls.n_kv_heads && S > 0) {
+      mismatch("n_kv_heads", H, ls.n_kv_heads, "given at construction");
+    }
+    if (ls.head_dim > 0 && D != ls.head_dim && S > 0) {
+      mismatch("head_dim", D, ls.head_dim, "given at construction");
+    }
+  }
+  if (S > 0 && (B == 0 || H == 0 || D == 0)) {
+    shape_error("keys/values " + shape_text(keys) + " must have B, Hkv and D >= 1");
+  }
+  if (S > 0 && st.tokens_seen + S > std::numeric_limits<std::int32_t>::max()) {
+    shape_error("positions would exceed 2^31 - 1 tokens");
+  }
+  if (S > 0 && !st.shaped) {
+    st.batch = B;
+    st.shape.n_kv_heads = H;
+    st.shape.head_dim = D;
+    if (st.shape.n_query_heads == 0) st.shape.n_query_heads = H;
+    if (st.shape.n_query_heads % H != 0) {
+      shape_error("n_query_heads (" + std::to_string(st.shape.n_query_heads) +
+                  ") must be a multiple of n_kv_heads (" + std::to_string(H) + ")");
+    }
+    st.heads.clear();
+    st.heads.resize(static_cast<std::size_t>(B * H));
+    for (HeadState& hs : st.heads) hs.store = detail::make_store(st.config, D);
+    st.rngs.clear();
+    const auto seed = static_cast<std::uint64_t>(st.config.seed());
+    for (std::int64_t h = 0; h < H; ++h) {
+      st.rngs.emplace_back(seed, static_cast<std::uint64_t>(ls.layer), static_cast<std::uint64_t>(h));
+    }
+    st.view_rows.resize(static_cast<std::size_t>(B * H));
+    st.shaped = true;
+  }
+  st.step_prev = 0;
+  for (HeadState& hs : st.heads) {
+    hs.prev = hs.store->size();
+    st.step_prev = std::max(st.step_prev, hs.prev);
+  }
+  st.step_new = S;
+  if (S > 0) {
+    const auto first = static_cast<std::int32_t>(st.tokens_seen);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        st.heads[static_cast<std::size_t>(b * H + h)].store->append(keys, values, b, h, first);
+      }
+    }
+    st.tokens_seen += S;
+  }
+  for (std::size_t i = 0; i < st.heads.size(); ++i) {
+    st.view_rows[i] = to_head_rows(st.heads[i].store->rows());
+  }
+  st.step_open = true;
+  StepView view;
+  view.rows_ = st.view_rows.data();
+  view.batch_ = st.batch;
+  view.heads_ = st.shaped ? st.shape.n_kv_heads : 0;
+  view.head_dim_ = st.shaped ? st.shape.head_dim : 0;
+  view.n_rows_ = st.step_prev + S;
+  view.n_new_ = S;
+  return view;
+}
+
+void LayerCache::end_step(const AttentionRef* attention) {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (!st.step_open) {
+    throw Error(ErrorCode::kInvalidState, "[cache] end_step called without an open step");
+  }
+  if (attention != nullptr && st.step_new > 0) {
+    const AttentionRef& a = *attention;
+    const std::int64_t R = st.step_prev + st.step_new;
+    if (a.data == nullptr || a.batch != st.batch || a.n_query_heads != st.shape.n_query_heads ||
+        a.n_queries != st.step_new || a.n_rows != R) {
+      throw Error(ErrorCode::kShapeMismatch,
+                  "[cache] attention must be [B, Hq, S, R] = [" + std::to_string(st.batch) + ", " +
+                      std::to_string(st.shape.n_query_heads) + ", " +
+                      std::to_string(st.step_new) + ", " + std::to_string(R) + "], got [" +
+                      std::to_string(a.batch) + ", " + std::to_string(a.n_query_heads) + ", " +
+                      std::to_string(a.n_queries) + ", " + std::to_string(a.n_rows) + "]" +
+                      (a.data == nullptr ? " with no data" : ""));
+    }
+  }
+  if (st.step_new > 0 && policy_->source_unresolved()) {
+    policy_->resolve_source(attention != nullptr);
+    st.source_resolved = true;
+  }
+  if (st.step_new > 0 && attention == nullptr && policy_->needs_attention()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + st.config.method() + "] " +
+                    (st.source_resolved
+                         ? std::string("source=auto resolved to attention at this cache's first "
+                                       "step (it passed probabilities), and this step passes none: "
+                                       "pass them every step, or set source=proxy")
+                         : std::string("source=attention needs this step's attention "
+                                       "probabilities: call end_step(&probs) (update() and "
+                                       "end_step() pass none)")) +
+                    "; the step stays open");
+  }
+  if (st.step_new > 0 && attention != nullptr && st.source_resolved &&
+      std::string_view(policy_->source_name()) == "proxy") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + st.config.method() + "] source=auto resolved to proxy at this cache's first "
+                "step (it passed no probabilities), and this step passes them: pass none, or set "
+                "source=attention; the step stays open");
+  }
+  st.attention = attention;
+  if (st.step_new > 0) {
+    policy_->end_step(st, attention);
+    // The policy's per-row arrays follow the store's rows (live is empty between steps and
+    // refilled with every row at the next step).
+    const std::int64_t before = st.step_prev + st.step_new;
+    for (HeadState& hs : st.heads) {
+      const std::int64_t rows = hs.store->size();
+      if (before <= 2 * rows + 64) continue;
+      give_back_capacity(hs.live, rows, 1);
+      give_back_capacity(hs.score, rows, 1);
+      give_back_capacity(hs.aux, rows, 1);
+      give_back_capacity(hs.hist, rows, hs.hist_stride);
+    }
+  }
+  st.attention = nullptr;
+  st.step_open = false;
+  st.step_new = 0;
+}
+
+KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
+  if (policy_->needs_attention() && keys.tokens() > 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + state_->config.method() + "] " +
+                    (state_->source_resolved ? std::string("source=auto resolved to attention at "
+                                                           "this cache's first step, so it ")
+                                             : std::string("source=attention ")) +
+                    "needs the attention probabilities, which update() cannot take: use "
+                    "begin_step() and end_step(&probs)");
+  }
+  const StepView view = begin_step(keys, values);
+  KVRows out;
+  out.batch = view.batch();
+  out.n_kv_heads = view.n_kv_heads();
+  out.n_rows = view.n_rows();
+  out.head_dim = view.head_dim();
+  const std::int64_t D = out.head_dim, R = out.n_rows;
+  const std::size_t n = static_cast<std::size_t>(out.batch * out.n_kv_heads * R);
+  out.keys.resize(n * static_cast<std::size_t>(D));
+  out.values.resize(n * static_cast<std::size_t>(D));
+  out.positions.resize(n);
+  std::vector<float> kbuf, vbuf;  // packed rows, dequantized one head at a time
+  for (std::int64_t b = 0; b < out.batch; ++b) {
+    for (std::int64_t h = 0; h < out.n_kv_heads; ++h) {
+      const HeadRows hr = dequantized(view.head(b, h), kbuf, vbuf);
+      const std::size_t size = dtype_size(hr.dtype);
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::int64_t o = ((b * out.n_kv_heads + h) * R + r);
+        if (r >= hr.n_rows) {  // a head-wise head with fewer rows than the view's R
+          out.positions[static_cast<std::size_t>(o)] = -1;
+          continue;
+        }
+        const auto* krow = static_cast<const char*>(hr.keys) + r * hr.row_stride * static_cast<std::int64_t>(size);
+        const auto* vrow = static_cast<const char*>(hr.values) + r * hr.row_stride * static_cast<std::int64_t>(size);
+        kernels::load_row(krow, hr.dtype, out.keys.data() + o * D, D);
+        kernels::load_row(vrow, hr.dtype, out.values.data() + o * D, D);
+        out.positions[static_cast<std::size_t>(o)] = hr.positions[r];
+      }
+    }
+  }
+  end_step(nullptr);
+  return out;
+}
+
+void LayerCache::reset() {
+  LayerState& st = *state_;
+  for (HeadState& hs : st.heads) {
+    hs.store->clear();
+    hs.live.clear();
+    hs.score.clear();
+    hs.aux.clear();
+    hs.hist.clear();
+    hs.draws = 0;
+    hs.prev = 0;
+    hs.evictions = hs.merges = 0;
+  }
+  st.tokens_seen = 0;
+  st.step_open = false;
+  st.step_prev = st.step_new = 0;
+  st.source_resolved = false;
+  policy_->reset_source();
+  policy_->on_reset(st);
+}
+
+HeadRows LayerCache::stored(std::int64_t b, std::int64_t h) const {
+  const LayerState& st = *state_;
+  if (!st.shaped) return HeadRows{};
+  if (b < 0 || b >= st.batch || h < 0 || h >= st.shape.n_kv_heads) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[cache] stored(b, h) needs b in [0, " + std::to_string(st.batch - 1) +
+                    "] and h in [0, " + std::to_string(st.shape.n_kv_heads - 1) + "], got (" +
+                    std::to_string(b) + ", " + std::to_string(h) + ")");
+  }
+  return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store->rows());
+}
+
+std::vector<float> LayerCache::row_scores(std::int64_t b, std::int64_t h) const {
+  const HeadRows rows = stored(b, h);
+  if (rows.n_rows == 0) return {};
+  const HeadState& hs = state_->heads[static_cast<std::size_t>(b * state_->shape.n_kv_heads + h)];
+  const std::int64_t n_demoted = hs.store->n_demoted();
+  if (static_cast<std::int64_t>(hs.score.size()) != rows.n_rows - n_demoted) {
+    return std::vector<float>(static_cast<std::size_t>(rows.n_rows), 0.0f);
+  }
+  std::vector<float> out = hs.score;  // the method's rows, then the demoted rows (demote=)
+  for (std::int64_t k = 0; k < n_demoted; ++k) out.push_back(hs.store->demoted_score(k));
+  return out;
+}
+
+bool LayerCache::step_open() const noexcept { return state_->step_open; }
+
+std::int64_t LayerCache::tokens_seen() const noexcept { return state_->tokens_seen; }
+
+std::int64_t LayerCache::tokens_kept() const noexcept {
+  return state_->heads.empty() ? 0 : state_->heads[0].store->size();
+}
+
+std::int64_t LayerCache::kept_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (const HeadState& hs : state_->heads) total += hs.store->bytes();
+  return total;
+}
+
+std::int64_t LayerCache::full_bytes() const noexcept {
+  const LayerState& st = *state_;
+  if (!st.shaped) return 0;
+  return st.tokens_seen * st.batch * st.shape.n_kv_heads * st.shape.head_dim * 2 * 2;
+}
+
+double LayerCache::compression_ratio() const noexcept {
+  const std::int64_t kept = kept_bytes();
+  const std::int64_t full = full_bytes();
+  if (kept == 0) return 1.0;
+  return static_cast<double>(full) / static_cast<double>(kept);
+}
+
+CacheStats LayerCache::stats() const {
+  CacheStats s;
+  s.tokens_seen = tokens_seen();
+  s.tokens_kept = tokens_kept();
+  for (const HeadState& hs : state_->heads) {
+    s.tokens_kept_per_head.push_back(hs.store->size());
+    s.allocated_bytes += hs.store->allocated_bytes();
+    s.resident_bytes += hs.store->resident_bytes() + capacity_bytes(hs.live) +
+                        capacity_bytes(hs.score) + capacity_bytes(hs.aux) + capacity_bytes(hs.hist);
+    s.evictions += hs.evictions + hs.store->dropped();
+    s.merges += hs.merges;
+    s.demoted_rows += hs.store->n_demoted();
+  }
+  s.resident_bytes += capacity_bytes(state_->heads) + capacity_bytes(state_->rngs) +
+                      capacity_bytes(state_->view_rows);
+  s.kept_bytes = kept_bytes();
+  s.full_bytes = full_bytes();
+  s.compression_ratio = compression_ratio();
+  s.score_source = policy_->source_name();
+  return s;
+}
+
+const char* LayerCache::score_source() const noexcept { return policy_->source_name(); }
+
+std::int64_t LayerCache::budget() const noexcept { return policy_->budget(); }
+const CacheConfig& LayerCache::config() const noexcept { return state_->config; }
+const LayerShape& LayerCache::shape() const noexcept { return state_->shape; }
+
+}  // namespace vq

@@ -1,0 +1,480 @@
+#include "engine/compute/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/compute/parallel.h"
+#include "veloxquant/errors.h"
+#include "veloxquant/types.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define VQ_MATMUL_X86 1
+#endif
+
+#ifdef __FAST_MATH__
+#error "VeloxQuant kernels must not be compiled with -ffast-math: results would depend on flags"
+#endif
+
+namespace vq::engine {
+
+const char* to_string(WeightType type) noexcept {
+  switch (type) {
+    case WeightType::kF32:
+      return "f32";
+    case WeightType::kF16:
+      return "f16";
+    case WeightType::kBF16:
+      return "bf16";
+    case WeightType::kQ8_0:
+      return "q8_0";
+  }
+  return "?";
+}
+
+const char* to_string(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2+f16c";
+    case Isa::kAvx2Vnni:
+      return "avx2+f16c+avxvnni";
+  }
+  return "?";
+}
+
+std::uint16_t float_to_bf16(float value) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  const std::uint32_t round = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>((bits + round) >> 16);
+}
+
+namespace {
+
+inline std::uint16_t load_u16(const std::uint8_t* p) noexcept {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Element j of a row, as fp32 (engine/weights.h's definitions).
+template <WeightType T>
+inline float element(const std::uint8_t* row, std::int64_t j) noexcept {
+  if constexpr (T == WeightType::kF32) {
+    float v;
+    std::memcpy(&v, row + 4 * j, 4);
+    return v;
+  } else if constexpr (T == WeightType::kF16) {
+    return half_to_float(load_u16(row + 2 * j));
+  } else if constexpr (T == WeightType::kBF16) {
+    return bf16_to_float(load_u16(row + 2 * j));
+  } else {
+    const auto* b = row + (j / kQ8_0BlockSize) * static_cast<std::int64_t>(sizeof(BlockQ8_0));
+    const float d = half_to_float(load_u16(b));
+    return d * static_cast<float>(static_cast<std::int8_t>(b[2 + j % kQ8_0BlockSize]));
+  }
+}
+
+inline float tree(const float* a) noexcept {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// The definition: ops::dot's order over the row converted to fp32.
+template <WeightType T>
+float dot_scalar(const std::uint8_t* row, const float* x, std::int64_t n) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += element<T>(row, j + l) * x[j + l];
+  }
+  for (int l = 0; j + l < n; ++l) acc[l] += element<T>(row, j + l) * x[j + l];
+  return tree(acc);
+}
+
+template <WeightType T>
+void rows_scalar(float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t begin, std::int64_t end) noexcept {
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint8_t* row = w.row(i);
+    for (std::int64_t s = 0; s < S; ++s)
+      out[s * w.rows + i] = dot_scalar<T>(row, x + s * w.cols, w.cols);
+  }
+}
+
+// Q8_0 weights x Q8_0 activations, the definition: block b's integer dot (exact) times its two
+// scales' product (exact: an 11-bit times 11-bit significand), rounded to fp32 once, added to
+// lane b % 8; the lanes are summed by tree(). xq[nb * 32] codes, xd[nb] scales as fp32.
+// (The codes are read through an int8 pointer: GCC 12's vectorizer turned the same loop over
+// static_cast<std::int8_t>(uint8 byte) into an unsigned-times-signed dot product.)
+inline std::int32_t block_isum_scalar(const std::uint8_t* blk, const std::int8_t* xq) noexcept {
+  const auto* wq = reinterpret_cast<const std::int8_t*>(blk + 2);
+  std::int32_t isum = 0;
+  for (int j = 0; j < 32; ++j) isum += static_cast<std::int32_t>(wq[j]) * xq[j];
+  return isum;
+}
+
+float dot_q8q8_scalar(const std::uint8_t* row, const std::int8_t* xq, const float* xd,
+                      std::int64_t nb) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + b * 34;
+    const float dd = half_to_float(load_u16(blk)) * xd[b];
+    acc[b % 8] += static_cast<float>(block_isum_scalar(blk, xq + b * 32)) * dd;
+  }
+  return tree(acc);
+}
+
+void rows_q8q8_scalar(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
+                      std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  const std::int64_t nb = w.cols / kQ8_0BlockSize;
+  for (std::int64_t i = begin; i < end; ++i) {
+    for (std::int64_t s = 0; s < S; ++s)
+      out[s * w.rows + i] = dot_q8q8_scalar(w.row(i), xq + s * w.cols, xd + s * nb, nb);
+  }
+}
+
+#ifdef VQ_MATMUL_X86
+#define VQ_AVX2 __attribute__((target("avx2,f16c")))
+
+// Eight consecutive weights j .. j+7 of a row (not Q8_0) as fp32, exactly.
+template <WeightType T>
+VQ_AVX2 inline __m256 load8(const std::uint8_t* row, std::int64_t j) noexcept {
+  if constexpr (T == WeightType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + j);
+  } else if constexpr (T == WeightType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * j)));
+  } else {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * j)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+
+// out[r] = dot of rows r < R (row r at w0 + r * row_bytes) with x, in the definition's order.
+template <WeightType T, int R>
+VQ_AVX2 void dot_rows_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const float* x,
+                           std::int64_t n, float* out) noexcept {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  if constexpr (T == WeightType::kQ8_0) {
+    const std::int64_t nb = n / kQ8_0BlockSize;
+    const std::uint8_t* ahead = w0 + 2 * R * row_bytes;  // as below
+    for (std::int64_t b = 0; b < nb; ++b) {
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + r * row_bytes + b * 34), _MM_HINT_T0);
+      __m256 d[R];
+      for (int r = 0; r < R; ++r) {
+        const std::uint8_t* blk = w0 + r * row_bytes + b * 34;
+        d[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m256 xv = _mm256_loadu_ps(x + b * 32 + 8 * c);
+        for (int r = 0; r < R; ++r) {
+          const std::uint8_t* q = w0 + r * row_bytes + b * 34 + 2 + 8 * c;
+          const __m256 qf = _mm256_cvtepi32_ps(
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+          acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(d[r], qf), xv));
+        }
+      }
+    }
+    j = nb * kQ8_0BlockSize;
+  } else {
+    constexpr std::int64_t kEl = T == WeightType::kF32 ? 4 : 2;
+    // Software prefetch of the rows two groups ahead (the next-but-one R rows), a line per row
+    // every 64 bytes: without it a thread reads the weights at about a third of the machine's
+    // bandwidth (the hardware prefetchers do not follow R short interleaved streams).
+    const std::uint8_t* ahead = w0 + 2 * R * row_bytes;
+    for (; j + 8 <= n; j += 8) {
+      if ((j * kEl) % 64 == 0) {
+        for (int r = 0; r < R; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + r * row_bytes + j * kEl), _MM_HINT_T0);
+      }
+      const __m256 xv = _mm256_loadu_ps(x + j);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(load8<T>(w0 + r * row_bytes, j), xv));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[r]);
+    for (int l = 0; j + l < n; ++l) lanes[l] += element<T>(w0 + r * row_bytes, j + l) * x[j + l];
+    out[r] = tree(lanes);
+  }
+}
+
+template <WeightType T>
+VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                       std::int64_t begin, std::int64_t end) noexcept {
+  constexpr int kR = 4;
+  const std::int64_t rb = w.row_bytes();
+  float r4[kR];
+  std::int64_t i = begin;
+  for (; i + kR <= end; i += kR) {
+    for (std::int64_t s = 0; s < S; ++s) {
+      dot_rows_avx2<T, kR>(w.row(i), rb, x + s * w.cols, w.cols, r4);
+      for (int r = 0; r < kR; ++r) out[s * w.rows + i + r] = r4[r];
+    }
+  }
+  for (; i < end; ++i) {
+    for (std::int64_t s = 0; s < S; ++s)
+      dot_rows_avx2<T, 1>(w.row(i), rb, x + s * w.cols, w.cols, out + s * w.rows + i);
+  }
+}
+
+// The integer dot of one Q8_0 weight block's codes with 32 activation codes as 8 int32 lanes
+// (exact), for both x86 families: |w| as unsigned bytes times x with w's sign (x is never -128;
+// w = -128 gives the unsigned 128). AVX2 sums pairs to int16 (at most 2 * 128 * 127: no
+// saturation), then to int32; AVX-VNNI's vpdpbusd sums groups of four straight to int32 (at most
+// 4 * 128 * 127, no saturation either). The kernels built on them: matmul_q8q8_x86.inc.
+namespace q8q8_avx2 {
+#define VQ_Q8Q8_TARGET VQ_AVX2
+VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+#include "engine/compute/matmul_q8q8_x86.inc"
+#undef VQ_Q8Q8_TARGET
+}  // namespace q8q8_avx2
+
+namespace q8q8_vnni {
+#define VQ_Q8Q8_TARGET __attribute__((target("avx2,f16c,avxvnni")))
+VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv),
+                                 _mm256_sign_epi8(xv, wv));
+}
+#include "engine/compute/matmul_q8q8_x86.inc"
+#undef VQ_Q8Q8_TARGET
+}  // namespace q8q8_vnni
+#endif
+
+}  // namespace
+
+bool isa_supported(Isa isa) noexcept {
+  if (isa == Isa::kScalar) return true;
+#ifdef VQ_MATMUL_X86
+  // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 29) & 1u) != 0;
+  const bool avx2 = __builtin_cpu_supports("avx2") && f16c;
+  if (isa == Isa::kAvx2) return avx2;
+  // AVX-VNNI (the VEX-coded vpdpbusd) is CPUID leaf 7 subleaf 1, EAX bit 4. Asked of the CPU,
+  // not of the compiler: the build may target a CPU with it (-march=native) and run on one
+  // without. It needs no OS state beyond AVX2's (ymm registers).
+  a = b = c = d = 0;
+  const bool vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
+  return avx2 && vnni;
+#else
+  return false;
+#endif
+}
+
+Isa best_isa() noexcept {
+  static const Isa best = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni
+                          : isa_supported(Isa::kAvx2)   ? Isa::kAvx2
+                                                        : Isa::kScalar;
+  return best;
+}
+
+void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t begin, std::int64_t end) noexcept {
+#ifdef VQ_MATMUL_X86
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {  // the same kernels for fp32 activations
+    switch (w.type) {
+      case WeightType::kF32:
+        return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
+      case WeightType::kF16:
+        return rows_avx2<WeightType::kF16>(out, x, w, S, begin, end);
+      case WeightType::kBF16:
+        return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
+      case WeightType::kQ8_0:
+        return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
+    }
+  }
+#else
+  (void)isa;
+#endif
+  switch (w.type) {
+    case WeightType::kF32:
+      return rows_scalar<WeightType::kF32>(out, x, w, S, begin, end);
+    case WeightType::kF16:
+      return rows_scalar<WeightType::kF16>(out, x, w, S, begin, end);
+    case WeightType::kBF16:
+      return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
+    case WeightType::kQ8_0:
+      return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
+  }
+}
+
+void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, float* d) noexcept {
+  for (std::int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
+    const float* xb = x + b * kQ8_0BlockSize;
+    std::int8_t* qb = q + b * kQ8_0BlockSize;
+    float amax = 0.0f;
+    bool finite = true;
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j) {
+      finite = finite && std::isfinite(xb[j]);
+      amax = std::max(amax, std::fabs(xb[j]));
+    }
+    if (!finite) {
+      d[b] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(qb, qb + kQ8_0BlockSize, std::int8_t{0});
+      continue;
+    }
+    d[b] = half_to_float(float_to_half(amax / 127.0f));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    // |x_j * id| <= 127 up to two roundings, so the codes stay in [-127, 127]. Rounding half to
+    // even: adding and subtracting 1.5 * 2^23 leaves |v| < 2^22 rounded to an integer in the
+    // default rounding mode, which the library never changes (std::nearbyint, the same value,
+    // is a libm call on the baseline x86-64 target).
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j)
+      qb[j] = static_cast<std::int8_t>((xb[j] * id + kRound) - kRound);
+  }
+}
+
+void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                      const WeightMatrix& w, std::int64_t S, std::int64_t begin,
+                      std::int64_t end) noexcept {
+#ifdef VQ_MATMUL_X86
+  if (isa == Isa::kAvx2) return q8q8_avx2::rows(out, xq, xd, w, S, begin, end);
+  if (isa == Isa::kAvx2Vnni) return q8q8_vnni::rows(out, xq, xd, w, S, begin, end);
+#else
+  (void)isa;
+#endif
+  rows_q8q8_scalar(out, xq, xd, w, S, begin, end);
+}
+
+namespace {
+std::atomic<Q8_0Activations> g_q8_0_activations{Q8_0Activations::kQ8_0};
+}  // namespace
+
+const char* to_string(Q8_0Activations a) noexcept {
+  return a == Q8_0Activations::kQ8_0 ? "q8_0" : "f32";
+}
+void set_q8_0_activations(Q8_0Activations a) noexcept { g_q8_0_activations.store(a); }
+Q8_0Activations q8_0_activations() noexcept { return g_q8_0_activations.load(); }
+
+void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t S) {
+  constexpr std::size_t kMaxOuts = 8;
+  if (outs.empty() || outs.size() > kMaxOuts) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "[engine] matmul_fused products must be in [1, 8], got " + std::to_string(outs.size()));
+  }
+  const std::int64_t cols = outs[0].w->cols;
+  for (const MatmulOut& o : outs) {
+    if (o.w->cols != cols) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[engine] matmul_fused matrices must share cols = " + std::to_string(cols) +
+                      ", got " + std::to_string(o.w->cols));
+    }
+  }
+  const Isa isa = best_isa();
+  // Q8_0 weights with Q8_0 activations share one quantization of x, made here once per call.
+  bool quantize = false;
+  if (q8_0_activations() == Q8_0Activations::kQ8_0) {
+    for (const MatmulOut& o : outs) quantize = quantize || o.w->type == WeightType::kQ8_0;
+  }
+  const std::int8_t* q = nullptr;
+  const float* d = nullptr;
+  if (quantize) {
+    // Grows to the largest call, then is reused: no allocation per token.
+    thread_local std::vector<std::int8_t> xq;  // [S][cols] activation codes
+    thread_local std::vector<float> xd;        // [S][cols / 32] their scales
+    const auto n = static_cast<std::size_t>(S * cols);
+    if (xq.size() < n) xq.resize(n);
+    if (xd.size() < n / kQ8_0BlockSize) xd.resize(n / kQ8_0BlockSize);
+    quantize_activations_q8_0(x, S * cols, xq.data(), xd.data());
+    q = xq.data();
+    d = xd.data();
+  }
+  // Rows [begin, end) of matrix m, by one thread, exactly as matmul_rows / matmul_rows_q8_0
+  // compute them.
+  const auto rows = [&](std::size_t m, std::int64_t begin, std::int64_t end) {
+    const MatmulOut& o = outs[m];
+    if (o.w->type == WeightType::kQ8_0 && quantize) {
+      matmul_rows_q8_0(isa, o.out, q, d, *o.w, S, begin, end);
+    } else {
+      matmul_rows(isa, o.out, x, *o.w, S, begin, end);
+    }
+  };
+  // Units of 16 rows (a multiple of the kernels' 4-row groups), numbered through the matrices
+  // in order; a unit's rows are computed by one thread exactly as matmul_rows computes them, so
+  // neither the split nor the fusion changes a result.
+  constexpr std::int64_t kUnit = 16;
+  std::int64_t first_unit[kMaxOuts + 1];  // matrix m's units are [first_unit[m], first_unit[m+1])
+  first_unit[0] = 0;
+  std::int64_t work = 0;
+  for (std::size_t m = 0; m < outs.size(); ++m) {
+    first_unit[m + 1] = first_unit[m] + (outs[m].w->rows + kUnit - 1) / kUnit;
+    work += outs[m].w->rows * cols * S;
+  }
+  const std::int64_t units = first_unit[outs.size()];
+  const int nt = threads();
+  if (nt <= 1 || units < 2 || work < (std::int64_t{1} << 16)) {
+    for (std::size_t m = 0; m < outs.size(); ++m) rows(m, 0, outs[m].w->rows);
+    return;
+  }
+  parallel_for(units, nt, [&](std::int64_t u0, std::int64_t u1) {
+    for (std::size_t m = 0; m < outs.size(); ++m) {
+      const std::int64_t b = std::max(u0, first_unit[m]), e = std::min(u1, first_unit[m + 1]);
+      if (b < e) {
+        rows(m, (b - first_unit[m]) * kUnit,
+             std::min(outs[m].w->rows, (e - first_unit[m]) * kUnit));
+      }
+    }
+  });
+}
+
+void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) {
+  const MatmulOut one{out, &w};
+  matmul_fused(std::span<const MatmulOut>(&one, 1), x, S);
+}
+
+void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept {
+  const std::uint8_t* row = w.row(i);
+  for (std::int64_t j = 0; j < w.cols; ++j) {
+    switch (w.type) {
+      case WeightType::kF32:
+        out[j] = element<WeightType::kF32>(row, j);
+        break;
+      case WeightType::kF16:
+        out[j] = element<WeightType::kF16>(row, j);
+        break;
+      case WeightType::kBF16:
+        out[j] = element<WeightType::kBF16>(row, j);
+        break;
+      case WeightType::kQ8_0:
+        out[j] = element<WeightType::kQ8_0>(row, j);
+        break;
+    }
+  }
+}
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* out, std::int64_t n) noexcept {
+  for (std::int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
+    const float* xb = x + b * kQ8_0BlockSize;
+    float amax = 0.0f;
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j)
+      amax = std::max(amax, xb[j] < 0 ? -xb[j] : xb[j]);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = float_to_half(d);
+    for (std::int64_t j = 0; j < kQ8_0BlockSize; ++j) {
+      out[b].q[j] = static_cast<std::int8_t>(std::round(xb[j] * id));  // ties away from 0
+    }
+  }
+}
+
+}  // namespace vq::engine

@@ -1,0 +1,90 @@
+// Matrix-vector products against typed weight matrices (engine/weights.h), threaded over
+// output rows.
+//
+// fp32 activations (F32/F16/BF16 weights always; Q8_0 weights when asked, see
+// Q8_0Activations): out[s][i] = ops::dot(row_i, x[s], cols), where row_i is row i converted to
+// fp32 exactly (engine/weights.h). ops::dot's order is
+// the library's fixed one: lane l of 8 sums the products j = l, l+8, ... in increasing j, then
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). SIMD paths keep that order lane for lane (the build
+// uses -ffp-contract=off and no fast-math), so they equal the scalar definition bit for bit;
+// threads split the output rows, each element is computed by one thread with the same code, so
+// the result does not depend on the thread count either.
+//
+// Q8_0 weights with Q8_0 activations (the default, as llama.cpp's CPU backend computes them):
+// each activation row x[s] is first quantized to Q8_0 blocks (quantize_activations_q8_0), then
+// out[s][i] = tree(lane[0..7]) where lane[l] sums, over the row's blocks b = l, l+8, ... in
+// increasing b, float(isum_b) * (d_w[b] * d_x[b]): isum_b = sum_j q_w[32b+j] * q_x[32b+j] is an
+// exact int32, d_w * d_x an exact fp32 product of two fp16 values, and the one rounding is the
+// multiplication, then the lane's addition; tree() is ops::dot's ((l0+l4)+(l2+l6)) +
+// ((l1+l5)+(l3+l7)). The AVX2 kernel (maddubs/madd integer dots, eight blocks' sums reduced to
+// one vector) keeps that order lane for lane and equals the scalar definition bit for bit; the
+// AVX-VNNI kernel is the same code with each block's integer dot formed by vpdpbusd (the sums
+// are exact either way), so it gives the same bits.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "engine/compute/weights.h"
+
+namespace vq::engine {
+
+// The kernel families. kAvx2 needs AVX2 and F16C; kAvx2Vnni also AVX-VNNI (CPUID leaf 7.1 EAX
+// bit 4), which only its Q8_0 x Q8_0 block dots use: for fp32 activations it runs kAvx2's
+// kernels. Support is checked at run time (CPUID), never taken from the compiler's flags.
+enum class Isa { kScalar, kAvx2, kAvx2Vnni };
+const char* to_string(Isa isa) noexcept;
+// The best family this CPU supports (cached after the first call).
+Isa best_isa() noexcept;
+bool isa_supported(Isa isa) noexcept;
+
+// Rows [row_begin, row_end) of out[s][i] for s < S, one thread, with the given kernel family:
+// x is [S][w.cols], out is [S][w.rows] (row stride w.rows). For tests and benchmarks.
+void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t row_begin, std::int64_t row_end) noexcept;
+
+// Activations quantized for Q8_0 weights as llama.cpp's CPU backend does on x86 (ggml-cpu's
+// quantize_row_q8_0, AVX path): per block of 32, amax = max_j |x_j|, d = fp16(amax / 127),
+// q_j = round-half-to-even(x_j * (127 / amax)) in [-127, 127], all 0 when amax = 0. A block
+// holding a NaN or an infinity gets d = NaN and q = 0, so every output it enters is NaN.
+// x[n] -> q[n] codes, d[n / 32] scales as fp32 (exactly the fp16 value); n a multiple of 32.
+void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, float* d) noexcept;
+
+// Rows [row_begin, row_end) of the Q8_0 x Q8_0 product (definition above), one thread: w is
+// Q8_0, xq is [S][w.cols] codes and xd [S][w.cols / 32] scales from quantize_activations_q8_0;
+// out is [S][w.rows]. For tests and benchmarks.
+void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                      const WeightMatrix& w, std::int64_t S, std::int64_t row_begin,
+                      std::int64_t row_end) noexcept;
+
+// What matmul() does with the activations of Q8_0 weights: kQ8_0 (default) quantizes them to
+// Q8_0 blocks (8 bits per value per 32-block, as llama.cpp does; faster than kF32: integer
+// block dots, no per-weight conversion); kF32 keeps them fp32 (matmul_rows's definition: only the
+// weights are rounded). Process-wide, like set_threads; not to be changed while a matmul runs.
+enum class Q8_0Activations : std::uint8_t { kQ8_0, kF32 };
+const char* to_string(Q8_0Activations a) noexcept;
+void set_q8_0_activations(Q8_0Activations a) noexcept;
+Q8_0Activations q8_0_activations() noexcept;
+
+// out[S][w.rows] = x[S][w.cols] W^T with the best kernel family, rows split over the engine's
+// threads (engine/parallel.h). Q8_0 weights with Q8_0 activations quantize x once per call into
+// a per-thread scratch that grows to the largest S * w.cols seen and is then reused (no
+// allocation per token once the first forward has run; growing it may throw std::bad_alloc).
+void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S);
+
+// One product of a fused call: out[S][w->rows] = x[S][w->cols] w^T.
+struct MatmulOut {
+  float* out;
+  const WeightMatrix* w;
+};
+
+// Several products of the same input in one parallel loop (one barrier instead of one per
+// matrix): the matrices' 16-row units are numbered in order and split over the threads as one
+// range, and every output element is computed by one thread with matmul_rows's (or, for Q8_0
+// weights with Q8_0 activations, matmul_rows_q8_0's) code, so each out equals matmul(out, x, *w,
+// S) bit for bit for every thread count. x is quantized once for all Q8_0 matrices. 1 to 8
+// products (throws Error(kInvalidArgument) otherwise), all with the same cols; the outs must
+// not overlap each other or x. matmul() is the one-product case.
+void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t S);
+
+}  // namespace vq::engine

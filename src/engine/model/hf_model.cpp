@@ -1,0 +1,296 @@
+// Hugging Face Llama checkpoints: config.json + model.safetensors (F32, F16 or BF16 tensors).
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine/formats/json_limits.h"
+#include "engine/formats/mapped_file.h"
+#include "engine/model/model.h"
+#include "engine/model/model_builder.h"
+#include "engine/formats/safetensors.h"
+#include "veloxquant/types.h"
+
+namespace vq::engine {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string config_field(const char* field) {
+  static const std::map<std::string, std::string> names = {{"dim", "hidden_size"},
+                                                           {"hidden_dim", "intermediate_size"},
+                                                           {"n_layers", "num_hidden_layers"},
+                                                           {"n_heads", "num_attention_heads"},
+                                                           {"n_kv_heads", "num_key_value_heads"},
+                                                           {"head_dim", "head_dim"},
+                                                           {"vocab_size", "vocab_size"},
+                                                           {"seq_len", "max_position_embeddings"}};
+  const auto it = names.find(field);
+  return "config.json '" + (it == names.end() ? std::string(field) : it->second) + "'";
+}
+
+struct ConfigReader {
+  const std::string& path;
+  const json& j;
+
+  [[noreturn]] void bad(const std::string& key, const std::string& expected) const {
+    file_error(path, "'" + key + "' must be " + expected + ", found " + json_excerpt(j[key]));
+  }
+  std::int64_t integer(const std::string& key) const {
+    if (!j.contains(key)) file_error(path, "missing required key '" + key + "'");
+    if (j[key].is_null()) bad(key, "an integer");
+    return integer_or(key, 0);
+  }
+  std::int64_t integer_or(const std::string& key, std::int64_t fallback) const {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number_integer()) bad(key, "an integer");
+    return exact(key, j[key]);
+  }
+  // An integer value as int64; one above 2^63 - 1 is an error, never wrapped.
+  std::int64_t exact(const std::string& key, const json& v) const {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+      bad(key, "an integer below 2^63");
+    }
+    return v.get<std::int64_t>();
+  }
+  double number_or(const std::string& key, double fallback) const {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number()) bad(key, "a number");
+    return j[key].get<double>();
+  }
+  // eos_token_id may be a list; the first entry stops generation.
+  std::int64_t token_id(const std::string& key) const {
+    if (!j.contains(key) || j[key].is_null()) return -1;
+    const json& v = j[key];
+    if (v.is_number_integer()) return exact(key, v);
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return exact(key, v[0]);
+    bad(key, "an integer or a list of integers");
+  }
+  void require_value(const std::string& key, const json& allowed, const std::string& why) const {
+    if (j.contains(key) && !j[key].is_null() && j[key] != allowed) {
+      file_error(path, "'" + key + "' is " + json_excerpt(j[key]) + "; only " +
+                           json_excerpt(allowed) + " is supported (" + why + ")");
+    }
+  }
+};
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Turns safetensors entries into weights: matrices keep their stored type and are read in
+// place (copied, same type, into a buffer the model owns only when the offset is not aligned
+// for the type); norm vectors are converted once to fp32.
+class TensorLoader {
+ public:
+  TensorLoader(const SafetensorsFile& st, ModelBuilder& b) : st_(st), b_(b) {}
+
+  WeightMatrix matrix(const SafeTensor* t, std::int64_t rows, std::int64_t cols) {
+    check(t, {rows, cols});
+    WeightType type = WeightType::kF32;
+    if (t->dtype == "F16") {
+      type = WeightType::kF16;
+    } else if (t->dtype == "BF16") {
+      type = WeightType::kBF16;
+    } else if (t->dtype != "F32") {
+      unsupported(t);
+    }
+    dtypes_[t->dtype] = true;
+    if (const auto it = matrices_.find(t->name); it != matrices_.end()) return it->second;
+    const std::uint8_t* src = st_.data(*t);
+    const void* data = src;
+    const std::size_t align = type == WeightType::kF32 ? 4 : 2;
+    if (reinterpret_cast<std::uintptr_t>(src) % align != 0) {
+      const std::int64_t bytes = t->end - t->begin;
+      void* dst = b_.own_bytes(bytes);
+      std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      data = dst;
+    }
+    const WeightMatrix m{type, rows, cols, data};
+    matrices_[t->name] = m;
+    return m;
+  }
+
+  const float* vector(const SafeTensor* t, std::int64_t n) {
+    check(t, {n});
+    dtypes_[t->dtype] = true;
+    const std::uint8_t* src = st_.data(*t);
+    if (t->dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % alignof(float) == 0)
+      return reinterpret_cast<const float*>(src);
+    if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") unsupported(t);
+    float* dst = b_.own(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (t->dtype == "F32") {
+        std::memcpy(dst + i, src + 4 * i, 4);
+        continue;
+      }
+      std::uint16_t bits;
+      std::memcpy(&bits, src + 2 * i, 2);
+      dst[i] = t->dtype == "BF16" ? bf16_to_float(bits) : half_to_float(bits);
+    }
+    return dst;
+  }
+
+  std::string dtype_summary() const {
+    if (dtypes_.size() != 1) return "mixed";
+    const std::string& d = dtypes_.begin()->first;
+    return d == "F32" ? "f32" : d == "F16" ? "f16" : "bf16";
+  }
+
+ private:
+  const SafetensorsFile& st_;
+  ModelBuilder& b_;
+  std::map<std::string, WeightMatrix> matrices_;
+
+  void check(const SafeTensor* t, const std::vector<std::int64_t>& shape) const {
+    if (t->shape != shape) {
+      file_error(st_.path(), "tensor '" + t->name + "' has shape " + shape_text(t->shape) +
+                                 ", expected " + shape_text(shape) + " from config.json");
+    }
+  }
+  [[noreturn]] void unsupported(const SafeTensor* t) const {
+    file_error(st_.path(),
+               "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
+  }
+  std::map<std::string, bool> dtypes_;
+};
+
+}  // namespace
+
+Model Model::load_hf(const std::string& path) {
+  struct stat st {};
+  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
+  const std::string dir_s = dir.empty() ? "." : dir.string();
+  const std::string config_path = (fs::path(dir_s) / "config.json").string();
+  std::string weights_path = (fs::path(dir_s) / "model.safetensors").string();
+  if (!is_dir && path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+    weights_path = path;
+  }
+  if (!fs::exists(weights_path) && fs::exists(weights_path + ".index.json")) {
+    file_error(
+        weights_path + ".index.json",
+        "sharded safetensors checkpoints are not supported (expected one model.safetensors)");
+  }
+
+  // config.json
+  json cj = parse_json_limited(read_text_file(config_path), config_path, "config.json");
+  if (!cj.is_object()) {
+    file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
+  }
+  const ConfigReader r{config_path, cj};
+  r.require_value("model_type", "llama", "a Llama-architecture model");
+  r.require_value("hidden_act", "silu", "SwiGLU");
+  r.require_value("rope_scaling", nullptr, "RoPE scaling is not implemented");
+  r.require_value("attention_bias", false, "no attention biases");
+  r.require_value("mlp_bias", false, "no MLP biases");
+
+  ModelBuilder b;
+  ModelConfig& c = b.config();
+  c.format = "hf";
+  c.dim = r.integer("hidden_size");
+  c.hidden_dim = r.integer("intermediate_size");
+  c.n_layers = r.integer("num_hidden_layers");
+  c.n_heads = r.integer("num_attention_heads");
+  c.n_kv_heads = r.integer_or("num_key_value_heads", c.n_heads);
+  c.vocab_size = r.integer("vocab_size");
+  c.seq_len = r.integer("max_position_embeddings");
+  if (c.n_heads <= 0)
+    file_error(config_path,
+               "'num_attention_heads' must be > 0, found " + std::to_string(c.n_heads));
+  if (cj.contains("head_dim") && !cj["head_dim"].is_null()) {
+    c.head_dim = r.integer("head_dim");
+  } else {
+    if (c.dim % c.n_heads != 0) {
+      file_error(config_path, "'hidden_size' (" + std::to_string(c.dim) +
+                                  ") must be a multiple of 'num_attention_heads' (" +
+                                  std::to_string(c.n_heads) + ") when 'head_dim' is absent");
+    }
+    c.head_dim = c.dim / c.n_heads;
+  }
+  validate_shape(config_path, c, config_field);
+  const double eps = r.number_or("rms_norm_eps", 1e-6);
+  const double theta = r.number_or("rope_theta", 10000.0);
+  if (!(eps > 0 && eps < 1))
+    file_error(config_path,
+               "'rms_norm_eps' must be in (0, 1), found " + json_excerpt(cj["rms_norm_eps"]));
+  if (!(theta > 1))
+    file_error(config_path, "'rope_theta' must be > 1, found " + json_excerpt(cj["rope_theta"]));
+  c.norm_eps = static_cast<float>(eps);
+  c.rope_theta = theta;
+  c.rope = RopeStyle::kRotateHalf;
+  c.bos_id = static_cast<std::int32_t>(r.token_id("bos_token_id"));
+  c.eos_id = static_cast<std::int32_t>(r.token_id("eos_token_id"));
+  for (const auto* key : {"bos_token_id", "eos_token_id"}) {
+    const std::int64_t id = r.token_id(key);
+    if (id < -1 || id >= c.vocab_size) {
+      file_error(config_path, std::string("'") + key + "' = " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                  ")");
+    }
+  }
+  bool tie_flag_false = false;
+  if (cj.contains("tie_word_embeddings") && !cj["tie_word_embeddings"].is_null()) {
+    if (!cj["tie_word_embeddings"].is_boolean()) r.bad("tie_word_embeddings", "true or false");
+    tie_flag_false = !cj["tie_word_embeddings"].get<bool>();
+  }
+
+  // model.safetensors
+  SafetensorsFile stf(weights_path);
+  TensorLoader load(stf, b);
+  auto find = [&](const std::string& name) -> const SafeTensor* {
+    if (const SafeTensor* t = stf.find(name)) return t;
+    // Tied tensors are stored once; __metadata__ maps the missing name to the stored one.
+    const auto it = stf.metadata().find(name);
+    if (it != stf.metadata().end()) {
+      if (const SafeTensor* t = stf.find(it->second)) return t;
+    }
+    return nullptr;
+  };
+  auto need = [&](const std::string& name) {
+    const SafeTensor* t = find(name);
+    if (t == nullptr) file_error(weights_path, "missing tensor '" + name + "'");
+    return t;
+  };
+  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  Weights& w = b.weights();
+  const SafeTensor* embed = need("model.embed_tokens.weight");
+  w.token_embedding = load.matrix(embed, c.vocab_size, dim);
+  w.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (std::int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& l = w.layers[static_cast<std::size_t>(i)];
+    l.attn_norm = load.vector(need(p + "input_layernorm.weight"), dim);
+    l.wq = load.matrix(need(p + "self_attn.q_proj.weight"), qd, dim);
+    l.wk = load.matrix(need(p + "self_attn.k_proj.weight"), kvd, dim);
+    l.wv = load.matrix(need(p + "self_attn.v_proj.weight"), kvd, dim);
+    l.wo = load.matrix(need(p + "self_attn.o_proj.weight"), dim, qd);
+    l.ffn_norm = load.vector(need(p + "post_attention_layernorm.weight"), dim);
+    l.w_gate = load.matrix(need(p + "mlp.gate_proj.weight"), hid, dim);
+    l.w_up = load.matrix(need(p + "mlp.up_proj.weight"), hid, dim);
+    l.w_down = load.matrix(need(p + "mlp.down_proj.weight"), dim, hid);
+  }
+  w.final_norm = load.vector(need("model.norm.weight"), dim);
+  const SafeTensor* head = find("lm_head.weight");
+  if (head == nullptr) {
+    if (tie_flag_false) {
+      file_error(weights_path,
+                 "missing tensor 'lm_head.weight' and config.json sets "
+                 "tie_word_embeddings to false");
+    }
+    head = embed;
+  }
+  w.classifier = load.matrix(head, c.vocab_size, dim);
+  c.tied_classifier = head == embed;
+  c.weights_dtype = load.dtype_summary();
+
+  b.set_paths(weights_path, dir_s);
+  b.set_file(stf.release());
+  return b.finish();
+}
+
+}  // namespace vq::engine

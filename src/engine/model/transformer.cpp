@@ -1,0 +1,338 @@
+#include "engine/model/transformer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "base/kernels.h"
+#include "engine/compute/matmul.h"
+#include "engine/compute/ops.h"
+#include "engine/compute/parallel.h"
+#include "veloxquant/errors.h"
+
+namespace vq::engine {
+
+namespace {
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+[[noreturn]] void bad_argument(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "[engine] " + msg);
+}
+}  // namespace
+
+ModelShape model_shape(const ModelConfig& c) {
+  return ModelShape{c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
+}
+
+RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
+    : max_chunk(chunk), max_rows(rows == 0 ? c.seq_len : rows) {
+  if (max_rows < 1 || max_rows > c.seq_len) {
+    bad_argument("max_rows must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
+                 std::to_string(rows));
+  }
+  if (chunk < 1 || chunk > max_rows) {
+    bad_argument("max_chunk must be in [1, " +
+                 (max_rows == c.seq_len ? "seq_len = " : std::string("max_rows = ")) +
+                 std::to_string(max_rows) + "], got " + std::to_string(chunk));
+  }
+  const std::int64_t S = chunk, R = max_rows, D = c.head_dim, half = D / 2;
+  x.resize(sz(S * c.dim));
+  xb.resize(sz(S * c.dim));
+  xb2.resize(sz(S * c.dim));
+  q.resize(sz(S * c.q_dim()));
+  k.resize(sz(S * c.kv_dim()));
+  v.resize(sz(S * c.kv_dim()));
+  att_out.resize(sz(S * c.q_dim()));
+  att.resize(sz(c.n_heads * S * R));
+  row.resize(sz(c.n_kv_heads * D));
+  sums.resize(sz(c.n_heads * S * 4 * D));
+  packed_k.resize(sz(c.n_kv_heads));
+  packed_v.resize(sz(c.n_kv_heads));
+  hb.resize(sz(S * c.hidden_dim));
+  hb2.resize(sz(S * c.hidden_dim));
+  logits.resize(sz(S * c.vocab_size));
+  layer_cosine.assign(sz(c.n_layers), 0.0f);
+  rope_cos.resize(sz(R * half));
+  rope_sin.resize(sz(R * half));
+  for (std::int64_t pos = 0; pos < R; ++pos) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      float cs, sn;
+      if (c.rope == RopeStyle::kInterleaved) {
+        // run.c, in fp32: freq = 1 / 10000^(2i / D), angle = pos * freq.
+        const float freq = 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                           static_cast<float>(2 * i) / static_cast<float>(D));
+        const float angle = static_cast<float>(pos) * freq;
+        cs = std::cos(angle);
+        sn = std::sin(angle);
+      } else {
+        // Hugging Face's frequencies, evaluated in double and rounded once.
+        const double angle =
+            static_cast<double>(pos) *
+            std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+        cs = static_cast<float>(std::cos(angle));
+        sn = static_cast<float>(std::sin(angle));
+      }
+      rope_cos[sz(pos * half + i)] = cs;
+      rope_sin[sz(pos * half + i)] = sn;
+    }
+  }
+}
+
+Transformer::Transformer(const Model& model, std::int64_t max_chunk, std::int64_t max_rows)
+    : model_(&model), s_(model.config(), max_chunk, max_rows) {}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since the previous mark to a StepTimes bucket (nothing when timing is off).
+class Laps {
+ public:
+  explicit Laps(bool on) : on_(on), last_(on ? Clock::now() : Clock::time_point{}) {}
+  void mark(double& bucket) {
+    if (!on_) return;
+    const Clock::time_point now = Clock::now();
+    bucket += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  Clock::time_point last_;
+};
+
+// Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + s.
+void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
+          RopeStyle style, const RunState& s) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t t = 0; t < S; ++t) {
+    const float* cs = s.rope_cos.data() + (pos0 + t) * half;
+    const float* sn = s.rope_sin.data() + (pos0 + t) * half;
+    for (std::int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * D;
+      for (std::int64_t i = 0; i < half; ++i) {
+        // llama2.c pairs (2i, 2i+1); Hugging Face pairs (i, i + D/2). Same rotation.
+        float* a = style == RopeStyle::kInterleaved ? v + 2 * i : v + i;
+        float* b = style == RopeStyle::kInterleaved ? v + 2 * i + 1 : v + i + half;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * cs[i] - x1 * sn[i];
+        *b = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
+                                    LayerCache& cache) {
+  const ModelConfig& c = model_->config();
+  const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
+  const std::int64_t qd = c.q_dim();
+
+  // The step's new rows as [B=1, Hkv, S, D] views of k, v ([S][Hkv][D] in memory).
+  TensorRef kref = TensorRef::f32(s_.k.data(), 1, Hkv, S, D);
+  TensorRef vref = TensorRef::f32(s_.v.data(), 1, Hkv, S, D);
+  for (TensorRef* t : {&kref, &vref}) {
+    t->stride[0] = S * Hkv * D;
+    t->stride[1] = D;
+    t->stride[2] = Hkv * D;
+  }
+  Laps laps(timing_);
+  const StepView view = cache.begin_step(kref, vref);
+  laps.mark(times_.cache);
+  const std::int64_t R = view.n_rows();
+  if (R > s_.max_rows || view.n_new() != S) {
+    try {
+      cache.end_step();  // leave the cache usable; an attention-sourced method refuses, and stays
+                         // open
+    } catch (const Error&) {
+    }
+    throw Error(ErrorCode::kInvalidState,
+                "[engine] layer " + std::to_string(layer) + " cache returned " + std::to_string(R) +
+                    " rows (" + std::to_string(view.n_new()) + " new) for a step of " +
+                    std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
+  }
+
+  float* att = s_.att.data();                            // [Hq][S][R]
+  const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
+  // One KV head per thread at a time: a head's G query heads, all S tokens, its own scratch
+  // row; the heads write disjoint parts of att and att_out.
+  const int nt = S * R * D * G >= 4096 ? threads() : 1;
+  parallel_for(Hkv, nt, [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      const HeadRows hr = view.head(0, g);
+      float* scratch = s_.row.data() + g * D;
+      float* sums = s_.sums.data() + g * S * G * 4 * D;  // [S][G][4][D]
+      // The head's own rows: with head-wise budgets a head may hold fewer than R, and the
+      // columns past its rows stay 0 (AttentionRef's contract).
+      const std::int64_t n = hr.n_rows;
+      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
+      // every row (masked by position), softmax, weighted sum of the values.
+      auto q_of = [&](std::int64_t t) { return s_.q.data() + t * qd + g * G * D; };
+      auto scores_of = [&](std::int64_t t) {
+        return att + (g * G * S + t) * R;
+      };  // head j: + j*S*R
+      auto out_of = [&](std::int64_t t) { return s_.att_out.data() + t * qd + g * G * D; };
+      auto normalize = [&](std::int64_t t) {
+        for (std::int64_t j = 0; j < G; ++j) {
+          float* p = scores_of(t) + j * S * R;
+          ops::softmax(p, n, scale);
+          std::fill(p + n, p + R, 0.0f);
+        }
+      };
+      if (hr.packed == nullptr) {
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_scores(q_of(t), G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n,
+                                pos0 + t, scores_of(t), S * R, scratch);
+          normalize(t);
+          ops::attention_values(scores_of(t), G, S * R, D, hr.values, hr.dtype, hr.row_stride,
+                                hr.positions, n, pos0 + t, out_of(t), sums);
+        }
+        continue;
+      }
+      // A quantized head is read a block of rows at a time into this head's scratch (small
+      // enough to stay in cache): the keys' blocks for the scores, then the values' blocks for
+      // the sums. Scores are per row and the value sums continue across blocks (blocks start at
+      // multiples of 4), so the result is the whole-head computation's, bit for bit.
+      constexpr std::int64_t kB = RunState::kPackedBlock;
+      std::vector<float>& kb = s_.packed_k[static_cast<std::size_t>(g)];
+      std::vector<float>& vb = s_.packed_v[static_cast<std::size_t>(g)];
+      if (kb.size() < static_cast<std::size_t>(kB * D)) {  // once per run
+        kb.resize(static_cast<std::size_t>(kB * D));
+        vb.resize(static_cast<std::size_t>(kB * D));
+      }
+      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
+        const std::int64_t b1 = std::min(n, b0 + kB);
+        hr.packed->load_rows(b0, b1, D, kb.data(), nullptr);
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_scores(q_of(t), G, D, kb.data(), DType::kF32, D, hr.positions + b0,
+                                b1 - b0, pos0 + t, scores_of(t) + b0, S * R, scratch);
+        }
+      }
+      for (std::int64_t t = 0; t < S; ++t) normalize(t);
+      std::fill(sums, sums + S * G * 4 * D, 0.0f);
+      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
+        const std::int64_t b1 = std::min(n, b0 + kB);
+        hr.packed->load_rows(b0, b1, D, nullptr, vb.data());
+        for (std::int64_t t = 0; t < S; ++t) {
+          ops::attention_values_add(scores_of(t) + b0, G, S * R, D, vb.data(), DType::kF32, D,
+                                    hr.positions + b0, b1 - b0, pos0 + t, sums + t * G * 4 * D);
+        }
+      }
+      for (std::int64_t t = 0; t < S; ++t)
+        ops::attention_values_finish(sums + t * G * 4 * D, G, D, out_of(t));
+    }
+  });
+  laps.mark(times_.attention);
+  // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the caller
+  // closes the step with them once the layer's similarity signal is known.
+  return AttentionRef{att, 1, Hq, S, R};
+}
+
+const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
+                                  Logits which) {
+  const ModelConfig& c = model_->config();
+  const Weights& w = model_->weights();
+  if (S < 1 || S > s_.max_chunk) {
+    bad_argument("a forward step takes 1 to " + std::to_string(s_.max_chunk) + " tokens, got " +
+                 std::to_string(S));
+  }
+  const ModelShape& cs = cache.shape();
+  if (cs.n_layers != c.n_layers || cs.n_kv_heads != c.n_kv_heads || cs.head_dim != c.head_dim ||
+      cs.n_query_heads != c.n_heads) {
+    bad_argument("the cache is shaped for " + std::to_string(cs.n_layers) + " layers x " +
+                 std::to_string(cs.n_kv_heads) + " KV heads x head_dim " +
+                 std::to_string(cs.head_dim) + ", the model needs " + std::to_string(c.n_layers) +
+                 " x " + std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim));
+  }
+  const std::int64_t pos0 = cache.layer(0).tokens_seen();
+  if (pos0 + S > c.seq_len) {
+    bad_argument("position " + std::to_string(pos0 + S - 1) +
+                 " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
+  }
+  if (pos0 + S > s_.max_rows) {
+    bad_argument("position " + std::to_string(pos0 + S - 1) +
+                 " is past this transformer's max_rows (" + std::to_string(s_.max_rows) + ")");
+  }
+  Laps laps(timing_);
+  const std::int64_t dim = c.dim, hid = c.hidden_dim;
+  float* x = s_.x.data();
+  float* xb = s_.xb.data();
+  float* xb2 = s_.xb2.data();
+
+  // Token embeddings.
+  for (std::int64_t t = 0; t < S; ++t) {
+    const std::int32_t tok = tokens[t];
+    if (tok < 0 || tok >= c.vocab_size) {
+      bad_argument("token id " + std::to_string(tok) + " is outside the vocabulary [0, " +
+                   std::to_string(c.vocab_size) + ")");
+    }
+    dequantize_row(w.token_embedding, tok, x + t * dim);
+  }
+
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[sz(l)];
+
+    // Attention block: norm, projections, RoPE, attention over the cache, output projection.
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
+    laps.mark(times_.other);
+    // q, k and v in one parallel loop (one barrier; x quantized once for Q8_0 weights).
+    const MatmulOut qkv[] = {{s_.q.data(), &lw.wq}, {s_.k.data(), &lw.wk}, {s_.v.data(), &lw.wv}};
+    matmul_fused(qkv, xb, S);
+    laps.mark(times_.matmul);
+    rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
+    rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
+    laps.mark(times_.attention);
+    const AttentionRef probs = attention(l, S, pos0, cache.layer(l));  // times itself
+    laps = Laps(timing_);
+    matmul(xb2, s_.att_out.data(), lw.wo, S);
+    laps.mark(times_.matmul);
+
+    // Residual add, and how far the attention turned the hidden state (cosine, mean over S).
+    double cos_sum = 0.0;
+    for (std::int64_t t = 0; t < S; ++t) {
+      float* xt = x + t * dim;
+      float* yt = xb + t * dim;
+      for (std::int64_t i = 0; i < dim; ++i) yt[i] = xt[i] + xb2[t * dim + i];
+      cos_sum += kernels::cosine(xt, yt, dim);
+      std::memcpy(xt, yt, sz(dim) * sizeof(float));
+    }
+    s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
+    // SqueezeAttention's signal goes to the cache before the layer's step closes; then the cache
+    // gets this step's attention probabilities and applies its budget.
+    laps.mark(times_.other);
+    cache.observe_layer_similarity(l, cos_sum / static_cast<double>(S));
+    cache.layer(l).end_step(&probs);
+    laps.mark(times_.cache);
+
+    // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
+    for (std::int64_t t = 0; t < S; ++t)
+      ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
+    laps.mark(times_.other);
+    const MatmulOut gate_up[] = {{s_.hb.data(), &lw.w_gate}, {s_.hb2.data(), &lw.w_up}};
+    matmul_fused(gate_up, xb, S);
+    laps.mark(times_.matmul);
+    ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
+    laps.mark(times_.other);
+    matmul(xb, s_.hb.data(), lw.w_down, S);
+    laps.mark(times_.matmul);
+    for (std::int64_t i = 0; i < S * dim; ++i) x[i] += xb[i];
+  }
+
+  // Final norm and classifier, for every token or only the last.
+  const std::int64_t first = which == Logits::kAll ? 0 : S - 1;
+  for (std::int64_t t = first; t < S; ++t)
+    ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+  laps.mark(times_.other);
+  matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first);
+  laps.mark(times_.matmul);
+  if (timing_) ++times_.steps;
+  return s_.logits.data();
+}
+
+}  // namespace vq::engine

@@ -1,0 +1,115 @@
+// The Llama forward pass over a compressed KV cache, llama2.c style: read top to bottom.
+//
+//   x = embedding[token]
+//   per layer l:
+//     xb = rmsnorm(x) ; q, k, v = xb Wq, xb Wk, xb Wv ; RoPE(q, k) at each token's position
+//     view = cache[l].begin_step(k, v)           // kept rows + the step's new rows
+//     attention of every query over the view's rows, masked by position (row pos <= query pos)
+//     cache[l].end_step(&probs)                  // the probabilities go back to the cache
+//     x += (attention output) Wo                 // layer_cosine[l] = cos(x before, x after)
+//     x += W2 (silu(rmsnorm(x) W1) * rmsnorm(x) W3)
+//   logits = rmsnorm(x) Wcls
+//
+// A forward step takes S tokens (a prefill chunk, or S = 1 when decoding) as one cache step:
+// matmuls run over S rows and each token attends to the kept rows and to the new rows at or
+// before its own position. Everything is preallocated in RunState; the forward allocates
+// nothing (the cache manages its own storage). Matmuls are threaded over output rows and
+// attention over KV heads (engine/parallel.h); each output element is computed by one thread
+// in a fixed order, so the same tokens and cache give bit-identical logits for every thread
+// count, and for a cache that keeps every row a chunk of S tokens gives the same logits as S
+// single steps.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "veloxquant/builder.h"
+
+namespace vq::engine {
+
+// The cache shape a model needs (one cache per layer, Hkv heads of head_dim, Hq queries).
+ModelShape model_shape(const ModelConfig& config);
+
+// Preallocated activations for steps of up to `max_chunk` tokens (S below) over at most
+// `max_rows` cached rows (R below; the positions a run uses, at most seq_len).
+struct RunState {
+  std::int64_t max_chunk = 0;  // S: the most tokens one forward step takes
+  std::int64_t max_rows = 0;   // R: the most rows a layer's view can hold (the context)
+
+  std::vector<float> x;             // [S][dim]         residual stream
+  std::vector<float> xb;            // [S][dim]         normed block input; scratch
+  std::vector<float> xb2;           // [S][dim]         attention output projected by Wo
+  std::vector<float> q;             // [S][Hq * D]      queries, RoPE applied
+  std::vector<float> k;             // [S][Hkv * D]     the step's keys, RoPE applied (to the cache)
+  std::vector<float> v;             // [S][Hkv * D]     the step's values (to the cache)
+  std::vector<float> att_out;       // [S][Hq * D]      attention-weighted values per query head
+  std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
+  std::vector<float> row;           // [Hkv][D]         per KV head: a cached row as fp32
+  std::vector<float> sums;          // [Hkv][S][G][4][D] attention_values' partial sums
+  // A packed (quantized) head's keys and values, dequantized kPackedBlock rows at a time (a
+  // block small enough to stay in cache): per KV head (each head is read by one thread)
+  // [Hkv][kPackedBlock * D]; empty until a quantized cache is read.
+  static constexpr std::int64_t kPackedBlock = 256;  // rows; a multiple of 4
+  std::vector<std::vector<float>> packed_k, packed_v;
+  std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
+  std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
+  std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)
+  std::vector<float> layer_cosine;  // [n_layers] cos(hidden entering layer l, hidden after its
+                                    // attention residual add), mean over the step's tokens
+  std::vector<float> rope_cos;      // [R][D / 2] cos(pos * theta^(-2i/D))
+  std::vector<float> rope_sin;      // [R][D / 2] sin(pos * theta^(-2i/D))
+
+  // max_rows = 0: the model's seq_len. Throws Error(kInvalidArgument) for max_chunk outside
+  // [1, max_rows] or max_rows outside [1, seq_len].
+  RunState(const ModelConfig& config, std::int64_t max_chunk, std::int64_t max_rows = 0);
+};
+
+enum class Logits {
+  kAll,   // logits for every token of the step: RunState::logits [S][vocab]
+  kLast,  // only the last token's: RunState::logits [vocab]
+};
+
+// Wall time of forward steps by kind (seconds, summed since reset_times()), when timing is on.
+struct StepTimes {
+  double matmul = 0;     // weight matrices: projections, feed-forward, classifier
+  double attention = 0;  // RoPE, scores, softmax, weighted values
+  double cache = 0;      // inside the cache: begin_step, end_step (scoring, eviction, merging,
+                         // quantization) and the layer-similarity signal
+  double other = 0;      // embedding, norms, residual adds, SwiGLU
+  std::int64_t steps = 0;
+  double total() const noexcept { return matmul + attention + cache + other; }
+};
+
+class Transformer {
+ public:
+  // The model must outlive the transformer. Steps take at most `max_chunk` tokens; positions
+  // stay below `max_rows` (0: the model's seq_len), which sizes the attention and RoPE buffers.
+  explicit Transformer(const Model& model, std::int64_t max_chunk = 1, std::int64_t max_rows = 0);
+
+  // Runs tokens[0..S) at positions cache.tokens_seen() .. + S - 1 through the model as one
+  // cache step per layer and returns the logits (see Logits). Throws Error(kInvalidArgument)
+  // for S outside [1, max_chunk], a token outside the vocabulary, positions past seq_len or a
+  // cache whose shape does not fit the model.
+  const float* forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
+                       Logits which = Logits::kAll);
+
+  const RunState& state() const noexcept { return s_; }
+  // Timing of forward steps (off by default; a clock read per phase when on).
+  void set_timing(bool on) noexcept { timing_ = on; }
+  const StepTimes& times() const noexcept { return times_; }
+  void reset_times() noexcept { times_ = StepTimes{}; }
+  const Model& model() const noexcept { return *model_; }
+
+ private:
+  // Runs the layer's attention over the cache's view (the cache step stays open) and returns
+  // the probabilities [B=1, Hq, S, R], valid until the next call; forward() closes the step.
+  AttentionRef attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache);
+
+  const Model* model_;
+  RunState s_;
+  bool timing_ = false;
+  StepTimes times_;
+};
+
+}  // namespace vq::engine

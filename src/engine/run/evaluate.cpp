@@ -1,0 +1,132 @@
+#include "engine/run/evaluate.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "engine/model/transformer.h"
+#include "engine/model/weights_check.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/errors.h"
+
+namespace vq::engine {
+
+double log_sum_exp(const float* x, std::int64_t n) noexcept {
+  double m = -INFINITY;
+  for (std::int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  double s = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
+  return m + std::log(s);
+}
+
+namespace {
+
+std::int32_t argmax(const float* x, std::int64_t n) {
+  std::int64_t best = 0;
+  for (std::int64_t i = 1; i < n; ++i) best = x[i] > x[best] ? i : best;
+  return static_cast<std::int32_t>(best);
+}
+
+// KL(p || q) for the softmaxes of logits a (p) and b (q), in double.
+double kl_divergence(const float* a, const float* b, std::int64_t n) {
+  const double lse_a = log_sum_exp(a, n), lse_b = log_sum_exp(b, n);
+  double kl = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double lpa = static_cast<double>(a[i]) - lse_a;
+    const double lpb = static_cast<double>(b[i]) - lse_b;
+    kl += std::exp(lpa) * (lpa - lpb);
+  }
+  return kl;
+}
+
+}  // namespace
+
+ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens,
+                     const CacheConfig& method, const ForcedOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config();
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[eval] " + msg);
+  };
+  if (T < 2) bad("need at least 2 tokens (one prediction), got " + std::to_string(T));
+  if (T > c.seq_len) {
+    bad(std::to_string(T) + " tokens exceed the model's context (seq_len " +
+        std::to_string(c.seq_len) + ")");
+  }
+  if (o.prefill < 0 || o.prefill > T - 1) {
+    bad("prefill must be in [0, " + std::to_string(T - 1) + "] (tokens - 1), got " +
+        std::to_string(o.prefill));
+  }
+  const std::int64_t P = T - 1, V = c.vocab_size;
+  if (o.reference != nullptr && static_cast<std::int64_t>(o.reference->logits.size()) != P * V) {
+    bad("the reference run kept no logits for these " + std::to_string(T) + " tokens");
+  }
+  const std::int64_t chunk = o.prefill >= 2 ? o.prefill : 1;
+
+  ForcedRun run;
+  run.nll.resize(static_cast<std::size_t>(P));
+  run.top1.resize(static_cast<std::size_t>(P));
+  if (o.reference != nullptr) run.kl.resize(static_cast<std::size_t>(P));
+  if (o.keep_logits) run.logits.resize(static_cast<std::size_t>(P * V));
+
+  Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
+  ModelCache cache = KVCacheBuilder::for_model(method, model_shape(c));
+  double kept_weighted = 0.0;
+  std::int64_t t = 0;
+  while (t < P) {
+    const std::int64_t S = t == 0 ? chunk : 1;
+    const auto start = clock::now();
+    const float* logits = tf.forward(tokens.data() + t, S, cache, Logits::kAll);
+    run.seconds += std::chrono::duration<double>(clock::now() - start).count();
+    for (std::int64_t s = 0; s < S; ++s) {
+      const std::int64_t pos = t + s;
+      const float* row = logits + s * V;
+      const auto i = static_cast<std::size_t>(pos);
+      if (!all_finite(row, V)) {
+        check_finite(row, V,
+                     "[evaluate] " + method.spec() + ": logits at position " + std::to_string(pos));
+      }
+      run.nll[i] = log_sum_exp(row, V) - static_cast<double>(row[tokens[i + 1]]);
+      run.top1[i] = argmax(row, V);
+      if (o.reference != nullptr)
+        run.kl[i] = kl_divergence(o.reference->logits.data() + pos * V, row, V);
+      if (o.keep_logits) std::copy(row, row + V, run.logits.begin() + pos * V);
+    }
+    // Rows held per KV head per layer after this step, weighted by its predictions.
+    double rows = 0.0;
+    for (std::int64_t l = 0; l < c.n_layers; ++l) {
+      for (std::int64_t h = 0; h < c.n_kv_heads; ++h)
+        rows += static_cast<double>(cache.layer(l).stored(0, h).n_rows);
+    }
+    kept_weighted += rows / static_cast<double>(c.n_layers * c.n_kv_heads) * static_cast<double>(S);
+    t += S;
+    if (o.progress) o.progress(t, P);
+  }
+  run.n_forward = P;
+  run.kept_tokens_mean = kept_weighted / static_cast<double>(P);
+  run.cache = cache.stats();
+  return run;
+}
+
+ForcedSummary summarize(const ForcedRun& run, const ForcedRun* reference) {
+  ForcedSummary s;
+  s.n_predictions = static_cast<std::int64_t>(run.nll.size());
+  if (s.n_predictions == 0) return s;
+  double nll = 0.0, kl = 0.0;
+  std::int64_t agree = 0;
+  for (std::size_t i = 0; i < run.nll.size(); ++i) {
+    nll += run.nll[i];
+    if (!run.kl.empty()) kl += run.kl[i];
+    if (reference != nullptr && i < reference->top1.size() && reference->top1[i] == run.top1[i])
+      ++agree;
+  }
+  const auto n = static_cast<double>(s.n_predictions);
+  s.nll_mean = nll / n;
+  s.ppl = std::exp(s.nll_mean);
+  s.kl_mean = run.kl.empty() ? 0.0 : kl / n;
+  s.top1_agreement = reference == nullptr ? 1.0 : static_cast<double>(agree) / n;
+  return s;
+}
+
+}  // namespace vq::engine

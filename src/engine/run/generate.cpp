@@ -1,0 +1,93 @@
+#include "engine/run/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/run/sampler.h"
+#include "engine/model/transformer.h"
+#include "engine/model/weights_check.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/errors.h"
+
+namespace vq::engine {
+
+GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const GenerateOptions& o,
+                        const std::function<void(const std::string&)>& on_text) {
+  using clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config();
+  if (o.steps < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[generate] steps must be >= 0, got " + std::to_string(o.steps));
+  }
+  const std::int64_t steps = o.steps == 0 || o.steps > c.seq_len ? c.seq_len : o.steps;  // as run.c
+  std::vector<std::int32_t> prompt = tokenizer.encode(o.prompt, true);
+  if (prompt.empty()) {
+    if (c.bos_id < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[generate] the prompt is empty and the model names no BOS token to start from");
+    }
+    prompt.push_back(c.bos_id);
+  }
+  const std::int32_t stop = c.format == "llama2c" ? 1 : c.eos_id;
+  Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.seed);
+  ModelCache cache = KVCacheBuilder::for_model(o.method, model_shape(c));
+
+  GenerateResult res;
+  res.n_prompt = static_cast<std::int64_t>(prompt.size());
+  res.ids.push_back(prompt[0]);
+  auto emit = [&](std::int32_t prev, std::int32_t next) {
+    const std::string p = tokenizer.piece(prev, next);
+    res.text += p;
+    if (on_text && !p.empty()) on_text(p);
+  };
+
+  // Prefill: positions 0 .. chunk-1 in one step. Each position's successor is the next prompt
+  // token (forced) while there is one; the last position's is sampled.
+  const std::int64_t chunk = std::min<std::int64_t>(res.n_prompt, steps);
+  // Buffers sized by this run (steps positions), not by the model's trained context.
+  Transformer tf(model, std::max<std::int64_t>(1, chunk), steps);
+  auto t0 = clock::now();
+  std::vector<float> work(static_cast<std::size_t>(c.vocab_size));  // the sampler scales in place
+  auto sample = [&](const float* logits) {
+    if (!all_finite(logits, c.vocab_size)) {
+      check_finite(logits, c.vocab_size,
+                   "[generate] logits after position " + std::to_string(res.ids.size() - 1));
+    }
+    std::copy(logits, logits + c.vocab_size, work.begin());
+    return sampler.sample(work.data());
+  };
+  const float* logits = tf.forward(prompt.data(), chunk, cache, Logits::kLast);
+  std::int64_t pos = chunk;
+  std::int32_t token = prompt[0];
+  // Takes the next token: false at the stop token, else prints it and makes it current.
+  auto take = [&](std::int32_t next) {
+    if (next == stop) {
+      res.stopped = true;
+      return false;
+    }
+    emit(token, next);
+    res.ids.push_back(next);
+    token = next;
+    return true;
+  };
+  for (std::int64_t p = 0; p < chunk; ++p) {
+    const std::int32_t next =
+        p < res.n_prompt - 1 ? prompt[static_cast<std::size_t>(p + 1)] : sample(logits);
+    if (!take(next)) break;
+  }
+  res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+
+  // Decode: one token per step.
+  t0 = clock::now();
+  while (!res.stopped && pos < steps) {
+    logits = tf.forward(&token, 1, cache, Logits::kLast);
+    ++pos;
+    ++res.n_decode;
+    if (!take(sample(logits))) break;
+  }
+  res.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  res.cache = cache.stats();
+  return res;
+}
+
+}  // namespace vq::engine

@@ -1,0 +1,44 @@
+// Text generation with llama2.c run.c's loop: the prompt (BOS first) is forced, then tokens
+// are sampled until `steps` positions have run or a stop token comes (BOS for llama2.c
+// checkpoints, as run.c; the configured EOS for Hugging Face ones). The prompt runs as one
+// prefill step through the cache; each generated token is one decode step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "veloxquant/cache.h"
+#include "veloxquant/config.h"
+
+namespace vq::engine {
+
+struct GenerateOptions {
+  std::string prompt;        // "" = BOS only (run.c without -i)
+  std::int64_t steps = 256;  // positions to run, prompt included (run.c -n); 0 = seq_len
+  float temperature = 0.0f;  // 0 = argmax
+  float top_p = 0.9f;        // nucleus sampling when in (0, 1)
+  std::uint64_t seed = 42;   // xorshift state (run.c -s); must be nonzero
+  CacheConfig method = CacheConfig("full");
+};
+
+struct GenerateResult {
+  std::vector<std::int32_t> ids;  // the prompt's tokens (BOS first) and the generated ones
+  std::string text;               // everything printed (the prompt's pieces included)
+  std::int64_t n_prompt = 0;      // prompt tokens, BOS included
+  std::int64_t n_decode = 0;      // decode forward steps
+  double prefill_seconds = 0;     // the prompt's forward step (+ first sample)
+  double decode_seconds = 0;      // the decode steps (forward + sampling)
+  bool stopped = false;           // a stop token ended generation before `steps`
+  CacheStats cache;               // at the end
+};
+
+// `on_text` receives each piece as it is produced (for streaming to stdout).
+GenerateResult generate(const Model& model, const Tokenizer& tokenizer,
+                        const GenerateOptions& options,
+                        const std::function<void(const std::string&)>& on_text = {});
+
+}  // namespace vq::engine

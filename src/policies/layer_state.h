@@ -1,0 +1,62 @@
+// Internal state of one LayerCache: per (batch, kv head) storage plus the policy's per-row
+// arrays. Only LayerCache and the policies (src/policies) see this.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/rng.h"
+#include "store/store.h"
+#include "veloxquant/rows.h"
+#include "veloxquant/config.h"
+
+namespace vq::detail {
+
+struct HeadState {
+  std::unique_ptr<RowStore> store;  // physical rows
+  // During end_step: the physical rows still alive, in order. Empty between steps (then the
+  // store's rows are the live rows, in order).
+  std::vector<std::int64_t> live;
+  // Policy-defined per-row values, parallel to `live` during a step and to the store's rows
+  // between steps (e.g. H2O's cumulative mass, Keyformer's frozen noise).
+  std::vector<float> score;
+  std::vector<float> aux;
+  // Optional per-row history of `hist_stride` floats (MorphKV's attention of the last W
+  // queries), parallel to score/aux; empty when hist_stride is 0.
+  std::vector<float> hist;
+  std::int64_t hist_stride = 0;
+  // Rows this head kept before the open step: its view rows are these followed by the step's
+  // new rows, so the step's new token j is physical row prev + j. Heads differ with head-wise
+  // budgets (headwise=true); otherwise every head has st.step_prev.
+  std::int64_t prev = 0;
+  std::uint64_t draws = 0;  // RNG draw counter of this (b, kv head)
+  std::int64_t evictions = 0;  // rows removed since reset (merged or dropped)
+  std::int64_t merges = 0;     // of those, rows merged into a survivor
+};
+
+struct LayerState {
+  CacheConfig config;
+  LayerShape shape;
+  std::int64_t batch = 0;
+  bool shaped = false;  // batch, heads and head_dim fixed
+  std::int64_t tokens_seen = 0;
+  std::vector<HeadState> heads;    // [batch * n_kv_heads]
+  std::vector<CounterRng> rngs;    // [n_kv_heads], keyed by (seed, layer, kv head)
+  std::vector<HeadRows> view_rows;  // [batch * n_kv_heads], what begin_step hands out
+  bool step_open = false;
+  // The most rows any head kept before the open step's new rows (R - S; each head's own count
+  // is HeadState::prev, equal for every head unless budgets are head-wise).
+  std::int64_t step_prev = 0;
+  std::int64_t step_new = 0;   // S of the open step
+  // The attention probabilities handed to end_step ([B, Hq, S, R], R = step_prev + step_new),
+  // null when none were; valid only during end_step.
+  const AttentionRef* attention = nullptr;
+  // source=auto was resolved by a step of this cache (reset() clears it).
+  bool source_resolved = false;
+
+  std::int64_t n_heads_total() const noexcept { return static_cast<std::int64_t>(heads.size()); }
+  std::int64_t kv_head_of(std::int64_t index) const noexcept { return index % shape.n_kv_heads; }
+};
+
+}  // namespace vq::detail

@@ -1,0 +1,104 @@
+// Row storage for one (batch, kv head): keys, values and true positions, in order.
+// Policies decide; only the cache (through this interface) mutates storage. The stores know no
+// method: which store a config gets is chosen by the methods layer (policies/storage.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "veloxquant/rows.h"
+#include "veloxquant/types.h"
+
+namespace vq::detail {
+
+// Read access to the rows: keys/values are [n_rows][stride] elements of dtype, or, when
+// `packed` is set (a quantizing store), null: the rows are then read through `packed`
+// (load_key / load_value, or RowStore::read_key / read_value).
+struct RowsRef {
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  const std::int32_t* positions = nullptr;
+  DType dtype = DType::kF16;
+  std::int64_t n_rows = 0;
+  std::int64_t stride = 0;
+  const PackedRows* packed = nullptr;
+
+  const void* key(std::int64_t i) const noexcept {
+    return static_cast<const char*>(keys) + i * stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+  const void* value(std::int64_t i) const noexcept {
+    return static_cast<const char*>(values) +
+           i * stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+  // Row i's key as fp32 (out: [stride]), plain or packed.
+  void load_key(std::int64_t i, float* out) const noexcept;
+};
+
+class RowStore {
+ public:
+  virtual ~RowStore() = default;
+  virtual std::int64_t size() const noexcept = 0;
+  // Appends the S = k.tokens() rows of (b, h), with positions first_pos, first_pos + 1, ...
+  virtual void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
+                      std::int32_t first_pos) = 0;
+  // All rows in physical order, readable until the next mutating call (packed rows: through
+  // RowsRef::packed, dequantized on the fly).
+  virtual RowsRef rows() const noexcept = 0;
+  virtual void read_key(std::int64_t i, float* out) const noexcept = 0;
+  virtual void read_value(std::int64_t i, float* out) const noexcept = 0;
+  virtual void write_key(std::int64_t i, const float* in) noexcept = 0;
+  virtual void write_value(std::int64_t i, const float* in) noexcept = 0;
+  virtual void set_position(std::int64_t i, std::int32_t pos) noexcept = 0;
+  // Keeps rows idx[0..n) (strictly increasing physical indices), in that order.
+  virtual void keep(const std::int64_t* idx, std::int64_t n) = 0;
+  // Called by the eviction loop after each token's decisions with the rows still alive (in
+  // order). Physical indices stay valid. Quantizing stores quantize here (so a chunk of tokens
+  // sees the same values as tokens fed one at a time); plain stores do nothing.
+  virtual void settle(const std::int64_t* /*live*/, std::int64_t /*n*/) {}
+  // Whether settle() does anything (plain stores: no).
+  virtual bool quantizing() const noexcept { return false; }
+
+  // Mixed precision (demote=, see mixed_store.cpp). A demoting store holds, between steps, the
+  // method's rows followed by n_demoted() low-bit rows (the method's live rows are the first
+  // size() - n_demoted() of the stored rows, and a step's new rows follow the demoted ones).
+  // demote(i, score) moves fp16 row i to the low-bit tier at the next keep() instead of
+  // dropping it (the caller removes it from its live rows as for an eviction); `score` is the
+  // method's score for it, which ranks the tier when it overflows its cap.
+  virtual bool demotes() const noexcept { return false; }
+  virtual void demote(std::int64_t /*i*/, float /*score*/) {}
+  virtual std::int64_t n_demoted() const noexcept { return 0; }
+  // The score demoted row k (0 = the first demoted row) was demoted with.
+  virtual float demoted_score(std::int64_t /*k*/) const noexcept { return 0.0f; }
+  // Rows the store dropped on its own since clear() (a demoting store: its tier's overflow).
+  virtual std::int64_t dropped() const noexcept { return 0; }
+  // settle() then keep() with every row alive (a policy that keeps all rows). The default builds
+  // the row list; a store may do it without one, so the step costs nothing per row held.
+  virtual void settle_keep_all();
+  virtual void clear() noexcept = 0;
+  // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
+  virtual std::int64_t bytes() const noexcept = 0;
+  // Bytes reserved for the payload (capacities of its containers, >= bytes()).
+  virtual std::int64_t allocated_bytes() const noexcept = 0;
+  // Every byte the store keeps between steps, by container capacity: the payload plus the
+  // positions and any per-row bookkeeping (>= allocated_bytes()). No store keeps a copy of its
+  // rows besides the payload.
+  virtual std::int64_t resident_bytes() const noexcept = 0;
+};
+
+// Plain rows of `storage` dtype (fp16 or fp32).
+std::unique_ptr<RowStore> make_plain_store(DType storage, std::int64_t head_dim);
+
+// KIVI: keys quantized per channel in groups of `group_size` tokens, values per token in
+// groups of `group_size` channels, asymmetric `bits`-bit codes (2 or 4) packed into bytes, the
+// newest rows kept unquantized in `tail` dtype (see kivi_store.cpp).
+std::unique_ptr<RowStore> make_kivi_store(int bits, std::int64_t group_size,
+                                          std::int64_t residual_length, DType tail,
+                                          std::int64_t head_dim);
+
+// Mixed precision: rows in `fp16_dtype` (kv_dtype) plus a tier of at most `cap` demoted rows
+// quantized per token to `bits` (2 or 4) in groups of `group_size` channels (see
+// mixed_store.cpp).
+std::unique_ptr<RowStore> make_mixed_store(int bits, std::int64_t group_size, std::int64_t cap,
+                                           DType fp16_dtype, std::int64_t head_dim);
+
+}  // namespace vq::detail
