@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The main job on a fresh Debian machine: installs what is missing, builds, then evaluates every
+# The main job on a fresh Debian machine: installs what is missing, builds the command-line tool
+# (only that target: the tests, benchmarks and Python module are scripts/test.sh's; both configure
+# build/ alike, so test.sh reuses these objects), then evaluates every
 # registered KV-cache method on a real trained model as it would be used: stories260K
 # (data/stories260K.bin) reads the first 512 tokens of the TinyStories excerpt (data/), the first
 # 256 as one prefill (a long prompt: prefill-time methods such as snapkv compress it, and every
@@ -13,6 +15,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+scripts/build.sh --target veloxquant_cli
 build/veloxquant eval --model data/stories260K.bin --text data/tinystories_validation_excerpt.txt \
   --tokens 512 --prefill 256 --budget 32,64,128 --json results/eval/main.json --plot results/eval/main.svg "$@"

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # One command for the whole test suite on a fresh Debian machine: installs what is missing,
-# builds, runs every test. `scripts/test.sh --sanitize` does the same under AddressSanitizer +
-# UndefinedBehaviorSanitizer in build-asan/.
+# builds, runs every test. Configures build/ exactly as scripts/main.sh does (scripts/build.sh),
+# so after main.sh it compiles only the tests, benchmarks and bindings. `scripts/test.sh
+# --sanitize` does the same under AddressSanitizer + UndefinedBehaviorSanitizer in build-asan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 if [ "${1:-}" = "--sanitize" ]; then
   export VQ_BUILD_DIR=build-asan
   scripts/build.sh -DVELOXQUANT_SANITIZE=address,undefined -DVELOXQUANT_BUILD_BENCH=OFF \
-    -DVELOXQUANT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 else
   export VQ_BUILD_DIR=build
-  scripts/build.sh -DVELOXQUANT_WERROR=ON
+  scripts/build.sh
 fi
 cd "$VQ_BUILD_DIR"
 ctest --output-on-failure -j"$(nproc)"
