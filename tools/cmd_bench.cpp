@@ -1,6 +1,6 @@
 // `veloxquant bench ...`: benchmarks that write result files.
 //   bench perturb  the model-free perturbation benchmark (src/eval/perturb_bench.h)
-//   bench table    markdown tables of perturb result files (the README's tables)
+//   bench table    markdown tables of perturb result files (docs/benchmarks.md's tables)
 //   bench decode   decode speed at real model shapes and long contexts (src/eval/decode_bench.h)
 #include <fmt/format.h>
 
@@ -226,7 +226,9 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
       "positions (synthetic K/V, or --prefill-real), then time greedy decode steps through the "
       "real forward, split into weights, attention and cache work");
   decode->add_option("--shape", d->o.shape, "Named shape with random weights (make-model --list)");
-  decode->add_option("--model", d->o.model_path, "Or a checkpoint (llama2.c .bin or HF directory)");
+  decode->add_option("--model", d->o.model_path,
+                     "Or a checkpoint: a llama2.c .bin, a Hugging Face directory / "
+                     "model.safetensors, or a GGUF file");
   decode->add_option("--layers", d->o.layers, "Shape: layers to build (0 = the shape's default)")
       ->capture_default_str();
   decode->add_option("--weights", d->weights, "Shape: weight type f32, f16, bf16 or q8_0")
@@ -257,7 +259,8 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
 
   auto files = std::make_shared<std::vector<std::string>>();
   auto* table = bench->add_subcommand(
-      "table", "Markdown tables of `bench perturb` result files (the README's tables)");
+      "table",
+      "Markdown tables of `bench perturb` result files (the tables in docs/benchmarks.md)");
   table->add_option("files", *files, "Result files (JSON) written by bench perturb")
       ->required()
       ->check(non_empty_path());

@@ -54,14 +54,16 @@ void add_convert_command(CLI::App& app) {
       "Write a llama2.c or Hugging Face Llama checkpoint, with its tokenizer, as a GGUF file "
       "(architecture llama) that llama.cpp and veloxquant can run");
   cmd->add_option("--from", o->from,
-                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors")
+                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
+                  "(a GGUF file is refused: it is GGUF already)")
       ->required();
   cmd->add_option("--to", o->to, "Output FILE.gguf (written atomically)")->required();
   cmd->add_option("--type", o->type,
                   "Storage of the 2-D weights: f32, f16, bf16 or q8_0 (norms stay f32)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model");
+                  "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model "
+                  "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)");
   cmd->callback([o]() { run_convert(*o); });
 }
 

@@ -107,11 +107,14 @@ void add_eval_command(CLI::App& app) {
       "KL(full || method), top-1 agreement with the full cache, kept tokens and bytes, and time "
       "per token");
   cmd->add_option("--model", o->eval.model,
-                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors")
+                  "Checkpoint: a llama2.c .bin, a Hugging Face directory / model.safetensors "
+                  "(config.json beside it), or a GGUF file (.gguf, or a file starting with GGUF)")
       ->required()
       ->check(non_empty_path());
   cmd->add_option("--tokenizer", o->eval.tokenizer,
-                  "tokenizer.bin or tokenizer.json (default: next to the model)")
+                  "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
+                  "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
+                  "or a GGUF model's own")
       ->check(non_empty_path());
   cmd->add_option("--text", o->eval.text, "UTF-8 text file to read (at most 64 MiB)")
       ->required()
@@ -148,7 +151,9 @@ void add_eval_command(CLI::App& app) {
   add_q8_activations_option(cmd);
   cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval) here")
       ->check(non_empty_path());
-  cmd->add_option("--plot", o->plot, "Write an SVG plot of perplexity and KL against the budget")
+  cmd->add_option("--plot", o->plot,
+                  "Write an SVG plot of perplexity and KL against the budget (with --ratio: the "
+                  "ratio reached)")
       ->check(non_empty_path());
   add_max_memory_option(*cmd, o->max_memory);
   cmd->add_option("--per-token", o->per_token,

@@ -74,16 +74,18 @@ void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateCliOptions>();
   auto* cmd = app.add_subcommand(
       "generate",
-      "Generate text from a llama2.c or Hugging Face Llama checkpoint through a compressed KV "
-      "cache (llama2.c run.c's sampler: temperature, top-p, xorshift seed)");
+      "Generate text from a Llama-architecture checkpoint (llama2.c, Hugging Face safetensors or "
+      "GGUF) through a compressed KV cache (llama2.c run.c's sampler: temperature, top-p, "
+      "xorshift seed)");
   cmd->add_option("--model", o->model,
-                  "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
-                  "(config.json beside it)")
+                  "Checkpoint: a llama2.c .bin, a Hugging Face directory / model.safetensors "
+                  "(config.json beside it), or a GGUF file (.gguf, or a file starting with GGUF)")
       ->required()
       ->check(non_empty_path());
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "tokenizer.bin (llama2.c) or tokenizer.json (HF); default: next to the model "
-                  "(tok<vocab>.bin or tokenizer.bin; tokenizer.json)")
+                  "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
+                  "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
+                  "or a GGUF model's own")
       ->check(non_empty_path());
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
   cmd->add_option("--steps", o->steps,
