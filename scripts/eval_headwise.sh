@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Head-wise budgets (README "Head-wise budgets") in the main job's scenario (scripts/main.sh):
+# Head-wise budgets (docs/methods.md "Head-wise budgets") in the main job's scenario (scripts/main.sh):
 # stories260K reads the first 512 tokens of the TinyStories excerpt, 256 as one prefill, then
 # 255 scored decode predictions; every method that has the option, with uniform budgets and
 # with headwise=true (default floor 0.2), at budgets 32 and 64, against the full cache.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixed precision (demote=, README "Composition") against fp16 eviction at equal bytes, in the
+# Mixed precision (demote=, docs/methods.md "Composition") against fp16 eviction at equal bytes, in the
 # main job's scenario: stories260K reads the first 512 tokens of the TinyStories excerpt, the
 # first 256 as one prefill, then 255 decoded predictions. Every method with a token budget runs
 # with demote=kivi4 and demote=kivi2 at budgets 32 and 64 (demote_budget = the budget), and in

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The committed evaluation sweep (results/eval/): stories260K on the first 512 tokens of the
 # TinyStories and WikiText-2 excerpts (data/), every registered method with its defaults plus
-# the variants the README discusses, at budgets 32, 64, 128 and 256 rows per KV head; each
+# the variants docs/benchmarks.md discusses, at budgets 32, 64, 128 and 256 rows per KV head; each
 # attention-scored method twice: with its default source=auto, which the engine's probabilities
 # resolve to true attention, and with the key-as-query proxy (source=proxy). A third run reads TinyStories after a 256-token prefill, where
 # prefill-time methods (snapkv) compress and every method makes its prefill decision; its

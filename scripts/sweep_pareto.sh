@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The quality-per-byte sweep (README "Results", issue 13): every configuration below at the
-# compression ratios in RATIOS (in bytes: full fp16 bytes / kept bytes at the end of the text,
-# `veloxquant eval --ratio`), on each model and text, in the main job's scenario (the first 512
-# tokens, the first 256 as one prefill, then 255 decoded predictions scored). Writes
+# The quality-per-byte sweep (docs/benchmarks.md "Quality per byte", issue 13): every
+# configuration below at the compression ratios in RATIOS (in bytes: full fp16 bytes / kept
+# bytes at the end of the text, `veloxquant eval --ratio`), on each model and text, in the main
+# job's scenario (the first 512 tokens, the first 256 as one prefill, then 255 decoded
+# predictions scored). Writes
 # results/eval/pareto_<model>_<text>.{json,svg,txt} (docs/results.md, "Equal-memory mode").
 #
 # Models: stories260K (data/) and TinyStories-656K (../shared/data/models/tinystories-656K, or

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The perturbation benchmark sweep (README "Perturbation benchmark"): runs `veloxquant bench
-# perturb` for every registered method and writes results/perturb/<geometry>.json and .svg,
-# then rewrites the README's perturbation tables from those files (`veloxquant bench table`).
+# The perturbation benchmark sweep (docs/benchmarks.md "Perturbation benchmark"): runs
+# `veloxquant bench perturb` for every registered method and writes
+# results/perturb/<geometry>.json and .svg, then rewrites the perturbation tables of
+# docs/benchmarks.md from those files (`veloxquant bench table`).
 #
-#   scripts/sweep_perturb.sh                 builds, runs every sweep, refreshes the README
-#   scripts/sweep_perturb.sh --readme-only   only refreshes the README from the committed files
+#   scripts/sweep_perturb.sh                 builds, runs every sweep, refreshes the tables
+#   scripts/sweep_perturb.sh --tables-only   only refreshes the tables from the committed files
+#                                            (--readme-only, its former name, does the same)
 #   VQ_BIN=path/to/veloxquant scripts/sweep_perturb.sh   uses that binary instead of building
 #
 # Sweeps (seq 256,512,1024 x budget 64,128, 20 data seeds, 4 KV heads x 64, 32 probes, prefill):
@@ -22,8 +24,8 @@ cd "$(dirname "$0")/.."
 readme_only=false
 case "${1:-}" in
   "") ;;
-  --readme-only) readme_only=true ;;
-  *) echo "usage: scripts/sweep_perturb.sh [--readme-only]" >&2; exit 2 ;;
+  --tables-only | --readme-only) readme_only=true ;;
+  *) echo "usage: scripts/sweep_perturb.sh [--tables-only]" >&2; exit 2 ;;
 esac
 
 if [ -n "${VQ_BIN:-}" ]; then
@@ -111,8 +113,9 @@ if ! $readme_only; then
   echo "sweep: done in $(($(date +%s) - start)) s" >&2
 fi
 
-# The README block between the perturb markers is `bench table` of these files; the begin
-# marker names them so tests/cli_test.sh can check the block against them.
+# The block of docs/benchmarks.md between the perturb markers is `bench table` of these files;
+# the begin marker names them so tests/cli_test.sh can check the block against them.
+doc=docs/benchmarks.md
 files=()
 for g in spans shift stable planted; do
   [ -f "$out/$g.json" ] && files+=("$out/$g.json")
@@ -121,8 +124,8 @@ if [ ${#files[@]} -eq 0 ]; then
   echo "sweep: no result files in $out" >&2
   exit 1
 fi
-if ! grep -q '<!-- perturb:begin' README.md || ! grep -q '<!-- perturb:end -->' README.md; then
-  echo "sweep: README.md lacks the <!-- perturb:begin ... --> / <!-- perturb:end --> markers" >&2
+if ! grep -q '<!-- perturb:begin' "$doc" || ! grep -q '<!-- perturb:end -->' "$doc"; then
+  echo "sweep: $doc lacks the <!-- perturb:begin ... --> / <!-- perturb:end --> markers" >&2
   exit 1
 fi
 "$bin" bench table "${files[@]}" >"$tmp/table.md"
@@ -135,6 +138,6 @@ awk -v files="${files[*]}" -v table="$tmp/table.md" '
   }
   /<!-- perturb:end -->/ { skip = 0 }
   !skip { print }
-' README.md >"$tmp/README.md"
-cp "$tmp/README.md" README.md
-echo "sweep: README perturbation tables updated from ${files[*]}" >&2
+' "$doc" >"$tmp/doc.md"
+cp "$tmp/doc.md" "$doc"
+echo "sweep: $doc perturbation tables updated from ${files[*]}" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bad-input catalogue (README "Robustness"): one case per class of hostile or careless
+# The bad-input catalogue (docs/engine.md "Robustness"): one case per class of hostile or careless
 # input. Each case asserts the exit status, that stderr names the offending file or flag (and
 # what was expected), that no output file or directory appears, and that existing files (and
 # device nodes, FIFOs, symlinks) are left exactly as they were.

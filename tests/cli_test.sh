@@ -144,16 +144,16 @@ check "bench table missing" 2 "'$tmp/none.json': cannot open: No such file" -- "
 echo '{"schema": "veloxquant.results/1", "kind": "eval", "rows": []}' >"$tmp/eval.json"
 check "bench table not perturb" 2 "not a perturb result document" -- "$bin" bench table "$tmp/eval.json"
 
-# The README's perturbation tables are the committed result files'.
+# The perturbation tables of docs/benchmarks.md are the committed result files'.
 if ls "$root"/results/perturb/*.json >/dev/null 2>&1; then
-  files=$(awk '/<!-- perturb:begin/{print; exit}' "$root/README.md" | sed -E 's/.*files: (.*) -->/\1/')
+  files=$(awk '/<!-- perturb:begin/{print; exit}' "$root/docs/benchmarks.md" | sed -E 's/.*files: (.*) -->/\1/')
   # shellcheck disable=SC2086
   (cd "$root" && "$bin" bench table $files) >"$tmp/perturb_table"
-  awk '/<!-- perturb:begin/{on=1; next} /<!-- perturb:end -->/{on=0} on' "$root/README.md" >"$tmp/readme_perturb"
+  awk '/<!-- perturb:begin/{on=1; next} /<!-- perturb:end -->/{on=0} on' "$root/docs/benchmarks.md" >"$tmp/readme_perturb"
   if [ -n "$files" ] && diff -u "$tmp/perturb_table" "$tmp/readme_perturb" >"$tmp/diff"; then
     passes=$((passes + 1))
   else
-    echo "FAIL README perturbation tables differ from results/perturb (run scripts/sweep_perturb.sh --readme-only):"
+    echo "FAIL docs/benchmarks.md perturbation tables differ from results/perturb (run scripts/sweep_perturb.sh --tables-only):"
     head -40 "$tmp/diff"; fails=$((fails + 1))
   fi
 fi

@@ -1,6 +1,6 @@
-// Hostile-input defences (README "Robustness"): output files committed together or not at all
-// and never over a non-regular file, JSON depth limits and short excerpts, overflow-safe sizes,
-// the memory-size flag and the memory guard, non-finite detection.
+// Hostile-input defences (docs/engine.md "Robustness"): output files committed together or not
+// at all and never over a non-regular file, JSON depth limits and short excerpts, overflow-safe
+// sizes, the memory-size flag and the memory guard, non-finite detection.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>

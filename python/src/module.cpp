@@ -1,5 +1,5 @@
 // The `veloxquant._core` extension module: the C++ library seen from Python (pybind11 + NumPy).
-// python/veloxquant/__init__.py re-exports it; README "From Python" documents the API.
+// python/veloxquant/__init__.py re-exports it; docs/api.md "From Python" documents the API.
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"

@@ -10,7 +10,7 @@ The C++ library through pybind11 (the extension module veloxquant._core):
   read-only NumPy views into cache storage, valid until end_step(attention=None).
 - Model, Tokenizer, generate(), run_forced(), eval(): the reference engine.
 
-See the README section "From Python".
+See docs/api.md, section "From Python".
 """
 
 from ._core import (  # noqa: F401
