@@ -1,4 +1,4 @@
-// The reference engine from Python: load a model (llama2.c or Hugging Face checkpoints, every
+// The reference engine from Python: load a model (llama2.c, Hugging Face or GGUF checkpoints, every
 // format engine/model.h reads), its tokenizer, generate text, evaluate cache methods
 // teacher-forced. Long calls release the GIL.
 #include <pybind11/numpy.h>
@@ -76,8 +76,8 @@ void bind_engine(py::module_& m) {
             return std::make_shared<Model>(Model::load(path));
           },
           py::arg("path"),
-          "Loads a llama2.c .bin, or a Hugging Face directory / model.safetensors / "
-          "config.json; raises Error(file_error) naming the file")
+          "Loads a llama2.c .bin, a Hugging Face directory / model.safetensors / "
+          "config.json, or a GGUF file; raises Error(file_error) naming the file")
       .def_property_readonly("config",
                              [](const Model& model) { return config_dict(model.config()); })
       .def_property_readonly("path", &Model::path)
@@ -93,8 +93,9 @@ void bind_engine(py::module_& m) {
             return engine::load_tokenizer(path, model);
           },
           py::arg("model"), py::arg("path") = "",
-          "Loads `path` (tokenizer.json or llama2.c tokenizer.bin; '' = the default next "
-          "to the model) and checks it fits the model")
+          "Loads `path` (tokenizer.json, llama2.c tokenizer.bin or a .gguf file's "
+          "vocabulary; '' = the default next to the model, or a GGUF model's own) and checks "
+          "it fits the model")
       .def("encode", &Tokenizer::encode, py::arg("text"), py::arg("add_special") = true)
       .def("decode", &Tokenizer::decode, py::arg("ids"))
       .def("token_text", &Tokenizer::token_text, py::arg("id"))
