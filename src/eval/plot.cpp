@@ -84,6 +84,12 @@ struct Axis {
   }
 };
 
+// An interval bar that can be drawn: finite ends, lo < hi, positive on a log axis.
+bool interval_drawable(const std::pair<double, double>& i, bool log) {
+  return std::isfinite(i.first) && std::isfinite(i.second) && i.first < i.second &&
+         (!log || i.first > 0);
+}
+
 Axis make_axis(double lo, double hi, bool log) {
   if (!(lo < hi)) {
     const double pad = lo == 0 ? 1.0 : std::fabs(lo) * 0.1;
@@ -112,7 +118,8 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
   std::vector<bool> label_dashed, label_highlight;
   for (const auto& p : panels) {
     for (const auto& s : p.series) {
-      if (s.x.size() != s.y.size() || (!s.y_err.empty() && s.y_err.size() != s.y.size())) {
+      if (s.x.size() != s.y.size() || (!s.y_err.empty() && s.y_err.size() != s.y.size()) ||
+          (!s.y_lo_hi.empty() && s.y_lo_hi.size() != s.y.size())) {
         throw Error(ErrorCode::kInvalidArgument,
                     "[plot] series '" + s.label + "' has mismatched x/y/err sizes");
       }
@@ -162,6 +169,10 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
         xhi = std::max(xhi, s.x[i]);
         ylo = std::min(ylo, p.log_y ? s.y[i] : s.y[i] - e);
         yhi = std::max(yhi, s.y[i] + e);
+        if (!s.y_lo_hi.empty() && interval_drawable(s.y_lo_hi[i], p.log_y)) {
+          ylo = std::min(ylo, s.y_lo_hi[i].first);
+          yhi = std::max(yhi, s.y_lo_hi[i].second);
+        }
       }
     }
     if (!std::isfinite(xlo)) {
@@ -207,6 +218,11 @@ std::string line_plot_svg(const std::string& title, const std::vector<Panel>& pa
         const double x = ax.map(s.x[i], x0, x1), y = ay.map(s.y[i], y0, y1);
         svg += "<circle cx=\"" + num(x) + "\" cy=\"" + num(y) + "\" r=\"" +
                (s.highlight ? "4.5" : "2.5") + "\" fill=\"" + color + "\"/>\n";
+        if (!s.y_lo_hi.empty() && interval_drawable(s.y_lo_hi[i], p.log_y)) {
+          svg += "<line x1=\"" + num(x) + "\" y1=\"" + num(ay.map(s.y_lo_hi[i].first, y0, y1)) +
+                 "\" x2=\"" + num(x) + "\" y2=\"" + num(ay.map(s.y_lo_hi[i].second, y0, y1)) +
+                 "\" stroke=\"" + color + "\"/>\n";
+        }
         if (!s.y_err.empty() && s.y_err[i] > 0 && !p.log_y) {
           svg += "<line x1=\"" + num(x) + "\" y1=\"" + num(ay.map(s.y[i] - s.y_err[i], y0, y1)) +
                  "\" x2=\"" + num(x) + "\" y2=\"" + num(ay.map(s.y[i] + s.y_err[i], y0, y1)) +
