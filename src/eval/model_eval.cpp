@@ -73,12 +73,57 @@ void check_options(const ModelEvalOptions& o) {
   check_window_options(o);
 }
 
-std::vector<CacheConfig> parse_methods(const ModelEvalOptions& o) {
+// The token budget a spec writes itself ("h2o:budget=16" or "h2o:h2o_budget=16"), if any.
+std::optional<std::int64_t> spec_budget(const std::string& spec, const CacheConfig& c) {
+  if (!has_token_budget(c)) return std::nullopt;
+  const MethodInfo& m = c.info();
+  const CacheConfig defaults(c.method());
+  CacheConfig probe = defaults;
+  m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
+  std::string field;
+  for (std::size_t i = 0; i < probe.fields().size(); ++i) {
+    if (probe.fields()[i].second != defaults.fields()[i].second) field = probe.fields()[i].first;
+  }
+  const std::size_t colon = spec.find(':');
+  std::size_t at = colon == std::string::npos ? spec.size() : colon + 1;
+  while (at < spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string key = spec.substr(at, spec.find('=', at) < comma ? spec.find('=', at) - at
+                                                                       : comma - at);
+    if (key == field || (!m.prefix.empty() && m.prefix + "_" + key == field))
+      return token_budget(c);
+    at = comma + 1;
+  }
+  return std::nullopt;
+}
+
+// Method specs parsed; a budget written in a spec pins that method's budget (see
+// ModelEvalOptions::budgets_given).
+std::vector<CacheConfig> parse_methods(const ModelEvalOptions& o,
+                                       std::vector<bool>& budget_written) {
   std::vector<CacheConfig> methods;
   if (o.methods.empty()) {
     for (const auto& id : method_ids()) methods.emplace_back(id);
   }
-  for (const auto& s : o.methods) methods.push_back(CacheConfig::parse(s));
+  budget_written.assign(methods.size(), false);
+  for (const auto& s : o.methods) {
+    methods.push_back(CacheConfig::parse(s));
+    const std::optional<std::int64_t> b = spec_budget(s, methods.back());
+    budget_written.push_back(b.has_value());
+    if (!b) continue;
+    if (!o.ratios.empty()) {
+      bad(fmt::format("--method '{}' writes its budget ({}) and --ratio sets every method's "
+                      "budget: leave the budget out of the spec, or drop --ratio",
+                      s, *b));
+    }
+    if (o.budgets_given && o.budgets != std::vector<std::int64_t>{*b}) {
+      std::string list;
+      for (const std::int64_t v : o.budgets) list += (list.empty() ? "" : ",") + std::to_string(v);
+      bad(fmt::format("--method '{}' writes budget {} but --budget {} asks for other budgets: "
+                      "give the budget in one place",
+                      s, *b, list));
+    }
+  }
   return methods;
 }
 
@@ -86,13 +131,15 @@ std::vector<CacheConfig> parse_methods(const ModelEvalOptions& o) {
 // is recorded in `skipped`); duplicates run once.
 std::vector<Planned> plan_budget_runs(const CacheConfig& reference,
                                       const std::vector<CacheConfig>& methods,
+                                      const std::vector<bool>& budget_written,
                                       const ModelEvalOptions& o,
                                       std::vector<ModelEvalSkip>& skipped) {
   std::vector<Planned> plan;
   plan.push_back({reference, short_spec(reference, false), true});
-  for (const CacheConfig& m : methods) {
+  for (std::size_t k = 0; k < methods.size(); ++k) {
+    const CacheConfig& m = methods[k];
     std::vector<CacheConfig> cells;
-    if (has_token_budget(m)) {
+    if (has_token_budget(m) && !budget_written[k]) {
       for (const std::int64_t b : o.budgets) {
         try {
           cells.push_back(with_token_budget(m, b));
@@ -509,9 +556,10 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   check_options(o);
   // Plan every run before loading anything, so bad specs fail fast.
   const CacheConfig reference = CacheConfig::parse(o.reference);
-  const std::vector<CacheConfig> methods = parse_methods(o);
+  std::vector<bool> budget_written;
+  const std::vector<CacheConfig> methods = parse_methods(o, budget_written);
   std::vector<Planned> plan;
-  if (o.ratios.empty()) plan = plan_budget_runs(reference, methods, o, res.skipped);
+  if (o.ratios.empty()) plan = plan_budget_runs(reference, methods, budget_written, o, res.skipped);
   if (!o.select_from.empty()) read_selection(o, res);
 
   const engine::Model model = engine::Model::load(o.model);

@@ -36,6 +36,10 @@ struct ModelEvalOptions {
   std::int64_t prefill = 0;            // the first N go in as one step (0 or 1: none)
   std::vector<std::string> methods;    // specs; empty = every registered method
   std::vector<std::int64_t> budgets = {32, 64, 128, 256};
+  // Whether `budgets` was written by the user (--budget) rather than left at its default. A
+  // budget written in a method spec ("h2o:budget=16") wins over the default list; a written
+  // list that says otherwise is an error naming both.
+  bool budgets_given = false;
   // Equal-memory mode (--ratio): when not empty, `budgets` is ignored and each method runs at
   // the setting that reaches each compression ratio in bytes (eval/ratio_solver.h): the budget
   // for methods with one, the bit width for methods without (the nearest ratio it reaches).
