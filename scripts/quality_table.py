@@ -6,7 +6,9 @@ For each result file (one model on the test part): per ratio, the configuration 
 dev part (selected_per_ratio), its perplexity change against the full cache on the test part with
 the 95% paired-bootstrap interval, the target (within 1% at 8x, 3% at 16x, 10% at 32x) and
 whether the interval's upper end meets it; then the best configuration on the test part itself
-and how many others are statistically indistinguishable from it (docs/quality.md).
+and how many others are statistically indistinguishable from it (docs/quality.md). A file
+without a selection (the dev part, WikiText-2) gets its best configuration per ratio with the
+interval, the closest by KL and the indistinguishable count.
 
 usage: scripts/quality_table.py RESULT.json...
 """
@@ -24,16 +26,43 @@ def ci(v):
     return f"[{v[0]:+.2f}, {v[1]:+.2f}]%"
 
 
+def full_ppl(doc):
+    ref = next(r for r in doc["rows"] if r["reference"])
+    return f"{ref['ppl']:.3f} [{ref['ci']['ppl'][0]:.3f}, {ref['ci']['ppl'][1]:.3f}]"
+
+
+def best_table(doc):
+    print("| ratio | best (lowest mean perplexity) | budget | ppl vs full (95% CI) | "
+          "indistinguishable | closest (lowest KL) | ppl vs full |")
+    print("| ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    closest = {c["ratio"]: c for c in doc["closest_per_ratio"]}
+    for b in doc["best_per_ratio"]:
+        r = b["ratio"]
+        if not b.get("series"):
+            print(f"| {r:g}x | (none reached it) | | | | | |")
+            continue
+        c = closest.get(r, {})
+        print(f"| {r:g}x | `{b['series']}` | {b['budget'] if b['budget'] is not None else '-'} | "
+              f"{pct(b['ppl_change_pct'])} {ci(b['ppl_change_pct_ci'])} | "
+              f"{len(b['indistinguishable'])} | `{c.get('series')}` | "
+              f"{pct(c['ppl_change_pct']) if c.get('series') else '-'} |")
+    print()
+
+
 def table(path):
     doc = json.load(open(path))
     s = doc["settings"]
-    if "selected_per_ratio" not in doc or "windows" not in s:
-        sys.exit(f"{path}: not a windowed eval result with --select-from")
+    if "windows" not in s:
+        sys.exit(f"{path}: not a windowed eval result (eval --windows)")
     model = s["model"].rstrip("/").split("/")[-1]
+    chosen = (f", chosen on `{s['selected_on_text']}`" if "selected_per_ratio" in doc else "")
     print(f"**{model}** on `{s['text']}`: {s['windows_total']} windows of {s['tokens']} tokens "
-          f"({s['prefill']} prefill, {s['n_scored']} scored predictions each), chosen on "
-          f"`{s.get('selected_on_text', '?')}`; {s['bootstrap']['samples']} bootstrap resamples, "
+          f"({s['prefill']} prefill, {s['n_scored']} scored predictions each){chosen}; full "
+          f"cache perplexity {full_ppl(doc)}; {s['bootstrap']['samples']} bootstrap resamples, "
           f"seed {s['bootstrap']['seed']}\n")
+    if "selected_per_ratio" not in doc:
+        best_table(doc)
+        return
     print("| ratio | chosen on dev | test: ppl vs full | 95% CI | target | holds | best on test | "
           "vs full (95% CI) | indistinguishable |")
     print("| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
