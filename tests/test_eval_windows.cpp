@@ -123,6 +123,20 @@ TEST(EvalWindows, EqualMemoryModeRunsTheSolvedSettingOnEveryWindow) {
   EXPECT_EQ(j["rows"][1]["windows"].size(), 5u);
   EXPECT_TRUE(j["best_per_ratio"][0].contains("indistinguishable"));
   EXPECT_NE(eval::model_eval_table(r).find("95% CI"), std::string::npos);
+  // The Pareto plot draws a bar per point with an interval: more <line elements than the same
+  // rows without their intervals.
+  eval::ModelEvalResult bare = r;
+  bare.options.windows = 0;
+  for (auto& row : bare.rows) row.stats.reset();
+  auto lines = [](const std::string& svg) {
+    std::size_t n = 0;
+    for (std::size_t at = svg.find("<line"); at != std::string::npos; at = svg.find("<line", at + 1))
+      ++n;
+    return n;
+  };
+  const std::string svg = eval::model_eval_plot(r);
+  EXPECT_NE(svg.find("bars: 95% bootstrap intervals"), std::string::npos);
+  EXPECT_GT(lines(svg), lines(eval::model_eval_plot(bare)));
 }
 
 TEST(EvalWindows, SeveralTextsGiveWindowsEach) {
