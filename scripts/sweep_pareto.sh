@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The quality-per-byte sweep (docs/benchmarks.md "Quality per byte", issue 13): every
-# configuration below at the compression ratios in RATIOS (in bytes: full fp16 bytes / kept
-# bytes at the end of the text, `veloxquant eval --ratio`), on each model and text, in the main
-# job's scenario (the first 512 tokens, the first 256 as one prefill, then 255 decoded
-# predictions scored). Writes
+# The quality-per-byte sweep (docs/quality.md, docs/benchmarks.md "Quality per byte", issues 13 and 24): every configuration below at
+# the compression ratios in RATIOS (in bytes: full fp16 bytes / kept bytes at the end of a
+# window, `veloxquant eval --ratio`), on each model and text, over WINDOWS disjoint windows per
+# text (`eval --windows`: means with 95% paired-bootstrap intervals, docs/quality.md). Writes
 # results/eval/pareto_<model>_<text>.{json,svg,txt} (docs/results.md, "Equal-memory mode").
+#
+# Windows: the shipped TinyStories parts are short (stories260K's tokenizer: 7992 / 7740 tokens;
+# TinyStories-656K's: 3627 / 3579), so the window is the longest that fits 16 times in the
+# shorter one: 224 tokens (BOS + 223 text tokens; 112 as one prefill, then 111 decoded predictions
+# scored), for both models and every text. The best configuration per ratio is chosen on the dev
+# part and reported on the test part (--select-from). Each model's dev -> test pair and its
+# WikiText-2 run go in parallel (each eval also spreads its windows over the cores).
 #
 # Models: stories260K (data/) and TinyStories-656K (../shared/data/models/tinystories-656K, or
 # $VELOXQUANT_SHARED_DIR/data/...; it cannot ship with the project: used when present, and the
@@ -19,7 +25,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RATIOS=2,4,8,16,32
+# Overridable from the environment (e.g. RATIOS=8,16,32, the targets' ratios, on a busy machine).
+RATIOS=${RATIOS:-2,4,8,16,32}
+WINDOWS=${WINDOWS:-16}
+WINDOW=(--tokens 224 --prefill 112)
 CONFIGS=(
   # Eviction methods with their defaults.
   streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam knorm keydiff
@@ -53,8 +62,6 @@ else
   echo "sweep_pareto: TinyStories-656K not found at $shared/data/models/tinystories-656K" \
     "(it cannot ship with the project); sweeping stories260K only" >&2
 fi
-texts=("tinystories-test=data/tinystories_test.txt" "tinystories-dev=data/tinystories_dev.txt"
-       "wikitext2=data/wikitext2_test_excerpt.txt")
 
 # Keep the configurations this binary accepts; say which it rejects and why.
 methods=()
@@ -68,18 +75,36 @@ for spec in "${CONFIGS[@]}"; do
 done
 
 mkdir -p results/eval
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# run MODEL=PATH TEXT=PATH [flags]: one eval, progress lines to a log shown only on failure.
+run() {
+  local m=$1 t=$2 out=results/eval/pareto_${1%%=*}_${2%%=*} start
+  shift 2
+  echo "sweep_pareto: ${m%%=*} on ${t%%=*} -> $out.{json,svg,txt}" >&2
+  start=$(date +%s)
+  if ! "$bin" eval --model "${m#*=}" --text "${t#*=}" "${WINDOW[@]}" --windows "$WINDOWS" \
+      --ratio "$RATIOS" "${methods[@]}" --json "$out.json" --plot "$out.svg" "$@" \
+      2>"$logs/${m%%=*}_${t%%=*}.log" >"$out.txt"; then
+    cat "$logs/${m%%=*}_${t%%=*}.log" >&2
+    return 1
+  fi
+  echo "sweep_pareto: ${m%%=*} on ${t%%=*}: $(($(date +%s) - start)) s" >&2
+}
+start=$(date +%s)
+pids=()
 for m in "${models[@]}"; do
-  for t in "${texts[@]}"; do
-    out=results/eval/pareto_${m%%=*}_${t%%=*}
-    echo "sweep_pareto: ${m%%=*} on ${t%%=*} -> $out.{json,svg,txt}" >&2
-    # Progress lines go to a log, shown only when the run fails.
-    if ! "$bin" eval --model "${m#*=}" --text "${t#*=}" --tokens 512 --prefill 256 \
-        --ratio "$RATIOS" "${methods[@]}" --json "$out.json" --plot "$out.svg" "$@" \
-        2>"$log" >"$out.txt"; then
-      cat "$log" >&2
-      exit 1
-    fi
-  done
+  # The dev part first: the test part's run reports the configurations chosen on it.
+  (run "$m" "tinystories-dev=data/tinystories_dev.txt" "$@" &&
+   run "$m" "tinystories-test=data/tinystories_test.txt" \
+     --select-from "results/eval/pareto_${m%%=*}_tinystories-dev.json" "$@") &
+  pids+=($!)
+  run "$m" "wikitext2=data/wikitext2_test_excerpt.txt" "$@" &
+  pids+=($!)
 done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+[[ $failed == 0 ]] || exit 1
+echo "sweep_pareto: done in $(($(date +%s) - start)) s" >&2
+# The quality targets (docs/quality.md): the dev-chosen configuration's interval on the test part.
+python3 scripts/quality_table.py results/eval/pareto_*_tinystories-test.json

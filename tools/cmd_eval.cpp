@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli.h"
+#include "engine/compute/parallel.h"
 #include "eval/model_eval.h"
 #include "eval/output_set.h"
 #include "eval/resources.h"
@@ -21,6 +22,7 @@ struct EvalCliOptions {
   std::string ratios;         // --ratio; "" = budget mode
   bool budget_given = false;  // --budget on the command line (not its default)
   bool ratio_given = false;   // --ratio on the command line (even empty: an error)
+  std::vector<std::string> texts;  // --text, repeatable (windows mode)
   std::string json, plot, per_token;
   int threads = 0;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
@@ -65,7 +67,11 @@ void run_eval(EvalCliOptions& o) {
                     "budget (or bit width) to reach the ratio; use one or the other");
   }
   o.eval.budgets = parse_int_list(o.budgets, "--budget", 1);
+  o.eval.budgets_given = o.budget_given;
   if (o.ratio_given) o.eval.ratios = parse_ratio_list(o.ratios);
+  o.eval.text = o.texts.front();
+  o.eval.more_texts.assign(o.texts.begin() + 1, o.texts.end());
+  o.eval.threads = o.threads;
   // Every output is checked before the (long) run and all are written together at the end,
   // or none is (eval/output_set.h).
   eval::OutputSet out;
@@ -74,13 +80,19 @@ void run_eval(EvalCliOptions& o) {
   if (!o.per_token.empty()) out.declare("--per-token", o.per_token);
   o.eval.before_run = [&o](const engine::ModelConfig& c) {
     const std::int64_t chunk = std::max<std::int64_t>(1, o.eval.prefill);
-    // The reference run keeps every position's logits.
-    const double logits =
-        4.0 * static_cast<double>(o.eval.tokens) * static_cast<double>(c.vocab_size);
-    eval::check_memory("eval", eval::engine_run_bytes(c, chunk, o.eval.tokens) + logits,
-                       "the engine's buffers, a " + std::to_string(o.eval.tokens) +
-                           "-position cache and the reference logits",
-                       o.max_memory);
+    // The reference runs keep every position's logits (one per window); with windows, up to
+    // one run per thread at once.
+    const double windows = static_cast<double>(
+        std::max<std::int64_t>(1, o.eval.windows * static_cast<std::int64_t>(o.texts.size())));
+    const double runs_at_once =
+        o.eval.windows > 0 ? std::min(windows, static_cast<double>(engine::threads())) : 1.0;
+    const double logits = 4.0 * windows * static_cast<double>(o.eval.tokens) *
+                          static_cast<double>(c.vocab_size);
+    eval::check_memory(
+        "eval", runs_at_once * eval::engine_run_bytes(c, chunk, o.eval.tokens) + logits,
+        "the engine's buffers and a " + std::to_string(o.eval.tokens) + "-position cache per " +
+            "run at once, and the reference logits of every window",
+        o.max_memory);
     set_activity("running the methods");
   };
   set_activity("loading the model, tokenizer and text");
@@ -116,8 +128,31 @@ void add_eval_command(CLI::App& app) {
                   "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
                   "or a GGUF model's own")
       ->check(non_empty_path());
-  cmd->add_option("--text", o->eval.text, "UTF-8 text file to read (at most 64 MiB)")
+  cmd->add_option("--text", o->texts,
+                  "UTF-8 text file to read (at most 64 MiB); with --windows, repeatable (every "
+                  "text gives N windows)")
       ->required()
+      ->check(non_empty_path());
+  cmd->add_option("--windows", o->eval.windows,
+                  "Run the scenario (--tokens, --prefill) on N disjoint windows of each text, each "
+                  "with a fresh cache, and report means with 95% paired-bootstrap intervals over "
+                  "the windows and every window's values (docs/quality.md)")
+      ->check(int_range(1, 100000));
+  cmd->add_option("--window-stride", o->eval.window_stride,
+                  "Text tokens from one window's start to the next (default: the window's text "
+                  "tokens, i.e. consecutive windows; shorter would overlap and is refused)")
+      ->check(int_range(1, std::int64_t{1} << 30));
+  cmd->add_option("--bootstrap", o->eval.bootstrap_samples,
+                  "Bootstrap resamples for the intervals (with --windows)")
+      ->capture_default_str()
+      ->check(int_range(1, 1000000));
+  cmd->add_option("--bootstrap-seed", o->eval.bootstrap_seed,
+                  "Seed of the bootstrap's resampling (with --windows; same seed, same intervals)")
+      ->capture_default_str();
+  cmd->add_option("--select-from", o->eval.select_from,
+                  "With --windows and --ratio: an eval result file of the same scenario on another "
+                  "split (the dev part); its best configuration per ratio is reported on this "
+                  "run's windows (the test part) with its interval")
       ->check(non_empty_path());
   // --tokens, --prefill, --budget: the last occurrence wins, so flags appended to a script
   // (scripts/main.sh "$@") override its own.
@@ -133,7 +168,8 @@ void add_eval_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--method", o->eval.methods,
                   "Method spec ID[:key=value,...]; repeatable (default: every registered method). "
-                  "--budget overrides a budget given in the spec");
+                  "A budget written in the spec is the one that runs (with --budget, only when "
+                  "--budget says the same)");
   cmd->add_option("--budget", o->budgets,
                   "Comma-separated token budgets (rows per KV head) for methods that have one")
       ->capture_default_str()
@@ -162,6 +198,14 @@ void add_eval_command(CLI::App& app) {
       ->check(non_empty_path());
   cmd->callback([o, cmd]() {
     o->budget_given = cmd->count("--budget") > 0;
+    if (cmd->count("--windows") == 0) {
+      for (const char* flag : {"--bootstrap", "--bootstrap-seed"}) {
+        if (cmd->count(flag) > 0) {
+          throw vq::Error(ErrorCode::kInvalidArgument,
+                          std::string(flag) + " needs --windows N (the intervals are over windows)");
+        }
+      }
+    }
     o->ratio_given = cmd->count("--ratio") > 0;
     o->args = {"veloxquant", "eval"};
     for (const auto& a : cmd->get_options()) {

@@ -182,8 +182,204 @@ void validate_decode_options(const DecodeBenchOptions& o) {
     bad("--bandwidth-mib must be >= 16, got " + std::to_string(o.bandwidth_mib));
 }
 
+namespace {
+
+nlohmann::json decode_settings(const DecodeBenchOptions& o, const engine::Model& model,
+                               double load_s) {
+  nlohmann::json settings;
+  settings["model"] = o.shape.empty() ? o.model_path : "shape:" + o.shape;
+  if (!o.shape.empty()) {
+    settings["shape_note"] = engine::find_shape(o.shape).note;
+    settings["seed"] = o.seed;
+  }
+  settings["model_config"] = config_json(model.config(), model);
+  settings["contexts"] = o.contexts;
+  settings["methods"] = o.methods;
+  settings["budget"] = o.budget;
+  settings["threads"] = o.threads;
+  settings["steps"] = o.steps;
+  settings["warmup"] = o.warmup;
+  settings["fill"] = o.prefill_real ? "prefill" : "synthetic";
+  settings["fill_chunk"] = o.fill_chunk;
+  settings["model_load_ms"] = load_s * 1e3;
+  settings["matmul_isa"] = engine::to_string(engine::best_isa());
+  return settings;
+}
+
+using Progress = std::function<void(const DecodeProgress&)>;
+
+// Bandwidth, once per thread count, before the runs (same process, same buffers' size).
+std::map<int, double> measure_bandwidths(const DecodeBenchOptions& o, nlohmann::json& settings,
+                                         const Progress& progress) {
+  std::map<int, double> bandwidth;
+  for (const int t : o.threads) {
+    bandwidth[t] = measure_read_bandwidth(o.bandwidth_mib, t);
+    if (progress) {
+      progress({0, 0,
+                fmt::format("[decode] read bandwidth at {} thread(s): {:.2f} GB/s", t,
+                            bandwidth[t] / 1e9)});
+    }
+  }
+  nlohmann::json bw = nlohmann::json::object();
+  for (const auto& [t, b] : bandwidth) bw[std::to_string(t)] = b / 1e9;
+  settings["read_bandwidth_gbs"] = bw;
+  settings["bandwidth_mib"] = o.bandwidth_mib;
+  return bandwidth;
+}
+
+// One method's cache at one context, filled and warmed up, with its step times.
+struct Run {
+  CacheConfig cfg;
+  std::string spec;
+  std::unique_ptr<ModelCache> cache;
+  std::unique_ptr<engine::Transformer> tf;
+  std::int32_t token = 0;
+  double fill_s = 0;
+  std::vector<double> step_s;
+};
+
+Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std::string& spec,
+             std::int64_t n, std::vector<std::int32_t>& prompt) {
+  const engine::ModelConfig& c = model.config();
+  Run r{method_config(spec, o.budget), spec, nullptr, nullptr, 0, 0, {}};
+  r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+  r.tf = std::make_unique<engine::Transformer>(
+      model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
+  const auto t_fill = Clock::now();
+  r.token = c.bos_id >= 0 ? c.bos_id : 0;
+  if (o.prefill_real) {
+    // n tokens, deterministic and spread over the vocabulary, in chunks of 64.
+    prompt.resize(sz(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      prompt[sz(i)] = static_cast<std::int32_t>(mix(o.seed + static_cast<std::uint64_t>(i)) %
+                                                static_cast<std::uint64_t>(c.vocab_size));
+    const float* logits = nullptr;
+    for (std::int64_t p = 0; p < n; p += 64) {
+      const std::int64_t S = std::min<std::int64_t>(64, n - p);
+      logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
+    }
+    r.token = argmax(logits, c.vocab_size);
+  } else {
+    synthetic_fill(*r.cache, c, n, o.fill_chunk, o.seed);
+  }
+  r.fill_s = seconds_since(t_fill);
+  for (std::int64_t i = 0; i < o.warmup; ++i)
+    r.token = argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
+  r.tf->set_timing(true);
+  r.tf->reset_times();
+  return r;
+}
+
+// Rows per KV head, the mean over heads (head-wise budgets make them differ) and layers.
+double mean_kept_rows(const ModelCache& cache, std::int64_t n_layers) {
+  double kept_rows = 0;
+  for (std::int64_t l = 0; l < n_layers; ++l) {
+    const std::vector<std::int64_t> per_head = cache.layer(l).stats().tokens_kept_per_head;
+    double head_sum = 0;
+    for (const std::int64_t k : per_head) head_sum += static_cast<double>(k);
+    if (!per_head.empty()) kept_rows += head_sum / static_cast<double>(per_head.size());
+  }
+  return kept_rows / static_cast<double>(n_layers);
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+// A run's result row; `full_ms` is the full cache's time at this context (null before it).
+nlohmann::json run_row(const Run& r, const engine::Model& model, const DecodeBenchOptions& o,
+                       std::int64_t n, int nt, double bandwidth,
+                       const std::optional<double>& full_ms) {
+  double sum = 0;
+  for (const double t : r.step_s) sum += t;
+  const engine::StepTimes& st = r.tf->times();
+  const CacheStats cs = r.cache->stats();
+  const double steps = static_cast<double>(o.steps);
+  const double ms = median_of(r.step_s) * 1e3;
+  const std::int64_t bytes_read = model.matrix_bytes() + cs.kept_bytes;
+  const double bound_ms = static_cast<double>(bytes_read) / bandwidth * 1e3;
+  nlohmann::json row = method_json(r.cfg);
+  row["method_arg"] = r.spec;
+  row["context"] = n;
+  row["threads"] = nt;
+  row["tokens_per_s"] = 1e3 / ms;
+  row["ms_per_token"] = ms;
+  row["mean_ms_per_token"] = sum / steps * 1e3;
+  row["weights_ms"] = st.matmul / steps * 1e3;
+  row["attention_ms"] = st.attention / steps * 1e3;
+  row["cache_ms"] = st.cache / steps * 1e3;
+  row["other_ms"] = st.other / steps * 1e3;
+  row["cache_share"] = st.total() > 0 ? st.cache / st.total() : 0.0;
+  row["kept_rows"] = mean_kept_rows(*r.cache, model.config().n_layers);
+  row["kept_bytes"] = cs.kept_bytes;
+  row["resident_bytes"] = cs.resident_bytes;
+  row["full_bytes"] = cs.full_bytes;
+  row["compression_ratio"] = cs.compression_ratio;
+  row["bytes_read_per_token"] = bytes_read;
+  row["bandwidth_bound_ms"] = bound_ms;
+  row["bandwidth_ratio"] = ms / bound_ms;
+  row["speedup_vs_full"] = full_ms ? nlohmann::json(*full_ms / ms) : nlohmann::json();
+  row["fill_ms"] = r.fill_s * 1e3;
+  row["peak_rss_bytes"] = peak_rss_bytes();
+  row["rss_bytes"] = current_rss_bytes();
+  return row;
+}
+
+std::string row_progress(const nlohmann::json& row, std::size_t index, std::size_t total) {
+  return fmt::format(
+      "[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median (mean: weights {:.2f}, "
+      "attention {:.2f}, cache {:.2f}), {:.0f} rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
+      index, total, row["threads"].get<int>(), row["context"].get<std::int64_t>(),
+      row["method_arg"].get<std::string>(), row["ms_per_token"].get<double>(),
+      row["weights_ms"].get<double>(), row["attention_ms"].get<double>(),
+      row["cache_ms"].get<double>(), row["kept_rows"].get<double>(),
+      row["bandwidth_ratio"].get<double>(),
+      static_cast<double>(row["rss_bytes"].get<std::int64_t>()) / (1 << 30));
+}
+
+// Every method at one thread count and context: every cache is filled first; then the timed
+// steps alternate between the methods (one step each, round robin), so load from other
+// processes falls on all of them alike and the ratios within a context are fair.
+void time_context(const engine::Model& model, const DecodeBenchOptions& o, int nt, std::int64_t n,
+                  double bandwidth, std::size_t& index, std::size_t total, nlohmann::json& doc,
+                  const Progress& progress) {
+  const engine::ModelConfig& c = model.config();
+  std::vector<std::int32_t> prompt;
+  std::vector<Run> runs;
+  for (const std::string& spec : o.methods) {
+    runs.push_back(fill_run(model, o, spec, n, prompt));
+    if (progress) {
+      progress({index, total,
+                fmt::format("[decode] threads {} context {} {}: filled in {:.1f} s", nt, n, spec,
+                            runs.back().fill_s)});
+    }
+  }
+  for (std::int64_t i = 0; i < o.steps; ++i) {
+    for (Run& r : runs) {
+      const auto t0 = Clock::now();
+      r.token = argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
+      r.step_s.push_back(seconds_since(t0));
+    }
+  }
+  std::optional<double> full_ms;
+  for (const Run& r : runs) {
+    ++index;
+    nlohmann::json row = run_row(r, model, o, n, nt, bandwidth, full_ms);
+    if (r.cfg.method() == "full" && !full_ms) {
+      full_ms = row["ms_per_token"].get<double>();
+      row["speedup_vs_full"] = 1.0;
+    }
+    if (progress) progress({index, total, row_progress(row, index, total)});
+    doc["rows"].push_back(row);
+  }
+}
+
+}  // namespace
+
 nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& command,
-                                const std::function<void(const DecodeProgress&)>& progress) {
+                                const Progress& progress) {
   validate_decode_options(o);
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   engine::set_threads(max_threads);
@@ -199,165 +395,15 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
     bad("context " + std::to_string(max_ctx) + " + " + std::to_string(o.warmup + o.steps + 1) +
         " decode positions exceeds the model's seq_len " + std::to_string(c.seq_len));
   }
-
-  nlohmann::json settings;
-  settings["model"] = o.shape.empty() ? o.model_path : "shape:" + o.shape;
-  if (!o.shape.empty()) {
-    settings["shape_note"] = engine::find_shape(o.shape).note;
-    settings["seed"] = o.seed;
-  }
-  settings["model_config"] = config_json(c, model);
-  settings["contexts"] = o.contexts;
-  settings["methods"] = o.methods;
-  settings["budget"] = o.budget;
-  settings["threads"] = o.threads;
-  settings["steps"] = o.steps;
-  settings["warmup"] = o.warmup;
-  settings["fill"] = o.prefill_real ? "prefill" : "synthetic";
-  settings["fill_chunk"] = o.fill_chunk;
-  settings["model_load_ms"] = load_s * 1e3;
-  settings["matmul_isa"] = engine::to_string(engine::best_isa());
-
-  // Bandwidth, once per thread count, before the runs (same process, same buffers' size).
-  std::map<int, double> bandwidth;
-  for (const int t : o.threads) {
-    bandwidth[t] = measure_read_bandwidth(o.bandwidth_mib, t);
-    if (progress) {
-      progress({0, 0,
-                fmt::format("[decode] read bandwidth at {} thread(s): {:.2f} GB/s", t,
-                            bandwidth[t] / 1e9)});
-    }
-  }
-  nlohmann::json bw = nlohmann::json::object();
-  for (const auto& [t, b] : bandwidth) bw[std::to_string(t)] = b / 1e9;
-  settings["read_bandwidth_gbs"] = bw;
-  settings["bandwidth_mib"] = o.bandwidth_mib;
-
+  nlohmann::json settings = decode_settings(o, model, load_s);
+  const std::map<int, double> bandwidth = measure_bandwidths(o, settings, progress);
   nlohmann::json doc = results_envelope("decode", command, settings);
   const std::size_t total = o.threads.size() * o.contexts.size() * o.methods.size();
   std::size_t index = 0;
-  std::vector<std::int32_t> prompt;
   for (const int nt : o.threads) {
     engine::set_threads(nt);
-    for (const std::int64_t n : o.contexts) {
-      // Every method's cache is filled first; then the timed steps alternate between the
-      // methods (one step each, round robin), so load from other processes falls on all of
-      // them alike and the ratios within a context are fair.
-      struct Run {
-        CacheConfig cfg;
-        std::string spec;
-        std::unique_ptr<ModelCache> cache;
-        std::unique_ptr<engine::Transformer> tf;
-        std::int32_t token = 0;
-        double fill_s = 0;
-        std::vector<double> step_s;
-      };
-      std::vector<Run> runs;
-      for (const std::string& spec : o.methods) {
-        Run r{method_config(spec, o.budget), spec, nullptr, nullptr, 0, 0, {}};
-        r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
-        r.tf = std::make_unique<engine::Transformer>(
-            model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
-        const auto t_fill = Clock::now();
-        r.token = c.bos_id >= 0 ? c.bos_id : 0;
-        if (o.prefill_real) {
-          // n tokens, deterministic and spread over the vocabulary, in chunks of 64.
-          prompt.resize(sz(n));
-          for (std::int64_t i = 0; i < n; ++i)
-            prompt[sz(i)] = static_cast<std::int32_t>(mix(o.seed + static_cast<std::uint64_t>(i)) %
-                                                      static_cast<std::uint64_t>(c.vocab_size));
-          const float* logits = nullptr;
-          for (std::int64_t p = 0; p < n; p += 64) {
-            const std::int64_t S = std::min<std::int64_t>(64, n - p);
-            logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
-          }
-          r.token = argmax(logits, c.vocab_size);
-        } else {
-          synthetic_fill(*r.cache, c, n, o.fill_chunk, o.seed);
-        }
-        r.fill_s = seconds_since(t_fill);
-        for (std::int64_t i = 0; i < o.warmup; ++i)
-          r.token =
-              argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
-        r.tf->set_timing(true);
-        r.tf->reset_times();
-        if (progress) {
-          progress({index, total,
-                    fmt::format("[decode] threads {} context {} {}: filled in {:.1f} s", nt, n,
-                                spec, r.fill_s)});
-        }
-        runs.push_back(std::move(r));
-      }
-      for (std::int64_t i = 0; i < o.steps; ++i) {
-        for (Run& r : runs) {
-          const auto t0 = Clock::now();
-          r.token =
-              argmax(r.tf->forward(&r.token, 1, *r.cache, engine::Logits::kLast), c.vocab_size);
-          r.step_s.push_back(seconds_since(t0));
-        }
-      }
-      std::optional<double> full_ms;
-      for (Run& r : runs) {
-        ++index;
-        std::vector<double> sorted = r.step_s;
-        std::sort(sorted.begin(), sorted.end());
-        const std::size_t m = sorted.size();
-        const double median = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
-        double sum = 0;
-        for (const double t : r.step_s) sum += t;
-        const engine::StepTimes& st = r.tf->times();
-        const CacheStats cs = r.cache->stats();
-        const double steps = static_cast<double>(o.steps);
-        const double ms = median * 1e3;
-        const std::int64_t bytes_read = model.matrix_bytes() + cs.kept_bytes;
-        const double bound_ms = static_cast<double>(bytes_read) / bandwidth[nt] * 1e3;
-        if (r.cfg.method() == "full" && !full_ms) full_ms = ms;
-        // Rows per KV head, the mean over heads (head-wise budgets make them differ) and layers.
-        double kept_rows = 0;
-        for (std::int64_t l = 0; l < c.n_layers; ++l) {
-          const std::vector<std::int64_t> per_head = r.cache->layer(l).stats().tokens_kept_per_head;
-          double head_sum = 0;
-          for (const std::int64_t k : per_head) head_sum += static_cast<double>(k);
-          if (!per_head.empty()) kept_rows += head_sum / static_cast<double>(per_head.size());
-        }
-
-        nlohmann::json row = method_json(r.cfg);
-        row["method_arg"] = r.spec;
-        row["context"] = n;
-        row["threads"] = nt;
-        row["tokens_per_s"] = 1e3 / ms;
-        row["ms_per_token"] = ms;
-        row["mean_ms_per_token"] = sum / steps * 1e3;
-        row["weights_ms"] = st.matmul / steps * 1e3;
-        row["attention_ms"] = st.attention / steps * 1e3;
-        row["cache_ms"] = st.cache / steps * 1e3;
-        row["other_ms"] = st.other / steps * 1e3;
-        row["cache_share"] = st.total() > 0 ? st.cache / st.total() : 0.0;
-        row["kept_rows"] = kept_rows / static_cast<double>(c.n_layers);
-        row["kept_bytes"] = cs.kept_bytes;
-        row["resident_bytes"] = cs.resident_bytes;
-        row["full_bytes"] = cs.full_bytes;
-        row["compression_ratio"] = cs.compression_ratio;
-        row["bytes_read_per_token"] = bytes_read;
-        row["bandwidth_bound_ms"] = bound_ms;
-        row["bandwidth_ratio"] = ms / bound_ms;
-        row["speedup_vs_full"] = full_ms ? nlohmann::json(*full_ms / ms) : nlohmann::json();
-        row["fill_ms"] = r.fill_s * 1e3;
-        row["peak_rss_bytes"] = peak_rss_bytes();
-        row["rss_bytes"] = current_rss_bytes();
-        doc["rows"].push_back(row);
-        if (progress) {
-          progress({index, total,
-                    fmt::format("[decode {}/{}] threads {} context {} {}: {:.2f} ms/token median "
-                                "(mean: weights {:.2f}, attention {:.2f}, cache {:.2f}), {:.0f} "
-                                "rows, {:.2f}x bandwidth bound, RSS {:.2f} GiB",
-                                index, total, nt, n, r.spec, ms, st.matmul / steps * 1e3,
-                                st.attention / steps * 1e3, st.cache / steps * 1e3,
-                                kept_rows / static_cast<double>(c.n_layers), ms / bound_ms,
-                                static_cast<double>(current_rss_bytes()) / (1 << 30))});
-        }
-      }
-    }
+    for (const std::int64_t n : o.contexts)
+      time_context(model, o, nt, n, bandwidth.at(nt), index, total, doc, progress);
   }
   engine::set_threads(max_threads);
   return doc;

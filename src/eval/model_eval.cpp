@@ -1,3 +1,6 @@
+// Running `veloxquant eval`: options checked, runs planned, inputs loaded and cut into windows,
+// then every configuration run on every window (eval/task_pool.h) and the rows assembled. The
+// renderers are in model_eval_report.cpp and pareto.cpp.
 #include "eval/model_eval.h"
 
 #include <fmt/format.h>
@@ -5,15 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <optional>
 
+#include "engine/compute/parallel.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/pareto.h"
-#include "eval/plot.h"
+#include "eval/model_eval_internal.h"
 #include "eval/ratio_solver.h"
-#include "eval/results.h"
+#include "eval/task_pool.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -31,51 +35,29 @@ struct Planned {
   bool is_reference;
 };
 
-// A method's non-default fields without the method prefix ("h2o:grace=0,decay=1"), for
-// table rows and plot legends; the budget field is left out (it has its own column/axis).
-std::string short_spec(const CacheConfig& c, bool drop_budget) {
-  const MethodInfo& m = c.info();
-  const CacheConfig defaults(c.method());
-  std::string budget_field;
-  if (drop_budget && has_token_budget(c)) {
-    CacheConfig probe = defaults;
-    m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
-    for (std::size_t i = 0; i < probe.fields().size(); ++i) {
-      if (probe.fields()[i].second != defaults.fields()[i].second)
-        budget_field = probe.fields()[i].first;
-    }
-  }
-  std::string out;
-  for (std::size_t i = 0; i < c.fields().size(); ++i) {
-    const auto& [name, value] = c.fields()[i];
-    if (value == defaults.fields()[i].second || name == budget_field) continue;
-    std::string key = name;
-    if (!m.prefix.empty() && key.rfind(m.prefix + "_", 0) == 0)
-      key = key.substr(m.prefix.size() + 1);
-    out += (out.empty() ? ":" : ",") + key + "=" + value_text(value);
-  }
-  return c.method() + out;
-}
-
 // Runs the equal-memory solver may make for one method x ratio: its prediction, then checks
 // that each correct the prediction by the bytes measured.
 constexpr int kMaxSolverRuns = 8;
 
-// The part of a run the summaries count: predictions [from, P) (see scored_from).
-engine::ForcedRun scored_part(const engine::ForcedRun& r, std::int64_t from) {
-  engine::ForcedRun out;
-  const auto f = static_cast<std::ptrdiff_t>(from);
-  out.nll.assign(r.nll.begin() + f, r.nll.end());
-  if (!r.kl.empty()) out.kl.assign(r.kl.begin() + f, r.kl.end());
-  out.top1.assign(r.top1.begin() + f, r.top1.end());
-  return out;
+void check_window_options(const ModelEvalOptions& o) {
+  if (o.windows < 0) bad(fmt::format("--windows must be >= 1, got {}", o.windows));
+  if (o.windows == 0) {
+    if (!o.more_texts.empty())
+      bad("--text is given " + std::to_string(o.more_texts.size() + 1) +
+          " times: several texts need --windows N");
+    if (o.window_stride != 0) bad("--window-stride needs --windows N");
+    if (!o.select_from.empty()) bad("--select-from needs --windows N and --ratio");
+    return;
+  }
+  if (o.window_stride < 0)
+    bad(fmt::format("--window-stride must be >= 0 (0: consecutive windows), got {}",
+                    o.window_stride));
+  if (o.bootstrap_samples < 1)
+    bad(fmt::format("--bootstrap must be >= 1 resample, got {}", o.bootstrap_samples));
+  if (!o.select_from.empty() && o.ratios.empty()) bad("--select-from needs --ratio");
 }
 
-}  // namespace
-
-ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress) {
-  ModelEvalResult res;
-  res.options = o;
+void check_options(const ModelEvalOptions& o) {
   if (o.tokens < 2) bad("--tokens must be >= 2 (one prediction), got " + std::to_string(o.tokens));
   if (o.prefill < 0 || o.prefill > o.tokens - 2) {
     bad("--prefill must be in [0, " + std::to_string(o.tokens - 2) +
@@ -83,30 +65,87 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
         std::to_string(o.prefill));
   }
   if (o.budgets.empty() && o.ratios.empty()) bad("--budget needs at least one value");
-
-  // Plan every run before loading anything, so bad specs fail fast.
-  std::vector<Planned> plan;
-  const CacheConfig reference = CacheConfig::parse(o.reference);
-  plan.push_back({reference, short_spec(reference, false), true});
-  std::vector<CacheConfig> methods;
-  if (o.methods.empty()) {
-    for (const auto& id : method_ids()) methods.emplace_back(id);
-  }
-  for (const auto& s : o.methods) methods.push_back(CacheConfig::parse(s));
   for (const double r : o.ratios) {
     if (!std::isfinite(r) || r < 1.0)
       bad(fmt::format("--ratio values must be finite numbers >= 1, got {}", r));
   }
-  for (const CacheConfig& m : methods) {
-    if (!o.ratios.empty()) break;  // equal-memory mode solves its settings after loading
+  if (o.threads < 0) bad(fmt::format("threads must be >= 0, got {}", o.threads));
+  check_window_options(o);
+}
+
+// The token budget a spec writes itself ("h2o:budget=16" or "h2o:h2o_budget=16"), if any.
+std::optional<std::int64_t> spec_budget(const std::string& spec, const CacheConfig& c) {
+  if (!has_token_budget(c)) return std::nullopt;
+  const MethodInfo& m = c.info();
+  const CacheConfig defaults(c.method());
+  CacheConfig probe = defaults;
+  m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
+  std::string field;
+  for (std::size_t i = 0; i < probe.fields().size(); ++i) {
+    if (probe.fields()[i].second != defaults.fields()[i].second) field = probe.fields()[i].first;
+  }
+  const std::size_t colon = spec.find(':');
+  std::size_t at = colon == std::string::npos ? spec.size() : colon + 1;
+  while (at < spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string key = spec.substr(at, spec.find('=', at) < comma ? spec.find('=', at) - at
+                                                                       : comma - at);
+    if (key == field || (!m.prefix.empty() && m.prefix + "_" + key == field))
+      return token_budget(c);
+    at = comma + 1;
+  }
+  return std::nullopt;
+}
+
+// Method specs parsed; a budget written in a spec pins that method's budget (see
+// ModelEvalOptions::budgets_given).
+std::vector<CacheConfig> parse_methods(const ModelEvalOptions& o,
+                                       std::vector<bool>& budget_written) {
+  std::vector<CacheConfig> methods;
+  if (o.methods.empty()) {
+    for (const auto& id : method_ids()) methods.emplace_back(id);
+  }
+  budget_written.assign(methods.size(), false);
+  for (const auto& s : o.methods) {
+    methods.push_back(CacheConfig::parse(s));
+    const std::optional<std::int64_t> b = spec_budget(s, methods.back());
+    budget_written.push_back(b.has_value());
+    if (!b) continue;
+    if (!o.ratios.empty()) {
+      bad(fmt::format("--method '{}' writes its budget ({}) and --ratio sets every method's "
+                      "budget: leave the budget out of the spec, or drop --ratio",
+                      s, *b));
+    }
+    if (o.budgets_given && o.budgets != std::vector<std::int64_t>{*b}) {
+      std::string list;
+      for (const std::int64_t v : o.budgets) list += (list.empty() ? "" : ",") + std::to_string(v);
+      bad(fmt::format("--method '{}' writes budget {} but --budget {} asks for other budgets: "
+                      "give the budget in one place",
+                      s, *b, list));
+    }
+  }
+  return methods;
+}
+
+// Budget mode: the reference, then every method x budget (a budget the method's guards reject
+// is recorded in `skipped`); duplicates run once.
+std::vector<Planned> plan_budget_runs(const CacheConfig& reference,
+                                      const std::vector<CacheConfig>& methods,
+                                      const std::vector<bool>& budget_written,
+                                      const ModelEvalOptions& o,
+                                      std::vector<ModelEvalSkip>& skipped) {
+  std::vector<Planned> plan;
+  plan.push_back({reference, short_spec(reference, false), true});
+  for (std::size_t k = 0; k < methods.size(); ++k) {
+    const CacheConfig& m = methods[k];
     std::vector<CacheConfig> cells;
-    if (has_token_budget(m)) {
+    if (has_token_budget(m) && !budget_written[k]) {
       for (const std::int64_t b : o.budgets) {
         try {
           cells.push_back(with_token_budget(m, b));
         } catch (const Error& e) {
           if (e.code() != ErrorCode::kInvalidConfig) throw;
-          res.skipped.push_back({m.spec(), b, e.what()});
+          skipped.push_back({m.spec(), b, e.what()});
         }
       }
     } else {
@@ -118,383 +157,438 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
       if (!dup) plan.push_back({std::move(c), short_spec(m, true), false});
     }
   }
+  return plan;
+}
 
-  // Model, tokenizer, text.
+nlohmann::json model_config_json(const engine::ModelConfig& mc) {
+  return {{"dim", mc.dim},
+          {"hidden_dim", mc.hidden_dim},
+          {"n_layers", mc.n_layers},
+          {"n_heads", mc.n_heads},
+          {"n_kv_heads", mc.n_kv_heads},
+          {"head_dim", mc.head_dim},
+          {"vocab_size", mc.vocab_size},
+          {"seq_len", mc.seq_len},
+          {"rope", engine::to_string(mc.rope)},
+          {"weights_dtype", mc.weights_dtype},
+          {"n_params", mc.n_params()}};
+}
+
+// The windows of one text (windows mode), appended to `out` and `info`.
+void cut_windows(const ModelEvalOptions& o, const engine::Tokenizer& tokenizer,
+                 const std::string& path, std::vector<std::vector<std::int32_t>>& out,
+                 std::vector<WindowInfo>& info) {
+  const std::vector<std::int32_t> ids = tokenizer.encode(engine::read_text_file(path));
+  const bool bos = !ids.empty() && tokenizer.bos_id() >= 0 && ids[0] == tokenizer.bos_id();
+  const std::int64_t head = bos ? 1 : 0, per = o.tokens - head;
+  const std::int64_t stride = o.window_stride > 0 ? o.window_stride : per;
+  if (stride < per) {
+    bad(fmt::format("--window-stride {} is shorter than a window's {} text tokens (--tokens {}{}): "
+                    "windows would overlap",
+                    stride, per, o.tokens, bos ? ", BOS first" : ""));
+  }
+  const std::int64_t need = head + (o.windows - 1) * stride + per;
+  if (static_cast<std::int64_t>(ids.size()) < need) {
+    throw Error(ErrorCode::kFileError,
+                fmt::format("'{}': encodes to {} tokens; --windows {} of --tokens {} (stride {}) "
+                            "need {}; at most {} windows fit",
+                            path, ids.size(), o.windows, o.tokens, stride, need,
+                            (static_cast<std::int64_t>(ids.size()) - head - per) / stride + 1),
+                path);
+  }
+  for (std::int64_t k = 0; k < o.windows; ++k) {
+    const std::int64_t start = head + k * stride;
+    std::vector<std::int32_t> w;
+    if (bos) w.push_back(ids[0]);
+    w.insert(w.end(), ids.begin() + start, ids.begin() + start + per);
+    out.push_back(std::move(w));
+    info.push_back({path, k, start});
+  }
+}
+
+// The token windows: the text's first `tokens` tokens without --windows, else every text's.
+std::vector<std::vector<std::int32_t>> load_windows(const ModelEvalOptions& o,
+                                                    const engine::Tokenizer& tokenizer,
+                                                    std::vector<WindowInfo>& info) {
+  std::vector<std::vector<std::int32_t>> out;
+  if (o.windows == 0) {
+    const std::string text = engine::read_text_file(o.text);
+    std::vector<std::int32_t> ids = engine::encode_first(tokenizer, text, o.tokens);
+    if (static_cast<std::int64_t>(ids.size()) < o.tokens) {
+      throw Error(ErrorCode::kFileError,
+                  "'" + o.text + "': encodes to only " + std::to_string(ids.size()) +
+                      " tokens, fewer than --tokens " + std::to_string(o.tokens),
+                  o.text);
+    }
+    out.push_back(std::move(ids));
+    return out;
+  }
+  cut_windows(o, tokenizer, o.text, out, info);
+  for (const std::string& t : o.more_texts) cut_windows(o, tokenizer, t, out, info);
+  return out;
+}
+
+// The configurations a selection file chose per ratio (its best_per_ratio), after checking that
+// it evaluated the same scenario.
+void read_selection(const ModelEvalOptions& o, ModelEvalResult& res) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(engine::read_text_file(o.select_from));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kFileError,
+                "'" + o.select_from + "': not a JSON result file: " + e.what(), o.select_from);
+  }
+  auto refuse = [&](const std::string& why) {
+    throw Error(ErrorCode::kFileError, "--select-from '" + o.select_from + "': " + why,
+                o.select_from);
+  };
+  if (!j.is_object() || j.value("kind", "") != "eval" || !j.contains("settings") ||
+      !j.contains("best_per_ratio"))
+    refuse("expected an eval result file with best_per_ratio (eval --ratio --windows --json)");
+  const nlohmann::json& s = j["settings"];
+  if (!s.value("windows", nlohmann::json()).is_number())
+    refuse("it was not run with --windows");
+  if (s.value("model", "") != o.model || s.value("tokens", 0) != o.tokens ||
+      s.value("prefill", -1) != o.prefill || s.value("ratios", nlohmann::json()) != o.ratios ||
+      s.value("reference", "") != o.reference) {
+    refuse("it evaluated another scenario (model, --tokens, --prefill, --ratio and --reference "
+           "must match this run's)");
+  }
+  res.selected_text = s.value("text", "");
+  for (const auto& e : j["best_per_ratio"]) {
+    res.selected.push_back({e.value("ratio", 0.0), e.value("series", nlohmann::json()).is_string()
+                                                       ? e["series"].get<std::string>()
+                                                       : std::string()});
+  }
+}
+
+// Runs configurations on the windows: the reference first (it keeps its logits), then any
+// configuration on any window, from any thread.
+class Runner {
+ public:
+  Runner(const engine::Model& model, const ModelEvalOptions& o, const ModelEvalResult& res,
+         std::ostream* progress)
+      : model_(model), o_(o), res_(res), progress_(progress),
+        threads_(o.threads > 0 ? o.threads : engine::threads()) {}
+
+  std::size_t n_windows() const { return res_.window_ids.size(); }
+  int threads() const { return threads_; }
+
+  void run_reference(const CacheConfig& reference) {
+    refs_.resize(n_windows());
+    ref_scored_.resize(n_windows());
+    ref_rows_.resize(n_windows());
+    run_tasks(static_cast<std::int64_t>(n_windows()), threads_, [&](std::int64_t w) {
+      const auto i = static_cast<std::size_t>(w);
+      ref_rows_[i] = run(reference, i, &refs_[i]);
+    });
+  }
+  const std::vector<WindowRun>& reference_runs() const { return ref_rows_; }
+
+  // One configuration on one window (the reference's own run when `keep` is given).
+  WindowRun run(const CacheConfig& config, std::size_t w, engine::ForcedRun* keep = nullptr) const {
+    engine::ForcedOptions fo;
+    fo.prefill = o_.prefill;
+    fo.keep_logits = keep != nullptr;
+    fo.reference = keep != nullptr ? nullptr : &refs_[w];
+    engine::ForcedRun run = engine::run_forced(model_, res_.window_ids[w], config, fo);
+    const engine::ForcedRun scored = scored_part(run, res_.scored_from);
+    WindowRun out;
+    out.summary = engine::summarize(scored, keep != nullptr ? &scored : &ref_scored_[w]);
+    out.nll = run.nll;
+    out.kept_tokens = run.kept_tokens_mean;
+    out.cache = run.cache;
+    out.time_per_token_ms = 1000.0 * run.seconds / static_cast<double>(run.n_forward);
+    if (keep != nullptr) {
+      ref_scored_[w] = scored;
+      *keep = std::move(run);
+    }
+    return out;
+  }
+
+  // A progress line for a finished row (label: "[k/N]" or "[k]").
+  void report(const std::string& label, const ModelEvalRow& row) const {
+    if (progress_ == nullptr) return;
+    std::lock_guard<std::mutex> lk(m_);
+    *progress_ << fmt::format(
+                      "eval: [{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
+                      label, row.config.spec() + (row.is_reference ? " (reference)" : ""),
+                      row.summary.ppl, row.summary.kl_mean, row.summary.top1_agreement,
+                      row.time_per_token_ms)
+               << std::flush;
+  }
+  // The next number for a progress line without a planned total.
+  int next_count() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return ++count_;
+  }
+
+ private:
+  const engine::Model& model_;
+  const ModelEvalOptions& o_;
+  const ModelEvalResult& res_;
+  std::ostream* progress_;
+  int threads_;
+  std::vector<engine::ForcedRun> refs_;
+  mutable std::vector<engine::ForcedRun> ref_scored_;
+  std::vector<WindowRun> ref_rows_;
+  mutable std::mutex m_;
+  mutable int count_ = 0;
+};
+
+// Budget mode: every planned configuration on every window, in parallel.
+void run_budget_mode(const std::vector<Planned>& plan, const Runner& runner, ModelEvalResult& res) {
+  const std::size_t W = runner.n_windows(), P = plan.size();
+  std::vector<std::vector<WindowRun>> runs(P, std::vector<WindowRun>(W));
+  runs[0] = runner.reference_runs();
+  res.rows.resize(P);
+  res.rows[0] = make_row(plan[0].config, plan[0].series, true, runs[0]);
+  runner.report(fmt::format("1/{}", P), res.rows[0]);
+  std::vector<std::size_t> left(P, W);
+  std::mutex m;
+  run_tasks(static_cast<std::int64_t>((P - 1) * W), runner.threads(), [&](std::int64_t t) {
+    const std::size_t p = 1 + static_cast<std::size_t>(t) / W, w = static_cast<std::size_t>(t) % W;
+    runs[p][w] = runner.run(plan[p].config, w);
+    {
+      std::lock_guard<std::mutex> lk(m);
+      if (--left[p] != 0) return;
+    }
+    res.rows[p] = make_row(plan[p].config, plan[p].series, false, runs[p]);
+    runner.report(fmt::format("{}/{}", p + 1, P), res.rows[p]);
+  });
+}
+
+// One method's equal-memory cells, solved on window 0 (eval/ratio_solver.h).
+struct RatioCell {
+  std::optional<ModelEvalSkip> skip;
+  CacheConfig config;
+  std::string series;
+  double ratio = 0;
+  bool met = true;   // window 0 reached the ratio
+  std::string note;  // why not
+  int solver_runs = 0;
+};
+
+struct MethodSolve {
+  std::vector<RatioCell> cells;
+  std::map<std::string, WindowRun> window0;  // spec -> its run on window 0
+};
+
+class Solver {
+ public:
+  Solver(const Runner& runner, const KvShape& shape, std::int64_t rows_seen,
+         const CacheConfig& reference)
+      : runner_(runner), shape_(shape), rows_seen_(rows_seen), reference_(reference),
+        full_(full_cache_bytes(shape, rows_seen)) {}
+
+  MethodSolve solve(const CacheConfig& m, const std::vector<double>& ratios) const {
+    MethodSolve out;
+    const std::string series = short_spec(m, true);
+    for (const double ratio : ratios) {
+      int runs = 0;
+      auto run = [&](const CacheConfig& c) -> const WindowRun& {
+        const std::string key = c.spec(true);
+        auto it = out.window0.find(key);
+        if (it == out.window0.end()) {
+          ++runs;
+          it = out.window0.emplace(key, runner_.run(c, 0)).first;
+          ModelEvalRow row = make_row(c, series, false, {it->second});
+          runner_.report(std::to_string(runner_.next_count()), row);
+        }
+        return it->second;
+      };
+      RatioCell cell = has_token_budget(m) ? solve_budget_cell(m, ratio, run)
+                                           : solve_width_cell(m, ratio, run);
+      cell.series = series;
+      cell.ratio = ratio;
+      cell.solver_runs = runs;
+      out.cells.push_back(std::move(cell));
+    }
+    return out;
+  }
+
+ private:
+  template <typename Run>
+  RatioCell solve_budget_cell(const CacheConfig& m, double ratio, Run& run) const {
+    const double target = static_cast<double>(full_) / ratio;
+    // Predict, run, and correct by the measured bytes until the run reaches the ratio.
+    std::int64_t offset = 0, below = 0;
+    std::optional<CacheConfig> best;  // the accepted setting, or the closest tried
+    double best_ratio = 0;
+    std::string why;
+    for (int attempt = 0; attempt < kMaxSolverRuns; ++attempt) {
+      const auto choice = solve_budget(m, shape_, rows_seen_, ratio, offset, below, &why);
+      if (!choice) break;
+      const WindowRun& r = run(choice->config);
+      const bool met = static_cast<double>(r.cache.kept_bytes) <= target;
+      if (!best || r.cache.compression_ratio > best_ratio || met) {
+        best = choice->config;
+        best_ratio = r.cache.compression_ratio;
+      }
+      if (met) {
+        why.clear();
+        break;
+      }
+      offset = r.cache.kept_bytes - choice->predicted_bytes;
+      below = choice->budget;
+      why = fmt::format("budget {} holds {} bytes at the end of the text (predicted {})",
+                        choice->budget, r.cache.kept_bytes, choice->predicted_bytes);
+    }
+    RatioCell cell;
+    if (!best) {
+      cell.skip = ModelEvalSkip{
+          m.spec(), 0, "ratio " + fmt::format("{:g}", ratio) + " not reachable: " + why, ratio};
+      return cell;
+    }
+    cell.config = *best;
+    cell.met = why.empty();
+    if (!cell.met) cell.note = "not reachable: " + why;
+    return cell;
+  }
+
+  template <typename Run>
+  RatioCell solve_width_cell(const CacheConfig& m, double ratio, Run& run) const {
+    RatioCell cell;
+    const std::vector<WidthChoice> variants = width_variants(m, shape_, rows_seen_);
+    const std::string asked = "ratio " + fmt::format("{:g}", ratio);
+    if (variants.empty()) {
+      cell.skip = ModelEvalSkip{
+          m.spec(), 0, asked + " not reachable: the method has no budget and no bit width", ratio};
+      return cell;
+    }
+    const WidthChoice& pick = nearest_width(variants, ratio);
+    if (pick.config == reference_) {
+      cell.skip = ModelEvalSkip{
+          m.spec(), 0, asked + ": the nearest setting is the reference itself", ratio};
+      return cell;
+    }
+    cell.config = pick.config;
+    const WindowRun& r = run(pick.config);
+    if (static_cast<double>(r.cache.kept_bytes) > static_cast<double>(full_) / ratio) {
+      std::string reach;
+      for (const WidthChoice& v : variants) {
+        reach += fmt::format("{}{:.2f} ({})", reach.empty() ? "" : ", ", v.predicted_ratio,
+                             v.config.spec());
+      }
+      cell.met = false;
+      cell.note = "nearest: the bit widths reach only " + reach;
+    }
+    return cell;
+  }
+
+  const Runner& runner_;
+  KvShape shape_;
+  std::int64_t rows_seen_;
+  CacheConfig reference_;
+  std::int64_t full_;
+};
+
+// Equal-memory mode: settings solved per method on window 0 (methods in parallel), then every
+// chosen setting run on the other windows (in parallel), then the rows in method x ratio order.
+void run_ratio_mode(const CacheConfig& reference, const std::vector<CacheConfig>& methods,
+                    const Runner& runner, const engine::ModelConfig& mc, ModelEvalResult& res) {
+  const std::vector<WindowRun>& ref_runs = runner.reference_runs();
+  res.rows.push_back(make_row(reference, short_spec(reference, false), true, ref_runs));
+  runner.report(std::to_string(runner.next_count()), res.rows[0]);
+  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim};
+  const std::int64_t rows_seen = res.n_tokens - 1;  // tokens fed: the last one is only a target
+  const Solver solver(runner, shape, rows_seen, reference);
+  std::vector<MethodSolve> solved(methods.size());
+  run_tasks(static_cast<std::int64_t>(methods.size()), runner.threads(), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    solved[k] = solver.solve(methods[k], res.options.ratios);
+  });
+  // The chosen settings on every window (window 0's runs are the solver's).
+  std::vector<std::pair<std::size_t, std::string>> chosen;  // (method, spec)
+  for (std::size_t k = 0; k < solved.size(); ++k) {
+    for (const RatioCell& c : solved[k].cells) {
+      if (c.skip) continue;
+      const std::pair<std::size_t, std::string> key{k, c.config.spec(true)};
+      if (std::find(chosen.begin(), chosen.end(), key) == chosen.end()) chosen.push_back(key);
+    }
+  }
+  const std::size_t W = runner.n_windows();
+  std::vector<std::vector<WindowRun>> runs(chosen.size(), std::vector<WindowRun>(W));
+  std::vector<CacheConfig> configs(chosen.size());
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    for (const RatioCell& c : solved[chosen[i].first].cells) {
+      if (!c.skip && c.config.spec(true) == chosen[i].second) configs[i] = c.config;
+    }
+    runs[i][0] = solved[chosen[i].first].window0.at(chosen[i].second);
+  }
+  if (W > 1) {
+    run_tasks(static_cast<std::int64_t>(chosen.size() * (W - 1)), runner.threads(),
+              [&](std::int64_t t) {
+                const std::size_t i = static_cast<std::size_t>(t) / (W - 1);
+                const std::size_t w = 1 + static_cast<std::size_t>(t) % (W - 1);
+                runs[i][w] = runner.run(configs[i], w);
+              });
+  }
+  const double full = static_cast<double>(full_cache_bytes(shape, rows_seen));
+  for (std::size_t k = 0; k < solved.size(); ++k) {
+    for (const RatioCell& c : solved[k].cells) {
+      if (c.skip) {
+        res.skipped.push_back(*c.skip);
+        continue;
+      }
+      const std::size_t i = static_cast<std::size_t>(
+          std::find(chosen.begin(), chosen.end(), std::make_pair(k, c.config.spec(true))) -
+          chosen.begin());
+      ModelEvalRow row = make_row(c.config, c.series, false, runs[i]);
+      row.target_ratio = c.ratio;
+      row.ratio_met = static_cast<double>(row.kept_bytes) <= full / c.ratio;
+      row.ratio_note = c.met ? "" : c.note;
+      if (!row.ratio_met && c.met) {
+        row.ratio_note = fmt::format("reached on window 0; another window holds {} bytes",
+                                     row.kept_bytes);
+      }
+      row.solver_runs = c.solver_runs;
+      res.rows.push_back(std::move(row));
+    }
+  }
+}
+
+}  // namespace
+
+ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress) {
+  ModelEvalResult res;
+  res.options = o;
+  check_options(o);
+  // Plan every run before loading anything, so bad specs fail fast.
+  const CacheConfig reference = CacheConfig::parse(o.reference);
+  std::vector<bool> budget_written;
+  const std::vector<CacheConfig> methods = parse_methods(o, budget_written);
+  std::vector<Planned> plan;
+  if (o.ratios.empty()) plan = plan_budget_runs(reference, methods, budget_written, o, res.skipped);
+  if (!o.select_from.empty()) read_selection(o, res);
+
   const engine::Model model = engine::Model::load(o.model);
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   const engine::ModelConfig& mc = model.config();
   res.model_format = mc.format;
   res.tokenizer_path = tokenizer->path();
-  res.model_config = {{"dim", mc.dim},
-                      {"hidden_dim", mc.hidden_dim},
-                      {"n_layers", mc.n_layers},
-                      {"n_heads", mc.n_heads},
-                      {"n_kv_heads", mc.n_kv_heads},
-                      {"head_dim", mc.head_dim},
-                      {"vocab_size", mc.vocab_size},
-                      {"seq_len", mc.seq_len},
-                      {"rope", engine::to_string(mc.rope)},
-                      {"weights_dtype", mc.weights_dtype},
-                      {"n_params", mc.n_params()}};
+  res.model_config = model_config_json(mc);
   if (o.tokens > mc.seq_len) {
     bad("--tokens " + std::to_string(o.tokens) + " exceeds the model's context (seq_len " +
         std::to_string(mc.seq_len) + ")");
   }
-  const std::string text = engine::read_text_file(o.text);
-  std::vector<std::int32_t> ids = engine::encode_first(*tokenizer, text, o.tokens);
-  if (static_cast<std::int64_t>(ids.size()) < o.tokens) {
-    throw Error(ErrorCode::kFileError,
-                "'" + o.text + "': encodes to only " + std::to_string(ids.size()) +
-                    " tokens, fewer than --tokens " + std::to_string(o.tokens),
-                o.text);
-  }
+  res.window_ids = load_windows(o, *tokenizer, res.windows);
   res.n_tokens = o.tokens;
-  res.ids = ids;
+  res.ids = res.window_ids[0];
   res.scored_from = o.prefill >= 2 ? o.prefill : 0;
   if (o.before_run) o.before_run(mc);
 
-  // The reference run keeps its logits; every other run is compared with it. The summaries
-  // count the decoded predictions only (scored_from on).
-  engine::ForcedRun ref, ref_scored;
-  std::size_t n_done = 0;
-  auto run_one = [&](const CacheConfig& config, const std::string& series, bool is_reference,
-                     std::size_t n_planned) {
-    engine::ForcedOptions fo;
-    fo.prefill = o.prefill;
-    fo.keep_logits = is_reference;
-    fo.reference = is_reference ? nullptr : &ref;
-    engine::ForcedRun run = engine::run_forced(model, ids, config, fo);
-    const engine::ForcedRun scored = scored_part(run, res.scored_from);
-    ModelEvalRow row;
-    row.config = config;
-    row.series = series;
-    row.is_reference = is_reference;
-    row.summary = engine::summarize(scored, is_reference ? &scored : &ref_scored);
-    row.kept_tokens = run.kept_tokens_mean;
-    row.kept_bytes = run.cache.kept_bytes;
-    row.full_bytes = run.cache.full_bytes;
-    row.compression_ratio = run.cache.compression_ratio;
-    row.time_per_token_ms = 1000.0 * run.seconds / static_cast<double>(run.n_forward);
-    row.evictions = run.cache.evictions;
-    row.merges = run.cache.merges;
-    row.keeps_all = run.cache.evictions == 0 && run.cache.merges == 0 &&
-                    run.cache.kept_bytes >= run.cache.full_bytes;
-    row.nll = run.nll;
-    row.resident_bytes = run.cache.resident_bytes;
-    row.score_source = run.cache.score_source;
-    if (is_reference) {
-      ref_scored = scored;
-      ref = std::move(run);
-    }
-    ++n_done;
-    if (progress != nullptr) {
-      *progress << fmt::format(
-                       "eval: [{}] {:<44} ppl {:8.4f}  KL {:.4f}  top1 {:.3f}  {:.3f} ms/token\n",
-                       n_planned > 0 ? fmt::format("{}/{}", n_done, n_planned)
-                                     : std::to_string(n_done),
-                       config.spec() + (is_reference ? " (reference)" : ""), row.summary.ppl,
-                       row.summary.kl_mean, row.summary.top1_agreement, row.time_per_token_ms)
-                << std::flush;
-    }
-    return row;
-  };
+  // The reference runs keep their logits; every other run is compared with them. The
+  // summaries count the decoded predictions only (scored_from on).
+  Runner runner(model, o, res, progress);
+  runner.run_reference(reference);
   if (o.ratios.empty()) {
-    for (const Planned& p : plan)
-      res.rows.push_back(run_one(p.config, p.series, p.is_reference, plan.size()));
-    return res;
+    run_budget_mode(plan, runner, res);
+  } else {
+    run_ratio_mode(reference, methods, runner, mc, res);
   }
-
-  // Equal-memory mode: the reference, then every method x ratio (eval/ratio_solver.h).
-  // (The number of runs is not known up front: progress lines count them.)
-  res.rows.push_back(run_one(reference, plan[0].series, true, 0));
-  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim};
-  const std::int64_t rows_seen = o.tokens - 1;  // tokens fed: the last one is only a target
-  const std::int64_t full = full_cache_bytes(shape, rows_seen);
-  std::map<std::string, ModelEvalRow> memo;  // spec -> its run (a setting shared by two ratios)
-  int runs = 0;
-  auto run_cached = [&](const CacheConfig& c, const std::string& series) {
-    const std::string key = c.spec(true);
-    auto it = memo.find(key);
-    if (it == memo.end()) {
-      ++runs;
-      it = memo.emplace(key, run_one(c, series, false, 0)).first;
-    }
-    ModelEvalRow row = it->second;
-    row.series = series;
-    return row;
-  };
-  for (const CacheConfig& m : methods) {
-    const std::string series = short_spec(m, true);
-    for (const double ratio : o.ratios) {
-      const double target = static_cast<double>(full) / ratio;
-      runs = 0;
-      if (has_token_budget(m)) {
-        // Predict, run, and correct by the measured bytes until the run reaches the ratio.
-        std::int64_t offset = 0, below = 0;
-        std::optional<ModelEvalRow> best;  // the accepted run, or the closest tried
-        std::string why;
-        for (int attempt = 0; attempt < kMaxSolverRuns; ++attempt) {
-          const auto choice = solve_budget(m, shape, rows_seen, ratio, offset, below, &why);
-          if (!choice) break;
-          ModelEvalRow row = run_cached(choice->config, series);
-          const bool met = static_cast<double>(row.kept_bytes) <= target;
-          if (!best || row.compression_ratio > best->compression_ratio) best = row;
-          if (met) {
-            best = row;
-            why.clear();
-            break;
-          }
-          offset = row.kept_bytes - choice->predicted_bytes;
-          below = choice->budget;
-          why = fmt::format("budget {} holds {} bytes at the end of the text (predicted {})",
-                            choice->budget, row.kept_bytes, choice->predicted_bytes);
-        }
-        if (!best) {
-          res.skipped.push_back({m.spec(), 0,
-                                 "ratio " + fmt::format("{:g}", ratio) + " not reachable: " + why,
-                                 ratio});
-          continue;
-        }
-        best->target_ratio = ratio;
-        best->ratio_met = static_cast<double>(best->kept_bytes) <= target;
-        if (!best->ratio_met) best->ratio_note = "not reachable: " + why;
-        best->solver_runs = runs;
-        res.rows.push_back(std::move(*best));
-      } else {
-        const std::vector<WidthChoice> variants = width_variants(m, shape, rows_seen);
-        if (variants.empty()) {
-          res.skipped.push_back({m.spec(), 0,
-                                 "ratio " + fmt::format("{:g}", ratio) +
-                                     " not reachable: the method has no budget and no bit width",
-                                 ratio});
-          continue;
-        }
-        const WidthChoice& pick = nearest_width(variants, ratio);
-        if (pick.config == reference) {
-          res.skipped.push_back({m.spec(), 0,
-                                 "ratio " + fmt::format("{:g}", ratio) +
-                                     ": the nearest setting is the reference itself",
-                                 ratio});
-          continue;
-        }
-        ModelEvalRow row = run_cached(pick.config, series);
-        row.target_ratio = ratio;
-        row.ratio_met = static_cast<double>(row.kept_bytes) <= target;
-        if (!row.ratio_met) {
-          std::string reach;
-          for (const WidthChoice& v : variants) {
-            reach += fmt::format("{}{:.2f} ({})", reach.empty() ? "" : ", ", v.predicted_ratio,
-                                 v.config.spec());
-          }
-          row.ratio_note = "nearest: the bit widths reach only " + reach;
-        }
-        row.solver_runs = runs;
-        res.rows.push_back(std::move(row));
-      }
-    }
-  }
+  if (res.windowed()) add_window_stats(res);
   return res;
-}
-
-nlohmann::json model_eval_json(const ModelEvalResult& r, const std::string& command) {
-  nlohmann::json settings = {
-      {"model", r.options.model},
-      {"model_format", r.model_format},
-      {"model_config", r.model_config},
-      {"tokenizer", r.tokenizer_path},
-      {"text", r.options.text},
-      {"tokens", r.n_tokens},
-      {"prefill", r.options.prefill},
-      {"n_predictions", r.n_tokens - 1},
-      {"scored_from", r.scored_from},
-      {"n_scored", r.n_tokens - 1 - r.scored_from},
-      {"budgets",
-       r.options.ratios.empty() ? nlohmann::json(r.options.budgets) : nlohmann::json(nullptr)},
-      {"ratios",
-       r.options.ratios.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.options.ratios)},
-      {"rows_at_end", r.n_tokens - 1},
-      {"methods", r.options.methods.empty() ? method_ids() : r.options.methods},
-      {"reference", r.options.reference},
-      {"teacher_forced", true},
-  };
-  nlohmann::json j = results_envelope("eval", command, settings);
-  for (const ModelEvalRow& row : r.rows) {
-    nlohmann::json x = method_json(row.config);
-    x["reference"] = row.is_reference;
-    x["nll_mean"] = row.summary.nll_mean;
-    x["ppl"] = row.summary.ppl;
-    x["kl_mean"] = row.summary.kl_mean;
-    x["top1_agreement"] = row.summary.top1_agreement;
-    x["kept_tokens"] = row.kept_tokens;
-    x["kept_bytes"] = row.kept_bytes;
-    x["resident_bytes"] = row.resident_bytes;
-    x["full_bytes"] = row.full_bytes;
-    x["compression_ratio"] = row.compression_ratio;
-    x["evictions"] = row.evictions;
-    x["merges"] = row.merges;
-    x["keeps_all"] = row.keeps_all;
-    x["score_source"] = row.score_source;
-    x["n_predictions"] = row.summary.n_predictions;
-    x["text"] = r.options.text;
-    x["tokens"] = r.n_tokens;
-    x["prefill"] = r.options.prefill;
-    x["time_per_token_ms"] = row.time_per_token_ms;
-    if (!r.options.ratios.empty() && !row.is_reference) {
-      x["target_ratio"] = row.target_ratio;
-      x["ratio_reached"] = row.compression_ratio;
-      x["ratio_met"] = row.ratio_met;
-      x["ratio_note"] = row.ratio_note;
-      x["solver_runs"] = row.solver_runs;
-    }
-    j["rows"].push_back(x);
-  }
-  nlohmann::json skipped = nlohmann::json::array();
-  for (const ModelEvalSkip& s : r.skipped) {
-    nlohmann::json e = {{"method", s.method}, {"budget", s.budget}, {"reason", s.reason}};
-    if (s.ratio > 0) {
-      e["budget"] = nullptr;
-      e["ratio"] = s.ratio;
-    }
-    skipped.push_back(e);
-  }
-  j["skipped"] = skipped;
-  if (!r.options.ratios.empty()) {
-    j["best_per_ratio"] = best_per_ratio_json(r, ParetoCriterion::kPerplexity);
-    j["closest_per_ratio"] = best_per_ratio_json(r, ParetoCriterion::kKl);
-  }
-  return j;
-}
-
-std::string model_eval_table(const ModelEvalResult& r) {
-  const std::int64_t n_scored = r.n_tokens - 1 - r.scored_from;
-  std::string out =
-      r.scored_from > 0
-          ? fmt::format("{} ({}), {}: first {} tokens, the first {} as one prefill, then {} "
-                        "decoded predictions (scored)\n\n",
-                        r.options.model, r.model_format, r.options.text, r.n_tokens,
-                        r.options.prefill, n_scored)
-          : fmt::format("{} ({}), {}: first {} tokens, {} predictions, one token per step\n\n",
-                        r.options.model, r.model_format, r.options.text, r.n_tokens, n_scored);
-  const bool by_ratio = !r.options.ratios.empty();
-  out += fmt::format("{:<40} {}{:>6} {:>9} {:>7} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>8}\n",
-                     "method", by_ratio ? "target " : "", "budget", "ppl", "nll", "KL", "top1",
-                     "kept/head", "kept bytes", "resident", "ratio", "ms/tok");
-  std::string notes;
-  bool any_keeps_all = false;
-  for (const ModelEvalRow& row : r.rows) {
-    const std::string budget =
-        has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
-    // KL below the table's precision but not zero is shown in scientific notation.
-    const double kl = row.summary.kl_mean;
-    const std::string kl_text =
-        kl > 0 && kl < 5e-5 ? fmt::format("{:8.1e}", kl) : fmt::format("{:8.4f}", kl);
-    // A run that held every row did not compress: say so instead of a ratio of 1 (or below).
-    std::string ratio = row.keeps_all ? "keeps all" : fmt::format("{:.2f}", row.compression_ratio);
-    std::string target;
-    if (by_ratio) {
-      target = row.is_reference ? fmt::format("{:>6} ", "-")
-                                : fmt::format("{:>5}x ", fmt::format("{:g}", row.target_ratio));
-      if (!row.is_reference && !row.ratio_met) {
-        ratio += "*";
-        notes += fmt::format("* {} at {:g}x: {}\n", row.series, row.target_ratio, row.ratio_note);
-      }
-    }
-    any_keeps_all = any_keeps_all || row.keeps_all;
-    out += fmt::format(
-        "{:<40} {}{:>6} {:>9.4f} {:>7.4f} {} {:>6.3f} {:>9.1f} {:>10} {:>10} {:>9} {:>8.4f}\n",
-        row.series + (row.is_reference ? " (reference)" : ""), target, budget, row.summary.ppl,
-        row.summary.nll_mean, kl_text, row.summary.top1_agreement, row.kept_tokens, row.kept_bytes,
-        row.resident_bytes, ratio, row.time_per_token_ms);
-  }
-  out += notes;
-  for (const ModelEvalSkip& s : r.skipped) {
-    if (s.ratio > 0) {
-      out += fmt::format("skipped {} at ratio {:g}: {}\n", s.method, s.ratio, s.reason);
-    } else {
-      out += fmt::format("skipped {} at budget {}: {}\n", s.method, s.budget, s.reason);
-    }
-  }
-  out += fmt::format(
-      "\nppl = exp(mean NLL) over the {} scored predictions; KL = mean KL(reference || method) per "
-      "token in nats; top1 = share of positions whose argmax matches the reference; kept/head = "
-      "mean rows per KV head per layer after each step; kept bytes (payload) / resident (every "
-      "byte the cache keeps) / ratio (full_bytes / kept_bytes) at the end of the text.{}\n",
-      n_scored,
-      any_keeps_all ? " keeps all = nothing evicted, merged or quantized in this scenario "
-                      "(no compression)."
-                    : "");
-  if (by_ratio) {
-    out += fmt::format(
-        "target = the compression ratio asked for (--ratio), reached when full_bytes / kept_bytes "
-        "at the end of the text (after the last of the {} rows read) is at least it; * = not "
-        "reached (see the note).\n\n",
-        r.n_tokens - 1);
-    out += best_per_ratio_table(r);
-  }
-  return out;
-}
-
-std::string model_eval_per_token(const ModelEvalResult& r) {
-  std::string out = "run\tmethod\tbudget\tposition\ttoken\tnext_token\tscored\tnll\n";
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    const ModelEvalRow& row = r.rows[i];
-    const std::string spec = row.config.spec();
-    const std::string budget =
-        has_token_budget(row.config) ? std::to_string(token_budget(row.config)) : "-";
-    for (std::size_t p = 0; p < row.nll.size(); ++p) {
-      // %.17g: the double round-trips exactly.
-      out += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.17g}\n", i, spec, budget, p, r.ids[p],
-                         r.ids[p + 1], static_cast<std::int64_t>(p) >= r.scored_from ? 1 : 0,
-                         row.nll[p]);
-    }
-  }
-  return out;
-}
-
-std::string model_eval_plot(const ModelEvalResult& r) {
-  if (!r.options.ratios.empty()) return pareto_plot(r);
-  Panel ppl{"perplexity", "budget (rows per KV head)", "perplexity", true, true, {}};
-  Panel kl{"KL(reference || method) per token (log)",
-           "budget (rows per KV head)",
-           "nats",
-           true,
-           true,
-           {}};
-  const double lo =
-      static_cast<double>(*std::min_element(r.options.budgets.begin(), r.options.budgets.end()));
-  const double hi =
-      static_cast<double>(*std::max_element(r.options.budgets.begin(), r.options.budgets.end()));
-  // One series per method, in table order; methods without a budget (the reference) are
-  // dashed horizontal lines.
-  auto series_in = [](Panel& p, const std::string& label, bool dashed) -> Series& {
-    for (Series& s : p.series) {
-      if (s.label == label) return s;
-    }
-    p.series.push_back({label, {}, {}, {}, dashed});
-    return p.series.back();
-  };
-  for (const ModelEvalRow& row : r.rows) {
-    const bool flat = row.is_reference || !has_token_budget(row.config);
-    const std::string label = row.series + (row.is_reference ? " (reference)" : "");
-    const std::vector<double> xs =
-        flat ? std::vector<double>{lo, hi}
-             : std::vector<double>{static_cast<double>(token_budget(row.config))};
-    Series& sp = series_in(ppl, label, flat);
-    for (const double x : xs) {
-      sp.x.push_back(x);
-      sp.y.push_back(row.summary.ppl);
-    }
-    if (row.summary.kl_mean > 0) {  // KL = 0 (the reference, nothing evicted) has no log-axis point
-      Series& sk = series_in(kl, label, flat);
-      for (const double x : xs) {
-        sk.x.push_back(x);
-        sk.y.push_back(row.summary.kl_mean);
-      }
-    }
-  }
-  const std::string title = "KV-cache methods on " + r.options.model + ", " + r.options.text +
-                            " (first " + std::to_string(r.n_tokens) + " tokens)";
-  return line_plot_svg(title, {ppl, kl}, 2);
 }
 
 }  // namespace vq::eval

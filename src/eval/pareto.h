@@ -45,7 +45,19 @@ std::vector<std::optional<std::size_t>> best_rows_per_ratio(
 nlohmann::json best_per_ratio_json(const ModelEvalResult& result,
                                    ParetoCriterion criterion = ParetoCriterion::kPerplexity);
 
-// The best-per-ratio table (by perplexity, then the closest by KL) for the terminal.
+// Windows mode: the rows statistically indistinguishable from row `best` at ratio R: every other
+// row (the reference left out, one row per setting) that reached R and whose paired difference
+// of window NLLs to `best` has a 95% bootstrap interval containing 0, in row order.
+std::vector<std::size_t> indistinguishable_rows(const ModelEvalResult& result, std::size_t best,
+                                               double ratio);
+
+// Windows mode with --select-from: per ratio, the configuration the selection file (the dev
+// split) chose, as measured on this run's windows (the test split): perplexity and its change
+// against the reference with 95% intervals ("selected_per_ratio", docs/quality.md).
+nlohmann::json selected_per_ratio_json(const ModelEvalResult& result);
+
+// The best-per-ratio table (by perplexity, then the closest by KL) for the terminal; in windows
+// mode with intervals, the count of indistinguishable rows and the selected configurations.
 std::string best_per_ratio_table(const ModelEvalResult& result);
 
 // The Pareto SVG: perplexity and KL against the ratio reached (log x), one series per method

@@ -96,8 +96,22 @@ PerturbMeasure measure_case(const PerturbOptions& options, const PerturbCase& c)
 using PerturbProgress = std::function<void(std::size_t, std::size_t, const PerturbCase&,
                                            const PerturbMeasure&, double)>;
 
-// plan_perturb, then every row; returns the whole result document (docs/results.md, kind
-// "perturb"). `command` is recorded as the command line. Writes no files.
+// One measured row.
+struct PerturbRow {
+  PerturbCase c;
+  PerturbMeasure measure;
+};
+
+// plan_perturb, then every row, in plan order. Writes nothing.
+std::vector<PerturbRow> run_perturb_rows(const PerturbOptions& options,
+                                         const PerturbProgress& progress = {});
+
+// The result document (docs/results.md, kind "perturb") of measured rows; `command` is recorded
+// as the command line.
+nlohmann::json perturb_json(const PerturbOptions& options, const std::vector<PerturbRow>& rows,
+                            const std::string& command);
+
+// run_perturb_rows, then perturb_json. Writes no files.
 nlohmann::json run_perturb(const PerturbOptions& options, const std::string& command,
                            const PerturbProgress& progress = {});
 

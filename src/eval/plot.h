@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vq::eval {
@@ -13,6 +14,9 @@ struct Series {
   std::vector<double> y_err;  // empty, or one half-width per point (drawn as error bars)
   bool dashed = false;
   bool highlight = false;  // drawn black and thick, with larger markers (e.g. the best per ratio)
+  // Empty, or per point the low and high end of an interval around y (drawn as bars, also on a
+  // log axis when both ends are positive), e.g. a 95% confidence interval.
+  std::vector<std::pair<double, double>> y_lo_hi = {};
 };
 
 struct Panel {

@@ -92,10 +92,9 @@ void add_scaled(float* x, const float* u, float s, std::int64_t d) {
   for (std::int64_t i = 0; i < d; ++i) x[i] += s * u[i];
 }
 
-}  // namespace
-
-SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t tokens,
-                           std::int64_t head_dim, std::int64_t n_probes, std::uint64_t seed) {
+// Sizes come from flags: refuses what is too small, and element counts beyond memory's range.
+void check_sizes(std::int64_t heads, std::int64_t tokens, std::int64_t head_dim,
+                 std::int64_t n_probes) {
   if (heads < 1 || head_dim < 1 || n_probes < 1 || tokens < kMinSyntheticTokens) {
     throw Error(ErrorCode::kInvalidArgument,
                 "[synthetic] needs heads, head_dim and probes >= 1 and tokens >= " +
@@ -104,7 +103,6 @@ SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t t
                     ", head_dim " + std::to_string(head_dim) + ", probes " +
                     std::to_string(n_probes));
   }
-  // Sizes come from flags: the element counts must fit in memory's address range.
   const auto kv_elems = detail::checked_product({heads, tokens, head_dim});
   const auto probe_elems = detail::checked_product({heads, n_probes, head_dim});
   constexpr std::int64_t kMaxElems = std::int64_t{1} << 40;  // 4 TiB of fp32: never allocatable
@@ -115,18 +113,11 @@ SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t t
                                                  ") x head_dim " + std::to_string(head_dim) +
                                                  " elements is too large (at most 2^40)");
   }
-  SyntheticKV kv;
-  kv.heads = heads;
-  kv.tokens = tokens;
-  kv.head_dim = head_dim;
-  kv.n_probes = n_probes;
-  const std::int64_t D = head_dim, S = tokens, P = n_probes;
-  kv.keys.resize(static_cast<std::size_t>(heads * S * D));
-  kv.values.resize(kv.keys.size());
-  kv.probes.resize(static_cast<std::size_t>(heads * P * D));
-  kv.axis.resize(static_cast<std::size_t>(heads * D));
-  const float sqrt_d = std::sqrt(static_cast<float>(D));
+}
 
+// Where the geometry's features lie (spans, the late block, the planted token).
+void place_features(Geometry geometry, SyntheticKV& kv) {
+  const std::int64_t S = kv.tokens;
   switch (geometry) {
     case Geometry::kSpans:
       kv.span_len = std::max<std::int64_t>(1, S / 12);
@@ -141,15 +132,77 @@ SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t t
       kv.burst_start = (9 * S) / 10;
       break;
   }
+}
+
+// Shapes head h's noise (keys K, probes Q) by the geometry along the directions a and b, and
+// records the probes' axis.
+void shape_head(Geometry geometry, SyntheticKV& kv, std::int64_t h, const std::vector<float>& a,
+                const std::vector<float>& b) {
+  const std::int64_t D = kv.head_dim, S = kv.tokens, P = kv.n_probes;
+  const float sqrt_d = std::sqrt(static_cast<float>(D));
+  float* K = kv.keys.data() + h * S * D;
+  float* Q = kv.probes.data() + h * P * D;
+  float* axis = kv.axis.data() + h * D;
+  switch (geometry) {
+    case Geometry::kSpans: {
+      for (const std::int64_t start : kv.span_starts) {
+        for (std::int64_t t = start; t < std::min(S, start + kv.span_len); ++t) {
+          add_scaled(K + t * D, a.data(), 4.0f, D);
+        }
+      }
+      std::copy(a.begin(), a.end(), axis);
+      break;
+    }
+    case Geometry::kShift:
+    case Geometry::kStable: {
+      const bool shift = geometry == Geometry::kShift;
+      for (std::int64_t t = 0; t < S; ++t) {
+        const float* topic = shift && t >= kv.late_start ? b.data() : a.data();
+        add_scaled(K + t * D, topic, 4.0f, D);
+      }
+      const std::vector<float>& probe_topic = shift ? b : a;
+      for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, probe_topic.data(), sqrt_d, D);
+      std::copy(probe_topic.begin(), probe_topic.end(), axis);
+      break;
+    }
+    case Geometry::kPlanted: {
+      for (std::int64_t t = 0; t < S; ++t) {
+        float* k = K + t * D;
+        if (t == kv.planted_pos) {
+          for (std::int64_t d = 0; d < D; ++d) k[d] = 2.0f * sqrt_d * a[d];
+          continue;
+        }
+        remove_component(k, a.data(), D);
+        if (t >= kv.burst_start) add_scaled(k, a.data(), 4.0f, D);
+      }
+      for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, a.data(), sqrt_d, D);
+      std::copy(a.begin(), a.end(), axis);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t tokens,
+                           std::int64_t head_dim, std::int64_t n_probes, std::uint64_t seed) {
+  check_sizes(heads, tokens, head_dim, n_probes);
+  SyntheticKV kv;
+  kv.heads = heads;
+  kv.tokens = tokens;
+  kv.head_dim = head_dim;
+  kv.n_probes = n_probes;
+  const std::int64_t D = head_dim, S = tokens, P = n_probes;
+  kv.keys.resize(static_cast<std::size_t>(heads * S * D));
+  kv.values.resize(kv.keys.size());
+  kv.probes.resize(static_cast<std::size_t>(heads * P * D));
+  kv.axis.resize(static_cast<std::size_t>(heads * D));
+  place_features(geometry, kv);
 
   std::vector<float> a(static_cast<std::size_t>(D)), b(static_cast<std::size_t>(D));
   for (std::int64_t h = 0; h < heads; ++h) {
     // Draw order per head: directions, keys, values, probes (each a fixed count of normals).
     Draws g(seed, static_cast<std::uint64_t>(h));
-    float* K = kv.keys.data() + h * S * D;
-    float* V = kv.values.data() + h * S * D;
-    float* Q = kv.probes.data() + h * P * D;
-    float* axis = kv.axis.data() + h * D;
     unit_vector(g, a.data(), D);
     g.normals(b.data(), D);
     if (D > 1) {
@@ -159,47 +212,10 @@ SyntheticKV make_synthetic(Geometry geometry, std::int64_t heads, std::int64_t t
     } else {
       b = a;
     }
-    g.normals(K, S * D);
-    g.normals(V, S * D);
-    g.normals(Q, P * D);
-
-    switch (geometry) {
-      case Geometry::kSpans: {
-        for (const std::int64_t start : kv.span_starts) {
-          for (std::int64_t t = start; t < std::min(S, start + kv.span_len); ++t) {
-            add_scaled(K + t * D, a.data(), 4.0f, D);
-          }
-        }
-        std::copy(a.begin(), a.end(), axis);
-        break;
-      }
-      case Geometry::kShift:
-      case Geometry::kStable: {
-        const bool shift = geometry == Geometry::kShift;
-        for (std::int64_t t = 0; t < S; ++t) {
-          const float* topic = shift && t >= kv.late_start ? b.data() : a.data();
-          add_scaled(K + t * D, topic, 4.0f, D);
-        }
-        const std::vector<float>& probe_topic = shift ? b : a;
-        for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, probe_topic.data(), sqrt_d, D);
-        std::copy(probe_topic.begin(), probe_topic.end(), axis);
-        break;
-      }
-      case Geometry::kPlanted: {
-        for (std::int64_t t = 0; t < S; ++t) {
-          float* k = K + t * D;
-          if (t == kv.planted_pos) {
-            for (std::int64_t d = 0; d < D; ++d) k[d] = 2.0f * sqrt_d * a[d];
-            continue;
-          }
-          remove_component(k, a.data(), D);
-          if (t >= kv.burst_start) add_scaled(k, a.data(), 4.0f, D);
-        }
-        for (std::int64_t p = 0; p < P; ++p) add_scaled(Q + p * D, a.data(), sqrt_d, D);
-        std::copy(a.begin(), a.end(), axis);
-        break;
-      }
-    }
+    g.normals(kv.keys.data() + h * S * D, S * D);
+    g.normals(kv.values.data() + h * S * D, S * D);
+    g.normals(kv.probes.data() + h * P * D, P * D);
+    shape_head(geometry, kv, h, a, b);
   }
   return kv;
 }
