@@ -43,37 +43,20 @@ class ChunkKVPolicy final : public H2OPolicy {
     if (key_norm_) source_.kind = source_.configured = ScoreSource::Kind::kNone;
   }
 
-  void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    const std::int64_t H = st.shape.n_kv_heads, D = st.shape.head_dim;
-    open_live(st);
-    for (std::int64_t j = 0; j < st.step_new; ++j) {
-      for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
-        HeadCtx h{st, st.heads[static_cast<std::size_t>(i)], i, D,
-                  st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-        on_token(h, st.step_prev + j);
-      }
-      for (std::int64_t b = 0; b < st.batch; ++b) {
-        while (static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H)].live.size()) >
-               budget_) {
-          const auto [c0, c1] = lowest_chunk(st, b);
-          losers_.clear();
-          for (std::int64_t r = c0; r < c1; ++r) losers_.push_back(r);
-          for (std::int64_t h = 0; h < H; ++h) {
-            const std::int64_t i = b * H + h;
-            HeadCtx ctx{st, st.heads[static_cast<std::size_t>(i)], i, D,
-                        st.rngs[static_cast<std::size_t>(h)]};
-            evict_rows(ctx, losers_);
-          }
-        }
-      }
-      for (HeadState& hs : st.heads) {
-        hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-      }
+ protected:
+  // Every head of a batch row loses the same chunk, token by token (never a chunk at once).
+  bool decides_chunk_at_once() const noexcept override { return false; }
+  bool shares_rows() const noexcept override { return true; }
+  void layer_losers(LayerState& st, std::int64_t b, std::int64_t keep,
+                    std::vector<std::int64_t>& losers) override {
+    const std::int64_t H = st.shape.n_kv_heads;
+    if (static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H)].live.size()) <= keep) {
+      return;
     }
-    commit_live(st);
+    const auto [c0, c1] = lowest_chunk(st, b);
+    for (std::int64_t r = c0; r < c1; ++r) losers.push_back(r);
   }
 
- protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
     if (!key_norm_) {
       H2OPolicy::on_token(h, row);
@@ -113,7 +96,7 @@ class ChunkKVPolicy final : public H2OPolicy {
   std::int64_t chunk_;
   bool key_norm_;
   std::vector<float> token_, means_;
-  std::vector<std::int64_t> starts_, losers_;
+  std::vector<std::int64_t> starts_;
 };
 
 std::unique_ptr<Policy> make(const PolicyContext& ctx) {

@@ -12,8 +12,12 @@ namespace {
 class FullPolicy final : public Policy {
  public:
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    for (HeadState& hs : st.heads) {
-      if (hs.store->quantizing()) hs.store->settle_keep_all();  // plain rows: nothing to do
+    for (std::size_t i = 0; i < st.heads.size(); ++i) {
+      if (!st.heads[i].store()->quantizing()) continue;  // plain rows: nothing to do
+      Decision d;
+      d.kind = Decision::Kind::kKeepAll;
+      d.head = static_cast<std::int64_t>(i);
+      st.apply(d);
     }
   }
 };

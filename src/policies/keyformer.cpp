@@ -52,9 +52,8 @@ class KeyformerPolicy final : public H2OPolicy {
   // The temperature anneals over decode steps (single-token steps), as in the paper, where tau
   // rises with each generated token: a step uses tau_at(number of earlier decode steps), so a
   // prompt read in one chunk uses tau_init.
-  void end_step(LayerState& st, const AttentionRef* attention) override {
-    tau_ = tau_at(decode_steps_);
-    H2OPolicy::end_step(st, attention);
+  void begin_step(LayerState& /*st*/) override { tau_ = tau_at(decode_steps_); }
+  void finish_step(LayerState& st) override {
     if (st.step_new == 1) ++decode_steps_;
   }
   void on_reset(LayerState& /*st*/) override { decode_steps_ = 0; }

@@ -36,16 +36,16 @@ class MorphKVPolicy final : public TokenPolicy {
                 MergeRule merge, ScoreSource source)
       : TokenPolicy(budget, n_sink, merge, source), window_(window), fusion_(fusion) {}
 
-  void end_step(LayerState& st, const AttentionRef* attention) override {
+ protected:
+  // The attention source keeps each row's attention of the last `window` queries (hist).
+  void begin_step(LayerState& st) override {
     if (source_.attention()) {
       for (HeadState& hs : st.heads) {
         if (hs.hist_stride == 0 && hs.live.empty() && hs.score.empty()) hs.hist_stride = window_;
       }
     }
-    TokenPolicy::end_step(st, attention);
   }
 
- protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
     push_row(h.hs, row, 0.0f);
     if (!source_.attention()) return;

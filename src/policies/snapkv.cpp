@@ -48,35 +48,20 @@ class SnapKVPolicy final : public TokenPolicy {
     set_headwise(headwise_rule_from(c));
   }
 
-  void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    open_live(st);
-    for (HeadState& hs : st.heads) {
-      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, hs.prev + j, 0.0f);
-    }
-    if (headwise_.on) {
-      // One decision per batch element over every head's pooled scores (a prefill chunk only;
-      // decode appends). headwise_cut ranks each head with eviction_scores() below.
-      headwise_cut(st, st.step_new > 1 ? budget_ : -1);
-      commit_live(st);
-      return;
-    }
-    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
-      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
-      if (st.step_new > 1 && static_cast<std::int64_t>(hs.live.size()) > budget_) {
-        HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-        select(h);
-      }
-      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-    }
-    commit_live(st);
-  }
-
  protected:
-  void on_token(HeadCtx& /*h*/, std::int64_t /*row*/) override {}  // end_step is overridden
+  // A prefill chunk (S > 1) is one decision with the window's scores; a decode step appends.
+  void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
+  bool decides_chunk_at_once() const noexcept override { return true; }
+  std::int64_t step_budget(const LayerState& st) const override {
+    return st.step_new > 1 ? budget_ : -1;
+  }
+  void cut_head(HeadCtx& h, std::int64_t keep) override {
+    if (h.n_live() > keep) select(h);
+  }
   bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
 
-  // Head-wise ranking: the pooled window mass of the candidates; the sinks and the window rows
-  // are protected (+inf), each head keeping its own window.
+  // Head-wise ranking (headwise_cut): the pooled window mass of the candidates; the sinks and
+  // the window rows are protected (+inf), each head keeping its own window.
   void eviction_scores(HeadCtx& h, float* out) override {
     const std::int64_t n = h.n_live();
     const std::int64_t m = pool(h);

@@ -65,23 +65,19 @@ class SqueezePolicy final : public H2OPolicy {
   // included); the layer that reports last decides the budgets and has every layer cut its
   // held rows to its own budget at once (apply_group_decision), before any layer computes the
   // next step. From then on each layer is H2O at its budget.
-  void end_step(LayerState& st, const AttentionRef* attention) override {
-    if (!group_) {
-      H2OPolicy::end_step(st, attention);
-      return;
-    }
-    group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
-    if (!group_->budgets.empty()) {
-      H2OPolicy::end_step(st, attention);
-      return;
-    }
-    const std::int64_t keep = budget_;
-    budget_ = -1;  // hold: score every token, evict nothing
-    H2OPolicy::end_step(st, attention);
-    budget_ = keep;
-    if (!reported_ && st.tokens_seen >= average_) report();
+  void begin_step(LayerState& st) override {
+    holding_ = group_ && group_->budgets.empty();
+    if (group_) group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
+  }
+  // Holding: score every token, evict nothing.
+  std::int64_t step_budget(const LayerState& /*st*/) const override {
+    return holding_ ? -1 : budget_;
+  }
+  void finish_step(LayerState& st) override {
+    if (holding_ && !reported_ && st.tokens_seen >= average_) report();
   }
 
+  // Called by the layer that completed the decision (report()), on every layer.
   void apply_group_decision(LayerState& st) override {
     budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
     cut_stored(st, budget_);
@@ -145,6 +141,7 @@ class SqueezePolicy final : public H2OPolicy {
   std::int64_t layer_;
   std::shared_ptr<LayerGroup> group_;
   bool reported_ = false;
+  bool holding_ = false;  // this step holds every row (budgets not decided yet)
   double entropy_sum_ = 0;
   std::int64_t entropy_count_ = 0;
 };
