@@ -22,27 +22,25 @@ class FullPolicy final : public Policy {
   }
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }
-
 }  // namespace
 
-std::unique_ptr<Policy> make_keep_all_policy() { return std::make_unique<FullPolicy>(); }
+std::unique_ptr<Policy> make_keep_all_policy(const PolicyContext& /*ctx*/) { return std::make_unique<FullPolicy>(); }
 
-MethodInfo full_method() {
-  MethodInfo m;
-  m.id = "full";
-  m.prefix = "";
-  m.summary = "no compression: keeps every token (the reference row)";
-  m.paper = "-";
-  m.disposition = "none";
-  m.score_signal = "none";
-  m.budget_type = "none (keeps all)";
-  m.deviations = "-";
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.make_policy = &make;
-  m.paper_config = "-";
-  return m;
-}
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: full
+prefix: -
+summary: no compression: keeps every token (the reference row)
+paper: -
+disposition: none
+score: none
+budget: none (keeps all)
+deviations: -
+paper config: -
+groups: quantize common
+)";
+
+MethodInfo full_method() { return method_card(kCard, nullptr, &make_keep_all_policy); }
 
 }  // namespace vq::detail

@@ -150,6 +150,11 @@ class TokenPolicy : public Policy {
   TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge,
               ScoreSource source = ScoreSource{})
       : budget_(budget), n_sink_(n_sink), merge_(merge), source_(source) {}
+  // Read from the config of ctx's method, through its prefix p: budget (default: p_budget),
+  // p_n_sink, the merge rule (p_merge...), the score source (source, gqa_reduce) and head-wise
+  // budgets (headwise, headwise_floor), the last two where the method has those fields.
+  explicit TokenPolicy(const PolicyContext& ctx);
+  TokenPolicy(const PolicyContext& ctx, std::int64_t budget);
   std::int64_t budget() const noexcept override { return budget_; }
   void end_step(LayerState& st, const AttentionRef* attention) override;
   bool needs_attention() const noexcept override { return source_.attention(); }

@@ -40,13 +40,10 @@ namespace {
 
 class SnapKVPolicy final : public TokenPolicy {
  public:
-  explicit SnapKVPolicy(const CacheConfig& c)
-      : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap"),
-                    score_source_from(c)),
-        window_(c.get_int("snap_obs_window")), kernel_(c.get_int("snap_kernel")),
-        avg_(c.get_enum("snap_pool") == "avg") {
-    set_headwise(headwise_rule_from(c));
-  }
+  explicit SnapKVPolicy(const PolicyContext& ctx)
+      : TokenPolicy(ctx), window_(ctx.config.get_int("snap_obs_window")),
+        kernel_(ctx.config.get_int("snap_kernel")),
+        avg_(ctx.config.get_enum("snap_pool") == "avg") {}
 
  protected:
   // A prefill chunk (S > 1) is one decision with the window's scores; a decode step appends.
@@ -138,10 +135,6 @@ class SnapKVPolicy final : public TokenPolicy {
   std::vector<std::int64_t> order_, losers_;
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  return std::make_unique<SnapKVPolicy>(ctx.config);
-}
-
 void check(const CacheConfig& c) {
   require_less(c, "snap_n_sink", "snap_budget");
   require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
@@ -153,40 +146,31 @@ void check(const CacheConfig& c) {
 
 }  // namespace
 
-MethodInfo snapkv_method() {
-  MethodInfo m;
-  m.id = "snapkv";
-  m.prefix = "snap";
-  m.summary = "SnapKV: at prefill, keep the rows an observation window of the last rows "
-              "attends to (pooled); decode appends";
-  m.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
-            "NeurIPS 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "observation-window attention, pooled";
-  m.budget_type = "uniform at prefill (decode grows)";
-  m.deviations = "proxy source: window keys stand in for queries (source=attention: the "
-                 "window's real query rows); sinks protected";
-  m.prefill_only = true;
-  m.fields = {
-      int_field("snap_budget", 512, 1, kMaxTokens,
-                "rows kept per KV head after a prefill chunk, sinks and window included"),
-      int_field("snap_obs_window", 32, 1, kMaxTokens, "last rows of the chunk used as queries"),
-      int_field("snap_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      int_field("snap_kernel", 7, 1, 1023, "pooling kernel along the sequence (odd)"),
-      enum_field("snap_pool", "max", {"max", "avg"}, "pooling of the window attention mass"),
-  };
-  add_merge_fields(m.fields, "snap", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("snap_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("snap_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, "
-      "max pooling with kernel 7)";
-  return m;
-}
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: snapkv
+prefix: snap
+summary: SnapKV: at prefill, keep the rows an observation window of the last rows attends to
+  (pooled); decode appends
+paper: Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, NeurIPS 2024
+disposition: drop (merge optional)
+score: observation-window attention, pooled
+budget: uniform at prefill (decode grows)
+deviations: proxy source: window keys stand in for queries (source=attention: the window's real
+  query rows); sinks protected
+paper config: `snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, max
+  pooling with kernel 7)
+prefill only: yes
+| snap_budget | int | 512 | [1, 16777216] | rows kept per KV head after a prefill chunk, sinks and
+  window included
+| snap_obs_window | int | 32 | [1, 16777216] | last rows of the chunk used as queries
+| snap_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| snap_kernel | int | 7 | [1, 1023] | pooling kernel along the sequence (odd)
+| snap_pool | enum | max | {max, avg} | pooling of the window attention mass
+groups: merge(drop) source headwise quantize common
+)";
+
+MethodInfo snapkv_method() { return method_card(kCard, &check, &make_policy_of<SnapKVPolicy>); }
 
 }  // namespace vq::detail

@@ -6,6 +6,7 @@
 #include "base/kernels.h"
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq::detail {
 
@@ -59,6 +60,16 @@ ScoreSource score_source_from(const CacheConfig& config) {
                             : ScoreSource::Reduce::kMean;
   }
   return s;
+}
+
+TokenPolicy::TokenPolicy(const PolicyContext& ctx)
+    : TokenPolicy(ctx, ctx.config.get_int(ctx.config.info().prefix + "_budget")) {}
+
+TokenPolicy::TokenPolicy(const PolicyContext& ctx, std::int64_t budget)
+    : TokenPolicy(budget, ctx.config.get_int(ctx.config.info().prefix + "_n_sink"),
+                  merge_rule_from(ctx.config, ctx.config.info().prefix),
+                  score_source_from(ctx.config)) {
+  set_headwise(headwise_rule_from(ctx.config));
 }
 
 const char* TokenPolicy::source_name() const noexcept {

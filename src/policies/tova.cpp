@@ -103,45 +103,27 @@ class TovaPolicy final : public TokenPolicy {
   }
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  auto policy = std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
-                                             merge_rule_from(c, "tova"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) { require_less(c, "tova_n_sink", "tova_budget"); }
-
 }  // namespace
 
-MethodInfo tova_method() {
-  MethodInfo m;
-  m.id = "tova";
-  m.prefix = "tova";
-  m.summary = "TOVA: evict the row the newest token attends to least";
-  m.paper = "Oren et al., Transformers are Multi-State RNNs, EMNLP 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "current-step attention";
-  m.budget_type = "uniform";
-  m.deviations = "proxy source: key-as-query per KV head (attention source: the paper's last "
-                 "query averaged over all heads, one index set per layer); sinks protected";
-  m.fields = {
-      int_field("tova_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("tova_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-  };
-  add_merge_fields(m.fields, "tova", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("tova_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("tova_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`tova:n_sink=0,source=attention` (the last query's attention averaged over "
-      "every head, one index set per layer)";
-  return m;
-}
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: tova
+prefix: tova
+summary: TOVA: evict the row the newest token attends to least
+paper: Oren et al., Transformers are Multi-State RNNs, EMNLP 2024
+disposition: drop (merge optional)
+score: current-step attention
+budget: uniform
+deviations: proxy source: key-as-query per KV head (attention source: the paper's last query
+  averaged over all heads, one index set per layer); sinks protected
+paper config: `tova:n_sink=0,source=attention` (the last query's attention averaged over every
+  head, one index set per layer)
+| tova_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| tova_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+groups: merge(drop) source headwise quantize common
+)";
+
+MethodInfo tova_method() { return method_card(kCard, &check_sink_below_budget, &make_policy_of<TovaPolicy>); }
 
 }  // namespace vq::detail
