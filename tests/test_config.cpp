@@ -215,6 +215,34 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
   }
 }
 
+// register_method's guards (a successful registration is examples/custom_method.cpp, run by
+// ctest in its own process, so this binary's registry stays the library's).
+TEST(Registry, RegisterMethodRejectsBadEntries) {
+  auto scorer = [](const CacheConfig&) -> RowScorer {
+    return [](const float*, const float*, std::int64_t) { return 0.0f; };
+  };
+  const std::size_t before = registry().size();
+  expect_error([&] { register_method(scored_method("h2o", "x", "s", scorer)); },
+               ErrorCode::kInvalidArgument, {"register_method('h2o')", "already registered"});
+  expect_error([&] { register_method(scored_method("Bad-Id", "x", "s", scorer)); },
+               ErrorCode::kInvalidArgument, {"lower-case letters, digits and '_'"});
+  expect_error([&] { register_method(scored_method("", "x", "s", scorer)); },
+               ErrorCode::kInvalidArgument, {"the id is empty"});
+  MethodInfo no_policy;
+  no_policy.id = "nopolicy";
+  expect_error([&] { register_method(no_policy); }, ErrorCode::kInvalidArgument,
+               {"needs make_policy or make_scorer"});
+  MethodInfo bad_default = scored_method("baddefault", "bd", "s", scorer);
+  bad_default.fields.push_back(FieldSpec{"bd_power", FieldType::kFloat, 9.0, 0.5, 8.0, {}, "x"});
+  expect_error([&] { register_method(bad_default); }, ErrorCode::kInvalidArgument,
+               {"bd_power's default is not one it allows"});
+  MethodInfo bad_budget = scored_method("badbudget", "bb", "s", scorer);
+  bad_budget.budget_field = "bb_nope";
+  expect_error([&] { register_method(bad_budget); }, ErrorCode::kInvalidArgument,
+               {"budget_field 'bb_nope' is not an int field"});
+  EXPECT_EQ(registry().size(), before);
+}
+
 TEST(Registry, TokenBudgetHelpers) {
   EXPECT_FALSE(has_token_budget(CacheConfig("full")));
   expect_error([] { with_token_budget(CacheConfig("full"), 64); }, ErrorCode::kInvalidConfig,

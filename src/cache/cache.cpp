@@ -140,14 +140,9 @@ class StoreApplier final : public detail::DecisionSink {
   std::vector<float> a_, b_;  // [head_dim] row scratch
 };
 
-}  // namespace
-
-LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
-    : LayerCache(config, shape, nullptr) {}
-
-LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
-                       std::shared_ptr<detail::LayerGroup> group)
-    : state_(std::make_unique<LayerState>()) {
+// The API boundary of a LayerCache built on its own: the config and the shape are validated
+// here, once; the layers below (the private constructor, the policies, the stores) trust them.
+const CacheConfig& validated(const CacheConfig& config, const LayerShape& shape) {
   config.validate();
   auto bad = [](const std::string& msg) {
     throw Error(ErrorCode::kInvalidArgument, "[cache] " + msg);
@@ -167,6 +162,20 @@ LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
     bad("n_query_heads (" + std::to_string(shape.n_query_heads) +
         ") must be a multiple of n_kv_heads (" + std::to_string(shape.n_kv_heads) + ")");
   }
+  return config;
+}
+
+}  // namespace
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : LayerCache(validated(config, shape), shape, nullptr) {}
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
+                       std::shared_ptr<detail::LayerGroup> group)
+    : state_(std::make_unique<LayerState>()) {
+  VQ_ASSERT(shape.n_kv_heads >= 0 && shape.head_dim >= 0 && shape.n_query_heads >= 0 &&
+                shape.layer >= 0 && shape.layer < shape.n_layers,
+            "LayerCache built with a shape its caller did not validate");
   state_->config = config;
   state_->shape = shape;
   state_->sink = std::make_unique<StoreApplier>(*state_);

@@ -29,15 +29,56 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: chunkkv
+prefix: chunkkv
+summary: ChunkKV: evict whole contiguous chunks by mean score, the same chunks for every head of a
+  layer
+paper: Liu et al., ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context
+  LLM Inference, NeurIPS 2025
+disposition: drop (chunk; merge optional)
+score: cumulative attention mass or key norm, pooled per chunk
+budget: uniform (budget - chunk_size + 1 to budget)
+deviations: chunks chosen at every step from the live rows (paper: once over the prompt);
+  key-as-query proxy when no attention is passed (source=auto)
+paper config: `chunkkv:chunk_size=10,n_sink=0,decay=1,source=attention` (chunks of 10; the paper
+  selects chunks once at prefill)
+defaults: H2O's defaults for the token scores (recent window = half the budget left after the
+  sinks and one chunk, decay 0.98) and chunks of 8
+exact budget: no
+| chunkkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| chunkkv_chunk_size | int | 8 | [1, 16777216] | rows per chunk (paper recommends 10)
+| chunkkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| chunkkv_score | enum | attn_mass | {attn_mass, key_norm} | token score: H2O's cumulative mass,
+  or minus the key norm
+groups: mass merge(drop) source quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "chunkkv_n_sink", "chunkkv_budget");
+  if (c.get_enum("chunkkv_score") == "key_norm" && c.get_enum("source") == "attention") {
+    config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
+                    "attention)");
+  }
+  if (c.get_enum("chunkkv_score") == "key_norm") {
+    for (const char* f : {"chunkkv_decay", "source", "gqa_reduce"}) {
+      if (c.is_set(f)) {
+        config_error(c, std::string(f) + " has no effect with chunkkv_score=key_norm (key norms "
+                                         "use no attention)");
+      }
+    }
+  }
+  check_recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size");
+}
 
 class ChunkKVPolicy final : public H2OPolicy {
  public:
   explicit ChunkKVPolicy(const PolicyContext& ctx)
-      : H2OPolicy(ctx, ctx.config.get_int("chunkkv_budget"),
-                  recent_window(ctx.config, "chunkkv", "grace", "chunkkv_chunk_size"),
-                  static_cast<float>(ctx.config.get_float("chunkkv_decay"))),
-        chunk_(ctx.config.get_int("chunkkv_chunk_size")),
+      : H2OPolicy(ctx), chunk_(ctx.config.get_int("chunkkv_chunk_size")),
         key_norm_(ctx.config.get_enum("chunkkv_score") == "key_norm") {
     // Key norms use no attention: nothing to resolve, "none" in result files.
     if (key_norm_) source_.kind = source_.configured = ScoreSource::Kind::kNone;
@@ -99,51 +140,7 @@ class ChunkKVPolicy final : public H2OPolicy {
   std::vector<std::int64_t> starts_;
 };
 
-void check(const CacheConfig& c) {
-  require_less(c, "chunkkv_n_sink", "chunkkv_budget");
-  if (c.get_enum("chunkkv_score") == "key_norm" && c.get_enum("source") == "attention") {
-    config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
-                    "attention)");
-  }
-  if (c.get_enum("chunkkv_score") == "key_norm") {
-    for (const char* f : {"chunkkv_decay", "source", "gqa_reduce"}) {
-      if (c.is_set(f)) {
-        config_error(c, std::string(f) + " has no effect with chunkkv_score=key_norm (key norms "
-                                         "use no attention)");
-      }
-    }
-  }
-  check_recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size");
-}
-
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: chunkkv
-prefix: chunkkv
-summary: ChunkKV: evict whole contiguous chunks by mean score, the same chunks for every head of a
-  layer
-paper: Liu et al., ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context
-  LLM Inference, NeurIPS 2025
-disposition: drop (chunk; merge optional)
-score: cumulative attention mass or key norm, pooled per chunk
-budget: uniform (budget - chunk_size + 1 to budget)
-deviations: chunks chosen at every step from the live rows (paper: once over the prompt);
-  key-as-query proxy when no attention is passed (source=auto)
-paper config: `chunkkv:chunk_size=10,n_sink=0,decay=1,source=attention` (chunks of 10; the paper
-  selects chunks once at prefill)
-defaults: H2O's defaults for the token scores (recent window = half the budget left after the
-  sinks and one chunk, decay 0.98) and chunks of 8
-exact budget: no
-| chunkkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| chunkkv_chunk_size | int | 8 | [1, 16777216] | rows per chunk (paper recommends 10)
-| chunkkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| chunkkv_score | enum | attn_mass | {attn_mass, key_norm} | token score: H2O's cumulative mass,
-  or minus the key norm
-groups: mass merge(drop) source quantize common
-)";
 
 MethodInfo chunkkv_method() { return method_card(kCard, &check, &make_policy_of<ChunkKVPolicy>); }
 

@@ -5,6 +5,22 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: full
+prefix: -
+summary: no compression: keeps every token (the reference row)
+paper: -
+disposition: none
+score: none
+budget: none (keeps all)
+deviations: -
+paper config: -
+groups: quantize common
+)";
+
 namespace {
 
 // Keeps every row; a quantizing store (kivi) still settles its tail (without a row list: the
@@ -25,21 +41,6 @@ class FullPolicy final : public Policy {
 }  // namespace
 
 std::unique_ptr<Policy> make_keep_all_policy(const PolicyContext& /*ctx*/) { return std::make_unique<FullPolicy>(); }
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: full
-prefix: -
-summary: no compression: keeps every token (the reference row)
-paper: -
-disposition: none
-score: none
-budget: none (keeps all)
-deviations: -
-paper config: -
-groups: quantize common
-)";
 
 MethodInfo full_method() { return method_card(kCard, nullptr, &make_keep_all_policy); }
 

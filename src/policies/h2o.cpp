@@ -30,14 +30,50 @@
 
 namespace vq::detail {
 
-H2OPolicy::H2OPolicy(const PolicyContext& ctx, std::int64_t budget, std::int64_t grace,
-                     float decay)
-    : TokenPolicy(ctx, budget), grace_(grace), decay_(decay) {}
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: h2o
+prefix: h2o
+summary: H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace window
+  protected
+paper: Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023
+disposition: drop (merge optional)
+score: cumulative attention mass
+budget: uniform
+deviations: decay 0.98 and 4 sinks by default (the paper: 1, none); with the proxy source
+  (source=auto without probabilities) the incoming key stands in for the query
+paper config: `h2o:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (recent rows and heavy
+  hitters in equal shares, no decay, true attention)
+defaults: H2O's equal split (recent window = half the non-sink budget, so it scales with budget=)
+  with 4 sinks and the reference library's decay 0.98, measured better than 1 with true attention
+  on stories260K
+| h2o_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| h2o_n_sink | int | 4 | [0, 16777216] | leading rows never evicted (attention sinks)
+groups: mass merge(drop) source headwise quantize common
+)";
+
+namespace {
+
+std::int64_t family_window(const CacheConfig& c) {
+  const std::string& p = c.info().prefix;
+  return recent_window(c, p, c.has(p + "_recent") ? "recent" : "grace",
+                       c.has(p + "_chunk_size") ? p + "_chunk_size" : "");
+}
+
+float family_decay(const CacheConfig& c) {
+  const std::string& p = c.info().prefix;
+  return c.has(p + "_decay") ? static_cast<float>(c.get_float(p + "_decay")) : 1.0f;
+}
+
+}  // namespace
+
+H2OPolicy::H2OPolicy(const PolicyContext& ctx, std::int64_t budget)
+    : TokenPolicy(ctx, budget), grace_(family_window(ctx.config)),
+      decay_(family_decay(ctx.config)) {}
 
 H2OPolicy::H2OPolicy(const PolicyContext& ctx)
-    : H2OPolicy(ctx, ctx.config.get_int(ctx.config.info().prefix + "_budget"),
-                recent_window(ctx.config, ctx.config.info().prefix),
-                static_cast<float>(ctx.config.get_float(ctx.config.info().prefix + "_decay"))) {}
+    : H2OPolicy(ctx, ctx.config.get_int(ctx.config.info().prefix + "_budget")) {}
 
 void H2OPolicy::on_token(HeadCtx& h, std::int64_t row) {
   if (source_.attention()) {
@@ -88,30 +124,6 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
     out[i] = (i < n_sink_ || i >= n - grace_) ? inf : score[i];
   }
 }
-
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: h2o
-prefix: h2o
-summary: H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace window
-  protected
-paper: Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023
-disposition: drop (merge optional)
-score: cumulative attention mass
-budget: uniform
-deviations: decay 0.98 and 4 sinks by default (the paper: 1, none); with the proxy source
-  (source=auto without probabilities) the incoming key stands in for the query
-paper config: `h2o:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (recent rows and heavy
-  hitters in equal shares, no decay, true attention)
-defaults: H2O's equal split (recent window = half the non-sink budget, so it scales with budget=)
-  with 4 sinks and the reference library's decay 0.98, measured better than 1 with true attention
-  on stories260K
-| h2o_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| h2o_n_sink | int | 4 | [0, 16777216] | leading rows never evicted (attention sinks)
-groups: mass merge(drop) source headwise quantize common
-)";
 
 MethodInfo h2o_method() { return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>); }
 

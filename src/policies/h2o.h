@@ -8,13 +8,14 @@ namespace vq::detail {
 // pyramidkv, squeeze, chunkkv, keyformer), each reading its fields through its prefix.
 class H2OPolicy : public TokenPolicy {
  public:
-  // The member of the family ctx's method names: <prefix>_budget, <prefix>_n_sink, the recent
-  // window (<prefix>_grace, <prefix>_recent_ratio), <prefix>_decay, the merge rule, the score
-  // source and head-wise budgets (where the method has them). h2o and cam are exactly this.
+  // The member of the family ctx's method names, as its field table says: <prefix>_budget,
+  // <prefix>_n_sink, the recent window (<prefix>_grace, or <prefix>_recent where the method
+  // names it so, with <prefix>_recent_ratio; <prefix>_chunk_size rows reserved where the method
+  // has chunks), <prefix>_decay (1 without such a field), the merge rule, the score source and
+  // head-wise budgets (where the method has them). h2o and cam are exactly this.
   explicit H2OPolicy(const PolicyContext& ctx);
-  // The same with the budget, the recent window and the decay given (pyramidkv's per-layer
-  // budget, chunkkv's window, keyformer's window and decay 1).
-  H2OPolicy(const PolicyContext& ctx, std::int64_t budget, std::int64_t grace, float decay);
+  // The same at another budget (pyramidkv's per-layer budget).
+  H2OPolicy(const PolicyContext& ctx, std::int64_t budget);
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override;

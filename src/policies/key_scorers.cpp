@@ -24,6 +24,47 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entries (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field tables and the shared field groups.
+constexpr std::string_view kKnormCard = R"(
+id: knorm
+prefix: knorm
+summary: KNorm: evict the key with the largest L2 norm; no attention needed
+paper: Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression,
+  EMNLP 2024
+disposition: drop (merge optional)
+score: key norm (low is kept)
+budget: uniform
+deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
+  window protected
+paper config: - (the paper prunes the prompt once by key norm; a token-by-token spec cannot
+  express it)
+| knorm_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| knorm_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| knorm_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
+groups: merge(drop) quantize common
+)";
+
+constexpr std::string_view kKeydiffCard = R"(
+id: keydiff
+prefix: keydiff
+summary: KeyDiff: evict the key most similar to the mean normalised key (keep distinctive keys);
+  no attention needed
+paper: Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference
+  in Resource-Constrained Environments, 2025
+disposition: drop (merge optional)
+score: key diversity (-cos to the mean key)
+budget: uniform
+deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
+  window protected
+paper config: - (the paper prunes the prompt once; a token-by-token spec cannot express it)
+| keydiff_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| keydiff_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| keydiff_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
+groups: merge(drop) quantize common
+)";
+
 namespace {
 
 // knorm (Diff = false) and keydiff (Diff = true), each reading its fields through its prefix.
@@ -72,46 +113,6 @@ void check(const CacheConfig& c) {
   require_less(c, p + "_n_sink", p + "_budget");
   require_sum_less(c, p + "_n_sink", p + "_grace", p + "_budget");
 }
-
-// The registry entries (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field tables and the shared field groups.
-constexpr std::string_view kKnormCard = R"(
-id: knorm
-prefix: knorm
-summary: KNorm: evict the key with the largest L2 norm; no attention needed
-paper: Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression,
-  EMNLP 2024
-disposition: drop (merge optional)
-score: key norm (low is kept)
-budget: uniform
-deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
-  window protected
-paper config: - (the paper prunes the prompt once by key norm; a token-by-token spec cannot
-  express it)
-| knorm_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| knorm_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| knorm_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
-groups: merge(drop) quantize common
-)";
-
-constexpr std::string_view kKeydiffCard = R"(
-id: keydiff
-prefix: keydiff
-summary: KeyDiff: evict the key most similar to the mean normalised key (keep distinctive keys);
-  no attention needed
-paper: Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference
-  in Resource-Constrained Environments, 2025
-disposition: drop (merge optional)
-score: key diversity (-cos to the mean key)
-budget: uniform
-deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
-  window protected
-paper config: - (the paper prunes the prompt once; a token-by-token spec cannot express it)
-| keydiff_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| keydiff_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| keydiff_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
-groups: merge(drop) quantize common
-)";
 
 }  // namespace
 

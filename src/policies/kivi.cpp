@@ -21,14 +21,6 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
-namespace {
-
-void check(const CacheConfig& c) {
-  const std::int64_t b = c.get_int("bit_width_inlier");
-  if (b != 2 && b != 4) config_error(c, "bit_width_inlier must be 2 or 4, got " + std::to_string(b));
-}
-
-}  // namespace
 
 // The registry entry (methods.h, method_card): what `veloxquant list` and the README table
 // show, the field table and the shared field groups.
@@ -50,6 +42,15 @@ paper config: `kivi:bit_width_inlier=2,kivi_group_size=32,residual_length=128` (
   rows, keys of residual to residual + G - 1)
 groups: common
 )";
+
+namespace {
+
+void check(const CacheConfig& c) {
+  const std::int64_t b = c.get_int("bit_width_inlier");
+  if (b != 2 && b != 4) config_error(c, "bit_width_inlier must be 2 or 4, got " + std::to_string(b));
+}
+
+}  // namespace
 
 MethodInfo kivi_method() { return method_card(kCard, &check, &make_keep_all_policy); }
 

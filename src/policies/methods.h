@@ -47,7 +47,9 @@ std::unique_ptr<Policy> make_policy_of(const PolicyContext& context) {
 void set_budget_fields(CacheConfig& config, std::int64_t budget);
 // Guard <prefix>_n_sink < <prefix>_budget.
 void check_sink_below_budget(const CacheConfig& config);
-// The H2O family's guards: n_sink < budget and the recent window's (check_recent_window).
+// The H2O family's guards: n_sink < budget and the recent window's (check_recent_window, with
+// the window field and the reserve H2OPolicy reads: <prefix>_recent where the method names it
+// so, else <prefix>_grace; <prefix>_chunk_size rows reserved where the method has chunks).
 void check_recent_family(const CacheConfig& config);
 
 }  // namespace vq::detail

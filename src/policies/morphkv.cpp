@@ -26,7 +26,39 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: morphkv
+prefix: morphkv
+summary: MorphKV: keep the rows a window of recent tokens attends to (recomputed each step)
+paper: Ghadia et al., Dialogue Without Limits: Constant-Sized KV Caches for Extended Responses in
+  LLMs, ICML 2025
+disposition: drop (merge optional)
+score: recent-window attention
+budget: uniform
+deviations: proxy source: keys as queries, softmax over all rows (source=attention: the paper's
+  last-W-query attention renormalised over candidate columns); mean fusion by default
+paper config: `morphkv:fusion=sum,source=attention` (or fusion=max, by task)
+| morphkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| morphkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| morphkv_window | int | 8 | [1, 16777216] | recent rows whose attention ranks the others
+  (protected themselves)
+| morphkv_fusion | enum | mean | {mean, sum, max} | how the window's attention rows are combined
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "morphkv_n_sink", "morphkv_budget");
+  require_at_most(c, "morphkv_window", "morphkv_budget");
+  require_sum_less(c, "morphkv_n_sink", "morphkv_window", "morphkv_budget");
+  if (c.get_int("morphkv_window") == 1 && c.is_set("morphkv_fusion")) {
+    config_error(c, "morphkv_fusion has no effect with morphkv_window=1 (one query, nothing to "
+                    "fuse)");
+  }
+}
 
 enum class Fusion { kMean, kSum, kMax };
 
@@ -129,39 +161,7 @@ class MorphKVPolicy final : public TokenPolicy {
   Fusion fusion_;
 };
 
-void check(const CacheConfig& c) {
-  require_less(c, "morphkv_n_sink", "morphkv_budget");
-  require_at_most(c, "morphkv_window", "morphkv_budget");
-  require_sum_less(c, "morphkv_n_sink", "morphkv_window", "morphkv_budget");
-  if (c.get_int("morphkv_window") == 1 && c.is_set("morphkv_fusion")) {
-    config_error(c, "morphkv_fusion has no effect with morphkv_window=1 (one query, nothing to "
-                    "fuse)");
-  }
-}
-
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: morphkv
-prefix: morphkv
-summary: MorphKV: keep the rows a window of recent tokens attends to (recomputed each step)
-paper: Ghadia et al., Dialogue Without Limits: Constant-Sized KV Caches for Extended Responses in
-  LLMs, ICML 2025
-disposition: drop (merge optional)
-score: recent-window attention
-budget: uniform
-deviations: proxy source: keys as queries, softmax over all rows (source=attention: the paper's
-  last-W-query attention renormalised over candidate columns); mean fusion by default
-paper config: `morphkv:fusion=sum,source=attention` (or fusion=max, by task)
-| morphkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| morphkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| morphkv_window | int | 8 | [1, 16777216] | recent rows whose attention ranks the others
-  (protected themselves)
-| morphkv_fusion | enum | mean | {mean, sum, max} | how the window's attention rows are combined
-groups: merge(drop) source headwise quantize common
-)";
 
 MethodInfo morphkv_method() { return method_card(kCard, &check, &make_policy_of<MorphKVPolicy>); }
 

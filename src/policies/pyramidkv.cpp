@@ -24,24 +24,6 @@
 #include "policies/schedules.h"
 
 namespace vq::detail {
-namespace {
-
-std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
-  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = recent_window(c, "pyramid");
-  const auto budgets = pyramid_budgets(c.get_int("pyramid_budget"), shape.n_layers,
-                                       c.get_float("pyramid_beta"), grace, n_sink + grace + 1);
-  return budgets[static_cast<std::size_t>(shape.layer)];
-}
-
-// H2O at this layer's share of the pyramid.
-class PyramidPolicy final : public H2OPolicy {
- public:
-  explicit PyramidPolicy(const PolicyContext& ctx)
-      : H2OPolicy(ctx, layer_budget(ctx.config, ctx.shape), recent_window(ctx.config, "pyramid"),
-                  static_cast<float>(ctx.config.get_float("pyramid_decay"))) {}
-};
-
-}  // namespace
 
 // The registry entry (methods.h, method_card): what `veloxquant list` and the README table
 // show, the field table and the shared field groups.
@@ -67,6 +49,24 @@ defaults: H2O's defaults within each layer (recent window = half the layer-mean 
   grace); 1 is flat
 groups: mass merge(drop) source headwise quantize common
 )";
+
+namespace {
+
+std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
+  const std::int64_t n_sink = c.get_int("pyramid_n_sink"), grace = recent_window(c, "pyramid");
+  const auto budgets = pyramid_budgets(c.get_int("pyramid_budget"), shape.n_layers,
+                                       c.get_float("pyramid_beta"), grace, n_sink + grace + 1);
+  return budgets[static_cast<std::size_t>(shape.layer)];
+}
+
+// H2O at this layer's share of the pyramid.
+class PyramidPolicy final : public H2OPolicy {
+ public:
+  explicit PyramidPolicy(const PolicyContext& ctx)
+      : H2OPolicy(ctx, layer_budget(ctx.config, ctx.shape)) {}
+};
+
+}  // namespace
 
 MethodInfo pyramidkv_method() { return method_card(kCard, &check_recent_family, &make_policy_of<PyramidPolicy>); }
 

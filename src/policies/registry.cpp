@@ -88,7 +88,9 @@ void check_sink_below_budget(const CacheConfig& config) {
 
 void check_recent_family(const CacheConfig& config) {
   check_sink_below_budget(config);
-  check_recent_window(config, config.info().prefix);
+  const std::string& p = config.info().prefix;
+  check_recent_window(config, p, config.has(p + "_recent") ? "recent" : "grace",
+                      config.has(p + "_chunk_size") ? p + "_chunk_size" : "");
 }
 
 }  // namespace detail

@@ -36,14 +36,47 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: snapkv
+prefix: snap
+summary: SnapKV: at prefill, keep the rows an observation window of the last rows attends to
+  (pooled); decode appends
+paper: Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, NeurIPS 2024
+disposition: drop (merge optional)
+score: observation-window attention, pooled
+budget: uniform at prefill (decode grows)
+deviations: proxy source: window keys stand in for queries (source=attention: the window's real
+  query rows); sinks protected
+paper config: `snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, max
+  pooling with kernel 7)
+prefill only: yes
+| snap_budget | int | 512 | [1, 16777216] | rows kept per KV head after a prefill chunk, sinks and
+  window included
+| snap_obs_window | int | 32 | [1, 16777216] | last rows of the chunk used as queries
+| snap_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| snap_kernel | int | 7 | [1, 1023] | pooling kernel along the sequence (odd)
+| snap_pool | enum | max | {max, avg} | pooling of the window attention mass
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "snap_n_sink", "snap_budget");
+  require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
+  if (c.get_int("snap_kernel") % 2 == 0) {
+    config_error(c, "snap_kernel must be odd (pooling is centred), got " +
+                        std::to_string(c.get_int("snap_kernel")));
+  }
+}
 
 class SnapKVPolicy final : public TokenPolicy {
  public:
   explicit SnapKVPolicy(const PolicyContext& ctx)
       : TokenPolicy(ctx), window_(ctx.config.get_int("snap_obs_window")),
-        kernel_(ctx.config.get_int("snap_kernel")),
-        avg_(ctx.config.get_enum("snap_pool") == "avg") {}
+        kernel_(ctx.config.get_int("snap_kernel")), avg_(ctx.config.get_enum("snap_pool") == "avg") {}
 
  protected:
   // A prefill chunk (S > 1) is one decision with the window's scores; a decode step appends.
@@ -135,41 +168,7 @@ class SnapKVPolicy final : public TokenPolicy {
   std::vector<std::int64_t> order_, losers_;
 };
 
-void check(const CacheConfig& c) {
-  require_less(c, "snap_n_sink", "snap_budget");
-  require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
-  if (c.get_int("snap_kernel") % 2 == 0) {
-    config_error(c, "snap_kernel must be odd (pooling is centred), got " +
-                        std::to_string(c.get_int("snap_kernel")));
-  }
-}
-
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: snapkv
-prefix: snap
-summary: SnapKV: at prefill, keep the rows an observation window of the last rows attends to
-  (pooled); decode appends
-paper: Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, NeurIPS 2024
-disposition: drop (merge optional)
-score: observation-window attention, pooled
-budget: uniform at prefill (decode grows)
-deviations: proxy source: window keys stand in for queries (source=attention: the window's real
-  query rows); sinks protected
-paper config: `snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, max
-  pooling with kernel 7)
-prefill only: yes
-| snap_budget | int | 512 | [1, 16777216] | rows kept per KV head after a prefill chunk, sinks and
-  window included
-| snap_obs_window | int | 32 | [1, 16777216] | last rows of the chunk used as queries
-| snap_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| snap_kernel | int | 7 | [1, 1023] | pooling kernel along the sequence (odd)
-| snap_pool | enum | max | {max, avg} | pooling of the window attention mass
-groups: merge(drop) source headwise quantize common
-)";
 
 MethodInfo snapkv_method() { return method_card(kCard, &check, &make_policy_of<SnapKVPolicy>); }
 

@@ -41,6 +41,34 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: squeeze
+prefix: squeeze
+summary: SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's measured
+  importance
+paper: Wang et al., SqueezeAttention: 2D Management of KV-Cache in LLM Inference via Layer-wise
+  Optimal Budget, ICLR 2025
+disposition: drop (merge optional)
+score: cumulative attention mass
+budget: per-layer data-driven (mean = budget)
+deviations: proxy source: layer importance from proxy-attention entropy (attention source: the
+  paper's hidden-state cosine); H2O mass within a layer
+paper config: `squeeze:strength=1,n_sink=0,decay=1,source=attention` (hidden-state cosine, 3
+  k-means groups, H2O as the sequence-wise policy)
+defaults: H2O's defaults within each layer (recent window = half the non-sink budget, decay 0.98,
+  4 sinks) with the full reallocation
+| squeeze_budget | int | 512 | [1, 16777216] | average rows kept per KV head over the layers,
+  sinks included
+| squeeze_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| squeeze_strength | float | 1 | [0, 1] | 0: uniform budgets (== h2o); 1: the full reallocation
+| squeeze_fraction | float | 0.3 | [0, 1] | budget share the least important layers keep at
+  strength 1
+groups: mass merge(drop) source headwise quantize common
+)";
+
 namespace {
 
 class SqueezePolicy final : public H2OPolicy {
@@ -144,33 +172,6 @@ class SqueezePolicy final : public H2OPolicy {
 };
 
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: squeeze
-prefix: squeeze
-summary: SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's measured
-  importance
-paper: Wang et al., SqueezeAttention: 2D Management of KV-Cache in LLM Inference via Layer-wise
-  Optimal Budget, ICLR 2025
-disposition: drop (merge optional)
-score: cumulative attention mass
-budget: per-layer data-driven (mean = budget)
-deviations: proxy source: layer importance from proxy-attention entropy (attention source: the
-  paper's hidden-state cosine); H2O mass within a layer
-paper config: `squeeze:strength=1,n_sink=0,decay=1,source=attention` (hidden-state cosine, 3
-  k-means groups, H2O as the sequence-wise policy)
-defaults: H2O's defaults within each layer (recent window = half the non-sink budget, decay 0.98,
-  4 sinks) with the full reallocation
-| squeeze_budget | int | 512 | [1, 16777216] | average rows kept per KV head over the layers,
-  sinks included
-| squeeze_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| squeeze_strength | float | 1 | [0, 1] | 0: uniform budgets (== h2o); 1: the full reallocation
-| squeeze_fraction | float | 0.3 | [0, 1] | budget share the least important layers keep at
-  strength 1
-groups: mass merge(drop) source headwise quantize common
-)";
 
 MethodInfo squeeze_method() { return method_card(kCard, &check_recent_family, &make_policy_of<SqueezePolicy>); }
 

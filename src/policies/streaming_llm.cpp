@@ -15,6 +15,27 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: streaming_llm
+prefix: stream
+summary: StreamingLLM: attention sinks plus a sliding window of recent tokens
+paper: Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024
+disposition: drop (merge optional)
+score: none (recency)
+budget: uniform (n_sink + window)
+deviations: none
+paper config: `streaming_llm:n_sink=4` (4 sink tokens and a recent window: the defaults)
+defaults: the paper's 4 sinks; budget= sets the window to budget - n_sink
+budget field: stream_window_size
+budget offset: stream_n_sink
+| stream_n_sink | int | 4 | [0, 16777216] | leading rows always kept (attention sinks)
+| stream_window_size | int | 512 | [1, 16777216] | most recent rows kept
+groups: merge(drop) quantize common
+)";
+
 namespace {
 
 class StreamingPolicy final : public TokenPolicy {
@@ -40,26 +61,6 @@ class StreamingPolicy final : public TokenPolicy {
 };
 
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: streaming_llm
-prefix: stream
-summary: StreamingLLM: attention sinks plus a sliding window of recent tokens
-paper: Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024
-disposition: drop (merge optional)
-score: none (recency)
-budget: uniform (n_sink + window)
-deviations: none
-paper config: `streaming_llm:n_sink=4` (4 sink tokens and a recent window: the defaults)
-defaults: the paper's 4 sinks; budget= sets the window to budget - n_sink
-budget field: stream_window_size
-budget offset: stream_n_sink
-| stream_n_sink | int | 4 | [0, 16777216] | leading rows always kept (attention sinks)
-| stream_window_size | int | 512 | [1, 16777216] | most recent rows kept
-groups: merge(drop) quantize common
-)";
 
 MethodInfo streaming_llm_method() { return method_card(kCard, nullptr, &make_policy_of<StreamingPolicy>); }
 

@@ -28,6 +28,26 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: tova
+prefix: tova
+summary: TOVA: evict the row the newest token attends to least
+paper: Oren et al., Transformers are Multi-State RNNs, EMNLP 2024
+disposition: drop (merge optional)
+score: current-step attention
+budget: uniform
+deviations: proxy source: key-as-query per KV head (attention source: the paper's last query
+  averaged over all heads, one index set per layer); sinks protected
+paper config: `tova:n_sink=0,source=attention` (the last query's attention averaged over every
+  head, one index set per layer)
+| tova_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| tova_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
 
 class TovaPolicy final : public TokenPolicy {
@@ -104,25 +124,6 @@ class TovaPolicy final : public TokenPolicy {
 };
 
 }  // namespace
-
-// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
-// show, the field table and the shared field groups.
-constexpr std::string_view kCard = R"(
-id: tova
-prefix: tova
-summary: TOVA: evict the row the newest token attends to least
-paper: Oren et al., Transformers are Multi-State RNNs, EMNLP 2024
-disposition: drop (merge optional)
-score: current-step attention
-budget: uniform
-deviations: proxy source: key-as-query per KV head (attention source: the paper's last query
-  averaged over all heads, one index set per layer); sinks protected
-paper config: `tova:n_sink=0,source=attention` (the last query's attention averaged over every
-  head, one index set per layer)
-| tova_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
-| tova_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-groups: merge(drop) source headwise quantize common
-)";
 
 MethodInfo tova_method() { return method_card(kCard, &check_sink_below_budget, &make_policy_of<TovaPolicy>); }
 
