@@ -41,7 +41,8 @@ int main() {
   for (int t = 0; t < 20; ++t) {
     k = {1.0f, static_cast<float>(t), 0.0f, 0.0f};
     v[0] = static_cast<float>((7 * t) % 20 + 1);
-    cache.update(vq::TensorRef::f32(k.data(), 1, 1, 1, 4), vq::TensorRef::f32(v.data(), 1, 1, 1, 4));
+    cache.update(vq::TensorRef::f32(k.data(), 1, 1, 1, 4),
+                 vq::TensorRef::f32(v.data(), 1, 1, 1, 4));
   }
   // By hand: the sinks (positions 0, 1) and the 6 largest a_t of positions 2..19, which are 20,
   // 19, 18, 17, 16, 15 at positions 17, 14, 11, 8, 5, 2 (static scores: evicting the lowest row

@@ -181,7 +181,8 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
   // card), each registered once, `full` (the reference row) first.
   const std::vector<std::string> ids = method_ids();
   std::set<std::string> carded;
-  const std::filesystem::path dir = std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies";
+  const std::filesystem::path dir =
+      std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies";
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".cpp") continue;
     std::ifstream in(entry.path());

@@ -82,7 +82,9 @@ void add_list_command(CLI::App& app) {
     }
     if (!m.prefix.empty()) {
       std::cout << "\nSpec keys may drop the '" << m.prefix << "_' prefix, e.g. " << m.id
-                << ":" << (!m.budget_field.empty() ? "budget=64" : m.fields.front().name + "=...") << "\n";
+                << ":"
+                << (!m.budget_field.empty() ? "budget=64" : m.fields.front().name + "=...")
+                << "\n";
     }
   });
 }

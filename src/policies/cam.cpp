@@ -58,6 +58,8 @@ defaults: the paper's rule (target=window: v_e / m over the next 32 kept rows be
 groups: mass merge(mean,window,current) source headwise quantize common
 )";
 
-MethodInfo cam_method() { return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>); }
+MethodInfo cam_method() {
+  return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>);
+}
 
 }  // namespace vq::detail

@@ -26,7 +26,8 @@ std::vector<std::string> split(std::string_view s, char sep) {
   std::size_t start = 0;
   while (true) {
     const std::size_t at = s.find(sep, start);
-    out.push_back(trim(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start)));
+    const std::size_t n = at == std::string_view::npos ? std::string_view::npos : at - start;
+    out.push_back(trim(s.substr(start, n)));
     if (at == std::string_view::npos) return out;
     start = at + 1;
   }
@@ -43,13 +44,17 @@ struct CardReader {
   double number(const std::string& s) const {
     double v = 0;
     const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) fail("bad number '" + s + "'");
+    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+      fail("bad number '" + s + "'");
+    }
     return v;
   }
   std::int64_t integer(const std::string& s) const {
     std::int64_t v = 0;
     const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) fail("bad integer '" + s + "'");
+    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+      fail("bad integer '" + s + "'");
+    }
     return v;
   }
   // "[min, max]" -> {min, max}; "{a, b}" -> choices.
@@ -65,7 +70,9 @@ struct CardReader {
     const std::vector<std::string> cells = split(std::string_view(row).substr(1), '|');
     if (cells.size() < 5) fail("a field row needs | name | type | default | range | doc");
     std::string doc = cells[4];
-    for (std::size_t i = 5; i < cells.size(); ++i) doc += (cells[i].empty() ? "" : " | " + cells[i]);
+    for (std::size_t i = 5; i < cells.size(); ++i) {
+      if (!cells[i].empty()) doc += " | " + cells[i];
+    }
     const std::string& name = cells[0];
     const std::string& type = cells[1];
     const std::string& def = cells[2];
@@ -156,7 +163,8 @@ MethodInfo method_card(std::string_view card, void (*check)(const CacheConfig&),
   std::size_t start = 0;
   while (start <= card.size()) {
     const std::size_t end = card.find('\n', start);
-    const std::string_view l = card.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    const std::size_t n = end == std::string_view::npos ? std::string_view::npos : end - start;
+    const std::string_view l = card.substr(start, n);
     if (!l.empty() && l.front() == ' ' && !lines.empty()) {
       lines.back() += " " + trim(l);
     } else if (!trim(l).empty()) {

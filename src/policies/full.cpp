@@ -40,7 +40,9 @@ class FullPolicy final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_keep_all_policy(const PolicyContext& /*ctx*/) { return std::make_unique<FullPolicy>(); }
+std::unique_ptr<Policy> make_keep_all_policy(const PolicyContext& /*ctx*/) {
+  return std::make_unique<FullPolicy>();
+}
 
 MethodInfo full_method() { return method_card(kCard, nullptr, &make_keep_all_policy); }
 

@@ -125,6 +125,8 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
   }
 }
 
-MethodInfo h2o_method() { return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>); }
+MethodInfo h2o_method() {
+  return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>);
+}
 
 }  // namespace vq::detail

@@ -116,7 +116,11 @@ void check(const CacheConfig& c) {
 
 }  // namespace
 
-MethodInfo knorm_method() { return method_card(kKnormCard, &check, &make_policy_of<KeyScorerPolicy<false>>); }
-MethodInfo keydiff_method() { return method_card(kKeydiffCard, &check, &make_policy_of<KeyScorerPolicy<true>>); }
+MethodInfo knorm_method() {
+  return method_card(kKnormCard, &check, &make_policy_of<KeyScorerPolicy<false>>);
+}
+MethodInfo keydiff_method() {
+  return method_card(kKeydiffCard, &check, &make_policy_of<KeyScorerPolicy<true>>);
+}
 
 }  // namespace vq::detail

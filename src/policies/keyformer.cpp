@@ -159,6 +159,8 @@ class KeyformerPolicy final : public H2OPolicy {
 
 }  // namespace
 
-MethodInfo keyformer_method() { return method_card(kCard, &check, &make_policy_of<KeyformerPolicy>); }
+MethodInfo keyformer_method() {
+  return method_card(kCard, &check, &make_policy_of<KeyformerPolicy>);
+}
 
 }  // namespace vq::detail

@@ -68,6 +68,8 @@ class PyramidPolicy final : public H2OPolicy {
 
 }  // namespace
 
-MethodInfo pyramidkv_method() { return method_card(kCard, &check_recent_family, &make_policy_of<PyramidPolicy>); }
+MethodInfo pyramidkv_method() {
+  return method_card(kCard, &check_recent_family, &make_policy_of<PyramidPolicy>);
+}
 
 }  // namespace vq::detail

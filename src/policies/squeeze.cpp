@@ -173,6 +173,8 @@ class SqueezePolicy final : public H2OPolicy {
 
 }  // namespace
 
-MethodInfo squeeze_method() { return method_card(kCard, &check_recent_family, &make_policy_of<SqueezePolicy>); }
+MethodInfo squeeze_method() {
+  return method_card(kCard, &check_recent_family, &make_policy_of<SqueezePolicy>);
+}
 
 }  // namespace vq::detail

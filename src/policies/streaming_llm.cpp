@@ -62,6 +62,8 @@ class StreamingPolicy final : public TokenPolicy {
 
 }  // namespace
 
-MethodInfo streaming_llm_method() { return method_card(kCard, nullptr, &make_policy_of<StreamingPolicy>); }
+MethodInfo streaming_llm_method() {
+  return method_card(kCard, nullptr, &make_policy_of<StreamingPolicy>);
+}
 
 }  // namespace vq::detail

@@ -125,6 +125,8 @@ class TovaPolicy final : public TokenPolicy {
 
 }  // namespace
 
-MethodInfo tova_method() { return method_card(kCard, &check_sink_below_budget, &make_policy_of<TovaPolicy>); }
+MethodInfo tova_method() {
+  return method_card(kCard, &check_sink_below_budget, &make_policy_of<TovaPolicy>);
+}
 
 }  // namespace vq::detail
