@@ -8,7 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=()
-for m in h2o tova snapkv snapkv:obs_window=16 pyramidkv squeeze keyformer morphkv cam; do
+# Every method with head-wise budgets (the registry's, in its order), snapkv also with a window
+# of 16.
+heads=()
+for id in $(build/veloxquant list --ids --with headwise); do
+  heads+=("$id")
+  [[ $id == snapkv ]] && heads+=(snapkv:obs_window=16)
+done
+for m in "${heads[@]}"; do
   case "$m" in
     *:*) hw="$m,headwise=true" ;;
     *) hw="$m:headwise=true" ;;

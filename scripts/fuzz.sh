@@ -44,6 +44,11 @@ for t in "${targets[@]}"; do
   esac
   dict=()
   [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
+  if [ "$t" = spec ]; then  # the method ids from the registry, beside the dictionary's keys
+    cp fuzz/spec.dict build-fuzz/spec.dict
+    build-fuzz/veloxquant list --ids | sed 's/.*/"&"/' >>build-fuzz/spec.dict
+    dict=(-dict=build-fuzz/spec.dict)
+  fi
   echo "fuzz: $t for ${seconds}s" >&2
   if ! build-fuzz/fuzz/fuzz_"$t" "${dict[@]}" -max_total_time="$seconds" -max_len=1100000 \
       -timeout=20 -rss_limit_mb=3072 -malloc_limit_mb=2048 -print_final_stats=1 \

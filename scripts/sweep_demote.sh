@@ -15,7 +15,10 @@ common=(--model data/stories260K.bin --text data/tinystories_validation_excerpt.
         --prefill 256)
 mixed=()
 fp16=()
-for id in streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv knorm keydiff; do
+# Every method with a token budget (the registry's, in its order) but cam, whose default merge
+# excludes demote= and which follows with merge=drop.
+for id in $("$bin" list --ids --with budget); do
+  [[ $id == cam ]] && continue
   mixed+=(--method "$id:demote=kivi4" --method "$id:demote=kivi2")
   fp16+=(--method "$id")
 done

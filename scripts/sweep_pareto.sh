@@ -29,9 +29,12 @@ cd "$(dirname "$0")/.."
 RATIOS=${RATIOS:-2,4,8,16,32}
 WINDOWS=${WINDOWS:-16}
 WINDOW=(--tokens 224 --prefill 112)
+bin=build/veloxquant
+[[ -x $bin ]] || { echo "sweep_pareto: $bin not found; run scripts/build.sh first" >&2; exit 1; }
+# Eviction methods with their defaults: every method with a token budget, in registry order.
+mapfile -t evicting < <("$bin" list --ids --with budget)
 CONFIGS=(
-  # Eviction methods with their defaults.
-  streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam knorm keydiff
+  "${evicting[@]}"
   # KIVI alone: its bit width is the only lever (residual 128 by default; a shorter fp16 tail
   # reaches more).
   kivi "kivi:residual_length=32" "kivi:residual_length=16,kivi_group_size=16"
@@ -52,8 +55,6 @@ CONFIGS=(
   "h2o:headwise=true,quantize=kivi4,kivi_group_size=16,residual_length=16"
 )
 
-bin=build/veloxquant
-[[ -x $bin ]] || { echo "sweep_pareto: $bin not found; run scripts/build.sh first" >&2; exit 1; }
 shared=${VELOXQUANT_SHARED_DIR:-../shared}
 models=("stories260K=data/stories260K.bin")
 if [[ -f $shared/data/models/tinystories-656K/model.safetensors ]]; then

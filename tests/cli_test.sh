@@ -29,9 +29,17 @@ for id in $("$bin" list | awk '{print $1}'); do
   check "list $id" 0 "^$id: " -- "$bin" list "$id"
   check "list $id fields" 0 "seed +int +42" -- "$bin" list "$id"
 done
-for id in full streaming_llm h2o tova snapkv pyramidkv squeeze chunkkv keyformer morphkv cam kivi knorm keydiff; do
+for id in $("$bin" list --ids); do
   check "list shows $id" 0 "^$id " -- "$bin" list
 done
+check "list --ids" 0 "^full$" -- "$bin" list --ids
+check "list --ids --with budget leaves out full" 0 "^streaming_llm$" -- "$bin" list --ids --with budget
+check "list --ids is list's first column" 0 "^same$" -- \
+  bash -c '[[ $("$0" list --ids) == $("$0" list | awk "{print \$1}") ]] && echo same' "$bin"
+check "list --ids --with budget has no full, no kivi" 0 "^none$" -- \
+  bash -c '"$0" list --ids --with budget | grep -x -e full -e kivi || echo none' "$bin"
+check "list --ids --with an unknown key" 2 "no registered method takes key 'nope'" -- "$bin" list --ids --with nope
+check "list --with needs --ids" 2 "--with requires --ids|requires" -- "$bin" list --with budget
 check "list kivi lists {2, 4}" 0 "bit_width_inlier +int +2 +\{2, 4\}" -- "$bin" list kivi
 check "help" 0 "list" -- "$bin" --help
 for cmd in list demo bench "bench perturb" "bench table" "bench decode" make-model generate eval; do

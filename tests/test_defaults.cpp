@@ -130,7 +130,7 @@ TEST(DefaultReductions, FamilyMembersReduceToH2OWithTheSameDefaults) {
 TEST(BudgetKey, EveryMethodWithABudgetTakesBudget) {
   for (const auto& m : registry()) {
     const std::string spec = m.id + ":budget=64";
-    if (m.get_budget == nullptr) {
+    if (m.budget_field.empty()) {
       expect_error([&] { CacheConfig::parse(spec); }, ErrorCode::kInvalidSpec,
                    {"unknown key 'budget'"});
       continue;

@@ -47,7 +47,7 @@ TEST(DefaultsModel, EveryBudgetedDefaultIsWithin15PercentOfStreamingLLM) {
   }
   // Every registered method with a budget was measured (full and kivi keep every token).
   std::int64_t budgeted = 0;
-  for (const auto& m : registry()) budgeted += m.get_budget != nullptr ? 1 : 0;
+  for (const auto& m : registry()) budgeted += m.budget_field.empty() ? 0 : 1;
   EXPECT_EQ(checked, budgeted);
 }
 
@@ -61,15 +61,11 @@ TEST(DefaultsModel, CamMergesAndEvalRecordsTheSourceThatRan) {
   EXPECT_GT(cam.merges, 0) << "cam's default never merged";
   EXPECT_LT(cam.merges, cam.evictions) << "the gate should reject some merges";
   // The engine passes probabilities every step, so source=auto resolves to true attention for
-  // the attention-scored methods; methods without attention scores say so.
-  for (const char* id : {"h2o", "tova", "snapkv", "pyramidkv", "squeeze", "chunkkv", "keyformer",
-                         "morphkv", "cam"}) {
+  // the attention-scored methods (those with a `source` field); methods without attention
+  // scores say so.
+  for (const std::string& id : method_ids()) {
     ASSERT_TRUE(by_id.count(id)) << id;
-    EXPECT_EQ(by_id[id]->score_source, "attention") << id;
-  }
-  for (const char* id : {"full", "streaming_llm", "kivi", "knorm", "keydiff"}) {
-    ASSERT_TRUE(by_id.count(id)) << id;
-    EXPECT_EQ(by_id[id]->score_source, "none") << id;
+    EXPECT_EQ(by_id[id]->score_source, CacheConfig(id).has("source") ? "attention" : "none") << id;
   }
 }
 

@@ -115,7 +115,8 @@ class VQ_API LayerCache {
  private:
   friend class ModelCache;
   // Used by ModelCache: the layers of one model share a group (per-layer budgets that depend
-  // on every layer, e.g. SqueezeAttention).
+  // on every layer, e.g. SqueezeAttention). Trusts `config` and `shape`: ModelCache validated
+  // them where they entered (asserted only).
   LayerCache(const CacheConfig& config, const LayerShape& shape,
              std::shared_ptr<detail::LayerGroup> group);
 

@@ -1,9 +1,13 @@
-// The method registry: one entry per method id, in a fixed order. The CLI (`veloxquant list`),
-// the conformance tests, the benchmarks and the README table all read this table, so adding a
-// method is: its policy file, one line in src/policies/registry.cpp, its test file.
+// The method registry: one entry per method id, in a fixed order. The CLI (`veloxquant list`,
+// `veloxquant list --ids`), the conformance tests, the sweep scripts, the fuzz dictionary and
+// the README table all read this table, so adding a method to the library is: its file under
+// src/policies/, one line in src/policies/registry.cpp, its hand-derived test. A program can
+// also register a method of its own at run time (register_method below; a complete example is
+// examples/custom_method.cpp, and docs/adding-a-method.md says how both ways work).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,24 +42,52 @@ struct MethodInfo {
 
   // Cross-field guards; throws Error(kInvalidConfig). Ranges are checked before this runs.
   void (*check)(const CacheConfig& config) = nullptr;
-  // Token budget (rows kept per KV head per layer, sinks included): get, and set (used by
-  // sweeps such as `eval --budget`). Both null for methods without a token budget (full).
-  std::int64_t (*get_budget)(const CacheConfig& config) = nullptr;
-  void (*set_budget)(CacheConfig& config, std::int64_t budget) = nullptr;
-  // For a method whose budget is not a `<prefix>_budget` field (streaming_llm): the field
-  // `budget=` sets through set_budget ("stream_window_size") and the rule ("budget =
-  // stream_n_sink + stream_window_size", shown by `veloxquant list`). Empty otherwise.
+  // The token budget (rows kept per KV head per layer, sinks included), as data: the int field
+  // that holds it ("h2o_budget"), plus, when budget_offset names a field, that field's value
+  // (streaming_llm: budget = stream_n_sink + stream_window_size; `budget=B` then sets the
+  // window to B - stream_n_sink, after the spec's other keys). Both empty for methods without a
+  // token budget (full, kivi). Read and set through token_budget() / with_token_budget().
   std::string budget_field;
-  std::string budget_rule;
+  std::string budget_offset;
   // Whether the stored rows are exactly min(tokens seen, budget) after every step. False for
   // methods that evict in groups (chunkkv keeps between budget - chunk_size + 1 and budget).
   bool exact_budget = true;
   // Whether the method evicts only on multi-token steps (prefill; snapkv): single-token steps
   // append without eviction, and a chunk is not equivalent to its tokens fed one at a time.
   bool prefill_only = false;
-  // Makes the per-layer policy. Called by LayerCache after validate().
+  // Makes the per-layer policy (methods of the library). Called by LayerCache with a config
+  // that was validated where it entered (CacheConfig::parse / validate).
   std::unique_ptr<detail::Policy> (*make_policy)(const detail::PolicyContext& context) = nullptr;
+  // A method scored row by row on the shared eviction loop (what register_method takes from
+  // outside the library): makes one layer's scorer from its config. Null for other methods.
+  std::function<std::function<float(const float* key, const float* value, std::int64_t head_dim)>(
+      const CacheConfig& config)>
+      make_scorer;
 };
+
+// Scores a row when it arrives at a head (key and value as stored, in fp32, [head_dim] each);
+// over budget, the row with the lowest score leaves (ties to the oldest), the first
+// <prefix>_n_sink rows never do. The score is kept: it is the row's score for good.
+using RowScorer = std::function<float(const float* key, const float* value, std::int64_t head_dim)>;
+
+// The entry of a method scored row by row on the shared eviction loop, ready to register: id,
+// prefix (non-empty; spec keys may drop it), one-line summary, and make_scorer, called once per
+// layer cache with the validated config (read your own fields there). It comes with the fields
+// <prefix>_budget (default_budget) and <prefix>_n_sink (4), the merge rule
+// (<prefix>_merge=drop, gate, keys, target, merge_m, merge_attention), quantize / demote, seed
+// and kv_dtype, and the guard n_sink < budget. Add fields of your own to `fields` and a `check`
+// for their cross-field guards; fill the descriptive strings for `veloxquant list`.
+VQ_API MethodInfo scored_method(std::string id, std::string prefix, std::string summary,
+                                std::function<RowScorer(const CacheConfig& config)> make_scorer,
+                                std::int64_t default_budget = 512);
+
+// Adds `info` to the registry, after the methods already there, and returns the stored entry.
+// Throws Error(kInvalidArgument) when the id is empty, not [a-z0-9_], or already registered,
+// when neither make_policy nor make_scorer is set, or when a field's default is outside its
+// range or budget_field / budget_offset names no int field. Register at start-up, before any
+// other thread reads the registry (registry() references are invalidated by a registration;
+// CacheConfig objects and find_method() references stay valid).
+VQ_API const MethodInfo& register_method(MethodInfo info);
 
 // All registered methods, in registry order.
 VQ_API const std::vector<MethodInfo>& registry();
@@ -63,7 +95,7 @@ VQ_API const std::vector<MethodInfo>& registry();
 VQ_API const MethodInfo& find_method(std::string_view id);
 VQ_API std::vector<std::string> method_ids();
 
-// Token budget helpers over MethodInfo::get_budget / set_budget.
+// Token budget helpers over MethodInfo::budget_field / budget_offset.
 VQ_API bool has_token_budget(const CacheConfig& config);
 VQ_API std::int64_t token_budget(const CacheConfig& config);  // throws if the method has none
 // Returns a copy with the budget set and validated; throws Error(kInvalidConfig) if the

@@ -68,7 +68,7 @@ py::dict method_dict(const MethodInfo& m) {
   d["score_signal"] = m.score_signal;
   d["budget_type"] = m.budget_type;
   d["deviations"] = m.deviations;
-  d["has_token_budget"] = m.get_budget != nullptr;
+  d["has_token_budget"] = !m.budget_field.empty();
   py::list fields;
   for (const FieldSpec& f : m.fields) fields.append(field_dict(f));
   d["fields"] = fields;

@@ -7,11 +7,13 @@
 
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq {
 
 ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
     : config_(config), shape_(shape) {
+  // The API boundary: the config and the shape are validated here, once; the layers trust them.
   config.validate();
   auto bad = [](const std::string& msg) {
     throw Error(ErrorCode::kInvalidArgument, "[builder] " + msg);
@@ -25,6 +27,17 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
         std::to_string(shape.n_kv_heads) + "), got " + std::to_string(hq));
   }
   shape_.n_query_heads = hq;
+  // Layer i uses seed + i: the last layer's seed must be one the seed field allows (the error
+  // names the first seed out of range, as validating that layer's config would).
+  for (const FieldSpec& f : config.info().fields) {
+    if (f.name != "seed") continue;
+    const auto max_seed = static_cast<std::int64_t>(f.max);
+    if (config.seed() > max_seed - (shape.n_layers - 1)) {
+      CacheConfig first_bad = config;
+      first_bad.set("seed", max_seed + 1);
+      first_bad.validate();
+    }
+  }
   layers_.reserve(static_cast<std::size_t>(shape.n_layers));
   group_ = std::make_shared<detail::LayerGroup>(shape.n_layers);
   const std::int64_t seed = config.seed();

@@ -16,8 +16,21 @@
 
 namespace vq {
 
+namespace detail {
+// The cache's mutable access to a head's store (HeadState gives policies a const one).
+struct StoreAccess {
+  static RowStore& of(HeadState& hs) noexcept { return *hs.store_; }
+  static void set(HeadState& hs, std::unique_ptr<RowStore> store) noexcept {
+    hs.store_ = std::move(store);
+  }
+};
+}  // namespace detail
+
+using detail::Decision;
 using detail::HeadState;
 using detail::LayerState;
+using detail::RowStore;
+using detail::StoreAccess;
 
 namespace {
 
@@ -69,14 +82,67 @@ HeadRows to_head_rows(const detail::RowsRef& r) {
   return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride, r.packed};
 }
 
-}  // namespace
+// Plan, then apply: the one place where a layer's stores change on a policy's decision
+// (policies/decision.h says what each kind does). Bound to one LayerState for its life.
+class StoreApplier final : public detail::DecisionSink {
+ public:
+  explicit StoreApplier(LayerState& st) : st_(st) {}
 
-LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
-    : LayerCache(config, shape, nullptr) {}
+  void apply(const Decision& d) override {
+    RowStore& store = StoreAccess::of(st_.heads[static_cast<std::size_t>(d.head)]);
+    switch (d.kind) {
+      case Decision::Kind::kBlend: blend(store, d); return;
+      case Decision::Kind::kSpread: spread(store, d); return;
+      case Decision::Kind::kDemote: store.demote(d.target, d.score); return;
+      case Decision::Kind::kSettle: store.settle(d.rows, d.n_rows); return;
+      case Decision::Kind::kKeep: store.keep(d.rows, d.n_rows); return;
+      case Decision::Kind::kKeepAll: store.settle_keep_all(); return;
+    }
+  }
 
-LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
-                       std::shared_ptr<detail::LayerGroup> group)
-    : state_(std::make_unique<LayerState>()) {
+ private:
+  // x_t <- (1 - w) x_t + w x_e in fp32 for the values, and the keys when asked; then
+  // pos_t <- max(pos_t, pos_e).
+  void blend(RowStore& store, const Decision& d) {
+    const std::int64_t D = st_.shape.head_dim;
+    const float w = d.weight;
+    a_.resize(static_cast<std::size_t>(D));
+    b_.resize(static_cast<std::size_t>(D));
+    store.read_value(d.target, a_.data());
+    store.read_value(d.loser, b_.data());
+    for (std::int64_t i = 0; i < D; ++i) a_[i] = (1.0f - w) * a_[i] + w * b_[i];
+    store.write_value(d.target, a_.data());
+    if (d.keys) {
+      store.read_key(d.target, a_.data());
+      store.read_key(d.loser, b_.data());
+      for (std::int64_t i = 0; i < D; ++i) a_[i] = (1.0f - w) * a_[i] + w * b_[i];
+      store.write_key(d.target, a_.data());
+    }
+    const detail::RowsRef rows = store.rows();
+    store.set_position(d.target, std::max(rows.positions[d.target], rows.positions[d.loser]));
+  }
+
+  // v_t <- v_t + v_e / m for each of the m target rows.
+  void spread(RowStore& store, const Decision& d) {
+    const std::int64_t D = st_.shape.head_dim;
+    a_.resize(static_cast<std::size_t>(D));
+    b_.resize(static_cast<std::size_t>(D));
+    store.read_value(d.loser, a_.data());
+    const float fm = static_cast<float>(d.n_rows);
+    for (std::int64_t k = 0; k < d.n_rows; ++k) {
+      store.read_value(d.rows[k], b_.data());
+      for (std::int64_t c = 0; c < D; ++c) b_[c] = b_[c] + a_[c] / fm;
+      store.write_value(d.rows[k], b_.data());
+    }
+  }
+
+  LayerState& st_;
+  std::vector<float> a_, b_;  // [head_dim] row scratch
+};
+
+// The API boundary of a LayerCache built on its own: the config and the shape are validated
+// here, once; the layers below (the private constructor, the policies, the stores) trust them.
+const CacheConfig& validated(const CacheConfig& config, const LayerShape& shape) {
   config.validate();
   auto bad = [](const std::string& msg) {
     throw Error(ErrorCode::kInvalidArgument, "[cache] " + msg);
@@ -96,8 +162,23 @@ LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
     bad("n_query_heads (" + std::to_string(shape.n_query_heads) +
         ") must be a multiple of n_kv_heads (" + std::to_string(shape.n_kv_heads) + ")");
   }
+  return config;
+}
+
+}  // namespace
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape)
+    : LayerCache(validated(config, shape), shape, nullptr) {}
+
+LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
+                       std::shared_ptr<detail::LayerGroup> group)
+    : state_(std::make_unique<LayerState>()) {
+  VQ_ASSERT(shape.n_kv_heads >= 0 && shape.head_dim >= 0 && shape.n_query_heads >= 0 &&
+                shape.layer >= 0 && shape.layer < shape.n_layers,
+            "LayerCache built with a shape its caller did not validate");
   state_->config = config;
   state_->shape = shape;
+  state_->sink = std::make_unique<StoreApplier>(*state_);
   policy_ = config.info().make_policy(detail::PolicyContext{config, shape, std::move(group)});
 }
 
@@ -156,7 +237,7 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
     }
     st.heads.clear();
     st.heads.resize(static_cast<std::size_t>(B * H));
-    for (HeadState& hs : st.heads) hs.store = detail::make_store(st.config, D);
+    for (HeadState& hs : st.heads) StoreAccess::set(hs, detail::make_store(st.config, D));
     st.rngs.clear();
     const auto seed = static_cast<std::uint64_t>(st.config.seed());
     for (std::int64_t h = 0; h < H; ++h) {
@@ -167,7 +248,7 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
   }
   st.step_prev = 0;
   for (HeadState& hs : st.heads) {
-    hs.prev = hs.store->size();
+    hs.prev = hs.store()->size();
     st.step_prev = std::max(st.step_prev, hs.prev);
   }
   st.step_new = S;
@@ -175,13 +256,14 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
     const auto first = static_cast<std::int32_t>(st.tokens_seen);
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
-        st.heads[static_cast<std::size_t>(b * H + h)].store->append(keys, values, b, h, first);
+        StoreAccess::of(st.heads[static_cast<std::size_t>(b * H + h)])
+            .append(keys, values, b, h, first);
       }
     }
     st.tokens_seen += S;
   }
   for (std::size_t i = 0; i < st.heads.size(); ++i) {
-    st.view_rows[i] = to_head_rows(st.heads[i].store->rows());
+    st.view_rows[i] = to_head_rows(st.heads[i].store()->rows());
   }
   st.step_open = true;
   StepView view;
@@ -244,7 +326,7 @@ void LayerCache::end_step(const AttentionRef* attention) {
     // refilled with every row at the next step).
     const std::int64_t before = st.step_prev + st.step_new;
     for (HeadState& hs : st.heads) {
-      const std::int64_t rows = hs.store->size();
+      const std::int64_t rows = hs.store()->size();
       if (before <= 2 * rows + 64) continue;
       give_back_capacity(hs.live, rows, 1);
       give_back_capacity(hs.score, rows, 1);
@@ -304,7 +386,7 @@ KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
 void LayerCache::reset() {
   LayerState& st = *state_;
   for (HeadState& hs : st.heads) {
-    hs.store->clear();
+    StoreAccess::of(hs).clear();
     hs.live.clear();
     hs.score.clear();
     hs.aux.clear();
@@ -330,19 +412,19 @@ HeadRows LayerCache::stored(std::int64_t b, std::int64_t h) const {
                     "] and h in [0, " + std::to_string(st.shape.n_kv_heads - 1) + "], got (" +
                     std::to_string(b) + ", " + std::to_string(h) + ")");
   }
-  return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store->rows());
+  return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store()->rows());
 }
 
 std::vector<float> LayerCache::row_scores(std::int64_t b, std::int64_t h) const {
   const HeadRows rows = stored(b, h);
   if (rows.n_rows == 0) return {};
   const HeadState& hs = state_->heads[static_cast<std::size_t>(b * state_->shape.n_kv_heads + h)];
-  const std::int64_t n_demoted = hs.store->n_demoted();
+  const std::int64_t n_demoted = hs.store()->n_demoted();
   if (static_cast<std::int64_t>(hs.score.size()) != rows.n_rows - n_demoted) {
     return std::vector<float>(static_cast<std::size_t>(rows.n_rows), 0.0f);
   }
   std::vector<float> out = hs.score;  // the method's rows, then the demoted rows (demote=)
-  for (std::int64_t k = 0; k < n_demoted; ++k) out.push_back(hs.store->demoted_score(k));
+  for (std::int64_t k = 0; k < n_demoted; ++k) out.push_back(hs.store()->demoted_score(k));
   return out;
 }
 
@@ -351,12 +433,12 @@ bool LayerCache::step_open() const noexcept { return state_->step_open; }
 std::int64_t LayerCache::tokens_seen() const noexcept { return state_->tokens_seen; }
 
 std::int64_t LayerCache::tokens_kept() const noexcept {
-  return state_->heads.empty() ? 0 : state_->heads[0].store->size();
+  return state_->heads.empty() ? 0 : state_->heads[0].store()->size();
 }
 
 std::int64_t LayerCache::kept_bytes() const noexcept {
   std::int64_t total = 0;
-  for (const HeadState& hs : state_->heads) total += hs.store->bytes();
+  for (const HeadState& hs : state_->heads) total += hs.store()->bytes();
   return total;
 }
 
@@ -378,13 +460,13 @@ CacheStats LayerCache::stats() const {
   s.tokens_seen = tokens_seen();
   s.tokens_kept = tokens_kept();
   for (const HeadState& hs : state_->heads) {
-    s.tokens_kept_per_head.push_back(hs.store->size());
-    s.allocated_bytes += hs.store->allocated_bytes();
-    s.resident_bytes += hs.store->resident_bytes() + capacity_bytes(hs.live) +
+    s.tokens_kept_per_head.push_back(hs.store()->size());
+    s.allocated_bytes += hs.store()->allocated_bytes();
+    s.resident_bytes += hs.store()->resident_bytes() + capacity_bytes(hs.live) +
                         capacity_bytes(hs.score) + capacity_bytes(hs.aux) + capacity_bytes(hs.hist);
-    s.evictions += hs.evictions + hs.store->dropped();
+    s.evictions += hs.evictions + hs.store()->dropped();
     s.merges += hs.merges;
-    s.demoted_rows += hs.store->n_demoted();
+    s.demoted_rows += hs.store()->n_demoted();
   }
   s.resident_bytes += capacity_bytes(state_->heads) + capacity_bytes(state_->rngs) +
                       capacity_bytes(state_->view_rows);

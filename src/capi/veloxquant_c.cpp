@@ -314,7 +314,7 @@ vq_status vq_registry_method(size_t index, vq_method_info* out) {
         out->budget_type = m.budget_type.c_str();
         out->deviations = m.deviations.c_str();
         out->n_fields = m.fields.size();
-        out->has_token_budget = m.get_budget != nullptr ? 1 : 0;
+        out->has_token_budget = m.budget_field.empty() ? 0 : 1;
       },
       Drop{});
 }

@@ -77,13 +77,7 @@ void check_options(const ModelEvalOptions& o) {
 std::optional<std::int64_t> spec_budget(const std::string& spec, const CacheConfig& c) {
   if (!has_token_budget(c)) return std::nullopt;
   const MethodInfo& m = c.info();
-  const CacheConfig defaults(c.method());
-  CacheConfig probe = defaults;
-  m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
-  std::string field;
-  for (std::size_t i = 0; i < probe.fields().size(); ++i) {
-    if (probe.fields()[i].second != defaults.fields()[i].second) field = probe.fields()[i].first;
-  }
+  const std::string& field = m.budget_field;
   const std::size_t colon = spec.find(':');
   std::size_t at = colon == std::string::npos ? spec.size() : colon + 1;
   while (at < spec.size()) {

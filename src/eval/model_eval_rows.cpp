@@ -9,15 +9,7 @@ namespace vq::eval {
 std::string short_spec(const CacheConfig& c, bool drop_budget) {
   const MethodInfo& m = c.info();
   const CacheConfig defaults(c.method());
-  std::string budget_field;
-  if (drop_budget && has_token_budget(c)) {
-    CacheConfig probe = defaults;
-    m.set_budget(probe, m.get_budget(defaults) + 1);  // the field the budget setter changes
-    for (std::size_t i = 0; i < probe.fields().size(); ++i) {
-      if (probe.fields()[i].second != defaults.fields()[i].second)
-        budget_field = probe.fields()[i].first;
-    }
-  }
+  const std::string budget_field = drop_budget ? m.budget_field : std::string();
   std::string out;
   for (std::size_t i = 0; i < c.fields().size(); ++i) {
     const auto& [name, value] = c.fields()[i];

@@ -33,60 +33,33 @@
 #include "policies/methods.h"
 
 namespace vq::detail {
-namespace {
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  auto policy = std::make_unique<H2OPolicy>(c.get_int("cam_budget"), c.get_int("cam_n_sink"),
-                                            recent_window(c, "cam"),
-                                            static_cast<float>(c.get_float("cam_decay")),
-                                            merge_rule_from(c, "cam"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "cam_n_sink", "cam_budget");
-  check_recent_window(c, "cam");
-}
-
-}  // namespace
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: cam
+prefix: cam
+summary: CaM: H2O's loser spread over the next kept rows behind a probabilistic gate
+  (target=nearest: blended into its most similar survivor)
+paper: Zhang et al., CaM: Cache Merging for Memory-efficient LLMs Inference, ICML 2024
+disposition: merge (gated)
+score: cumulative attention mass
+budget: uniform
+deviations: 4 sinks, a recent window and decay 0.98 in the H2O base; key-as-query proxy when no
+  attention is passed (source=auto); target=nearest is the reference library's cosine blend into
+  one survivor
+paper config: `cam:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (H2O base as in the paper's
+  experiments; the window rule, v_e / m over the next m = 32 kept rows behind p = A_e / mean(A))
+defaults: the paper's rule (target=window: v_e / m over the next 32 kept rows behind p = A_e /
+  mean(A over them), the current query's attention as A) on H2O's defaults as the base (recent
+  window = half the non-sink budget, decay 0.98, 4 sinks)
+| cam_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| cam_n_sink | int | 4 | [0, 16777216] | leading rows never evicted and never merge targets
+groups: mass merge(mean,window,current) source headwise quantize common
+)";
 
 MethodInfo cam_method() {
-  MethodInfo m;
-  m.id = "cam";
-  m.prefix = "cam";
-  m.summary = "CaM: H2O's loser spread over the next kept rows behind a probabilistic gate "
-              "(target=nearest: blended into its most similar survivor)";
-  m.paper = "Zhang et al., CaM: Cache Merging for Memory-efficient LLMs Inference, ICML 2024";
-  m.disposition = "merge (gated)";
-  m.score_signal = "cumulative attention mass";
-  m.budget_type = "uniform";
-  m.deviations = "4 sinks, a recent window and decay 0.98 in the H2O base; key-as-query proxy "
-                 "when no attention is passed (source=auto); target=nearest is the reference "
-                 "library's cosine blend into one survivor";
-  m.fields = {
-      int_field("cam_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("cam_n_sink", 4, 0, kMaxTokens,
-                "leading rows never evicted and never merge targets"),
-  };
-  add_mass_fields(m.fields, "cam");
-  add_merge_fields(m.fields, "cam", "mean", "window", "current");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("cam_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("cam_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`cam:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (H2O base as in the "
-      "paper's experiments; the window rule, v_e / m over the next m = 32 kept rows "
-      "behind p = A_e / mean(A))";
-  m.defaults_note = "the paper's rule (target=window: v_e / m over the next 32 kept rows behind p = "
-      "A_e / mean(A over them), the current query's attention as A) on H2O's defaults as the base "
-      "(recent window = half the non-sink budget, decay 0.98, 4 sinks)";
-  return m;
+  return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>);
 }
 
 }  // namespace vq::detail

@@ -29,51 +29,75 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: chunkkv
+prefix: chunkkv
+summary: ChunkKV: evict whole contiguous chunks by mean score, the same chunks for every head of a
+  layer
+paper: Liu et al., ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context
+  LLM Inference, NeurIPS 2025
+disposition: drop (chunk; merge optional)
+score: cumulative attention mass or key norm, pooled per chunk
+budget: uniform (budget - chunk_size + 1 to budget)
+deviations: chunks chosen at every step from the live rows (paper: once over the prompt);
+  key-as-query proxy when no attention is passed (source=auto)
+paper config: `chunkkv:chunk_size=10,n_sink=0,decay=1,source=attention` (chunks of 10; the paper
+  selects chunks once at prefill)
+defaults: H2O's defaults for the token scores (recent window = half the budget left after the
+  sinks and one chunk, decay 0.98) and chunks of 8
+exact budget: no
+| chunkkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| chunkkv_chunk_size | int | 8 | [1, 16777216] | rows per chunk (paper recommends 10)
+| chunkkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| chunkkv_score | enum | attn_mass | {attn_mass, key_norm} | token score: H2O's cumulative mass,
+  or minus the key norm
+groups: mass merge(drop) source quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "chunkkv_n_sink", "chunkkv_budget");
+  if (c.get_enum("chunkkv_score") == "key_norm" && c.get_enum("source") == "attention") {
+    config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
+                    "attention)");
+  }
+  if (c.get_enum("chunkkv_score") == "key_norm") {
+    for (const char* f : {"chunkkv_decay", "source", "gqa_reduce"}) {
+      if (c.is_set(f)) {
+        config_error(c, std::string(f) + " has no effect with chunkkv_score=key_norm (key norms "
+                                         "use no attention)");
+      }
+    }
+  }
+  check_recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size");
+}
 
 class ChunkKVPolicy final : public H2OPolicy {
  public:
-  explicit ChunkKVPolicy(const CacheConfig& c)
-      : H2OPolicy(c.get_int("chunkkv_budget"), c.get_int("chunkkv_n_sink"),
-                  recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size"), static_cast<float>(c.get_float("chunkkv_decay")),
-                  merge_rule_from(c, "chunkkv"), score_source_from(c)),
-        chunk_(c.get_int("chunkkv_chunk_size")),
-        key_norm_(c.get_enum("chunkkv_score") == "key_norm") {
+  explicit ChunkKVPolicy(const PolicyContext& ctx)
+      : H2OPolicy(ctx), chunk_(ctx.config.get_int("chunkkv_chunk_size")),
+        key_norm_(ctx.config.get_enum("chunkkv_score") == "key_norm") {
     // Key norms use no attention: nothing to resolve, "none" in result files.
     if (key_norm_) source_.kind = source_.configured = ScoreSource::Kind::kNone;
   }
 
-  void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    const std::int64_t H = st.shape.n_kv_heads, D = st.shape.head_dim;
-    open_live(st);
-    for (std::int64_t j = 0; j < st.step_new; ++j) {
-      for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
-        HeadCtx h{st, st.heads[static_cast<std::size_t>(i)], i, D,
-                  st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-        on_token(h, st.step_prev + j);
-      }
-      for (std::int64_t b = 0; b < st.batch; ++b) {
-        while (static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H)].live.size()) >
-               budget_) {
-          const auto [c0, c1] = lowest_chunk(st, b);
-          losers_.clear();
-          for (std::int64_t r = c0; r < c1; ++r) losers_.push_back(r);
-          for (std::int64_t h = 0; h < H; ++h) {
-            const std::int64_t i = b * H + h;
-            HeadCtx ctx{st, st.heads[static_cast<std::size_t>(i)], i, D,
-                        st.rngs[static_cast<std::size_t>(h)]};
-            evict_rows(ctx, losers_);
-          }
-        }
-      }
-      for (HeadState& hs : st.heads) {
-        hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-      }
+ protected:
+  // Every head of a batch row loses the same chunk, token by token (never a chunk at once).
+  bool decides_chunk_at_once() const noexcept override { return false; }
+  bool shares_rows() const noexcept override { return true; }
+  void layer_losers(LayerState& st, std::int64_t b, std::int64_t keep,
+                    std::vector<std::int64_t>& losers) override {
+    const std::int64_t H = st.shape.n_kv_heads;
+    if (static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H)].live.size()) <= keep) {
+      return;
     }
-    commit_live(st);
+    const auto [c0, c1] = lowest_chunk(st, b);
+    for (std::int64_t r = c0; r < c1; ++r) losers.push_back(r);
   }
 
- protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
     if (!key_norm_) {
       H2OPolicy::on_token(h, row);
@@ -113,67 +137,11 @@ class ChunkKVPolicy final : public H2OPolicy {
   std::int64_t chunk_;
   bool key_norm_;
   std::vector<float> token_, means_;
-  std::vector<std::int64_t> starts_, losers_;
+  std::vector<std::int64_t> starts_;
 };
-
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  return std::make_unique<ChunkKVPolicy>(ctx.config);
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "chunkkv_n_sink", "chunkkv_budget");
-  if (c.get_enum("chunkkv_score") == "key_norm" && c.get_enum("source") == "attention") {
-    config_error(c, "source=attention applies to chunkkv_score=attn_mass only (key_norm uses no "
-                    "attention)");
-  }
-  if (c.get_enum("chunkkv_score") == "key_norm") {
-    for (const char* f : {"chunkkv_decay", "source", "gqa_reduce"}) {
-      if (c.is_set(f)) {
-        config_error(c, std::string(f) + " has no effect with chunkkv_score=key_norm (key norms "
-                                         "use no attention)");
-      }
-    }
-  }
-  check_recent_window(c, "chunkkv", "grace", "chunkkv_chunk_size");
-}
 
 }  // namespace
 
-MethodInfo chunkkv_method() {
-  MethodInfo m;
-  m.id = "chunkkv";
-  m.prefix = "chunkkv";
-  m.summary = "ChunkKV: evict whole contiguous chunks by mean score, the same chunks for "
-              "every head of a layer";
-  m.paper = "Liu et al., ChunkKV: Semantic-Preserving KV Cache Compression for Efficient "
-            "Long-Context LLM Inference, NeurIPS 2025";
-  m.disposition = "drop (chunk; merge optional)";
-  m.score_signal = "cumulative attention mass or key norm, pooled per chunk";
-  m.budget_type = "uniform (budget - chunk_size + 1 to budget)";
-  m.deviations = "chunks chosen at every step from the live rows (paper: once over the "
-                 "prompt); key-as-query proxy when no attention is passed (source=auto)";
-  m.exact_budget = false;
-  m.fields = {
-      int_field("chunkkv_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("chunkkv_chunk_size", 8, 1, kMaxTokens, "rows per chunk (paper recommends 10)"),
-      int_field("chunkkv_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      enum_field("chunkkv_score", "attn_mass", {"attn_mass", "key_norm"},
-                 "token score: H2O's cumulative mass, or minus the key norm"),
-  };
-  add_mass_fields(m.fields, "chunkkv");
-  add_merge_fields(m.fields, "chunkkv", "drop");
-  add_source_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("chunkkv_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("chunkkv_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`chunkkv:chunk_size=10,n_sink=0,decay=1,source=attention` (chunks of 10; the "
-      "paper selects chunks once at prefill)";
-  m.defaults_note = "H2O's defaults for the token scores (recent window = half the budget left "
-      "after the sinks and one chunk, decay 0.98) and chunks of 8";
-  return m;
-}
+MethodInfo chunkkv_method() { return method_card(kCard, &check, &make_policy_of<ChunkKVPolicy>); }
 
 }  // namespace vq::detail

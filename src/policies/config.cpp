@@ -7,6 +7,7 @@
 #include <string>
 
 #include "policies/fields.h"
+#include "policies/methods.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -180,13 +181,13 @@ DType CacheConfig::kv_dtype() const {
 }
 
 void CacheConfig::set(std::string_view key, FieldValue value) {
-  if (key == "budget" && resolve(key).empty() && info_->set_budget != nullptr) {
+  if (key == "budget" && resolve(key).empty() && !info_->budget_field.empty()) {
     const auto* b = std::get_if<std::int64_t>(&value);
     if (b == nullptr) {
       throw Error(ErrorCode::kInvalidConfig,
                   "[" + method_ + "] budget must be an integer, got " + value_text(value));
     }
-    info_->set_budget(*this, *b);
+    detail::set_budget_fields(*this, *b);
     return;
   }
   const std::size_t i = index_of(key);
@@ -210,7 +211,7 @@ void CacheConfig::set(std::string_view key, FieldValue value) {
 }
 
 void CacheConfig::set_text(std::string_view key, std::string_view text) {
-  if (key == "budget" && resolve(key).empty() && info_->set_budget != nullptr) {
+  if (key == "budget" && resolve(key).empty() && !info_->budget_field.empty()) {
     std::int64_t b = 0;
     const auto res = std::from_chars(text.data(), text.data() + text.size(), b);
     if (text.empty() || res.ec != std::errc() || res.ptr != text.data() + text.size()) {
@@ -319,7 +320,7 @@ CacheConfig CacheConfig::parse(std::string_view spec) {
       const std::string_view value = item.substr(eq + 1);
       if (key.empty()) throw bad("empty key in '" + std::string(item) + "'");
       std::string name = config.resolve(key);
-      if (name.empty() && key == "budget" && config.info().set_budget != nullptr) {
+      if (name.empty() && key == "budget" && !config.info().budget_field.empty()) {
         // A method without a budget field (streaming_llm): applied after the other keys, since
         // the setter reads them (window = budget - n_sink).
         if (!deferred_budget.empty()) throw bad("key 'budget' is given more than once");
@@ -355,7 +356,8 @@ CacheConfig CacheConfig::parse(std::string_view spec) {
       if (!field.empty() && seen.count(field) != 0) {
         throw Error(ErrorCode::kInvalidSpec,
                     "[" + config.method() + "] budget and " + field + " both set the budget (" +
-                        config.info().budget_rule + "): give one of them, in spec '" +
+                        "budget = " + config.info().budget_offset + " + " + field +
+                        "): give one of them, in spec '" +
                         std::string(spec) + "'");
       }
       config.set_text("budget", deferred_budget == " " ? std::string_view() : deferred_budget);

@@ -5,6 +5,22 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: full
+prefix: -
+summary: no compression: keeps every token (the reference row)
+paper: -
+disposition: none
+score: none
+budget: none (keeps all)
+deviations: -
+paper config: -
+groups: quantize common
+)";
+
 namespace {
 
 // Keeps every row; a quantizing store (kivi) still settles its tail (without a row list: the
@@ -12,33 +28,22 @@ namespace {
 class FullPolicy final : public Policy {
  public:
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    for (HeadState& hs : st.heads) {
-      if (hs.store->quantizing()) hs.store->settle_keep_all();  // plain rows: nothing to do
+    for (std::size_t i = 0; i < st.heads.size(); ++i) {
+      if (!st.heads[i].store()->quantizing()) continue;  // plain rows: nothing to do
+      Decision d;
+      d.kind = Decision::Kind::kKeepAll;
+      d.head = static_cast<std::int64_t>(i);
+      st.apply(d);
     }
   }
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }
-
 }  // namespace
 
-std::unique_ptr<Policy> make_keep_all_policy() { return std::make_unique<FullPolicy>(); }
-
-MethodInfo full_method() {
-  MethodInfo m;
-  m.id = "full";
-  m.prefix = "";
-  m.summary = "no compression: keeps every token (the reference row)";
-  m.paper = "-";
-  m.disposition = "none";
-  m.score_signal = "none";
-  m.budget_type = "none (keeps all)";
-  m.deviations = "-";
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.make_policy = &make;
-  m.paper_config = "-";
-  return m;
+std::unique_ptr<Policy> make_keep_all_policy(const PolicyContext& /*ctx*/) {
+  return std::make_unique<FullPolicy>();
 }
+
+MethodInfo full_method() { return method_card(kCard, nullptr, &make_keep_all_policy); }
 
 }  // namespace vq::detail

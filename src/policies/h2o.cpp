@@ -30,6 +30,51 @@
 
 namespace vq::detail {
 
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: h2o
+prefix: h2o
+summary: H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace window
+  protected
+paper: Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023
+disposition: drop (merge optional)
+score: cumulative attention mass
+budget: uniform
+deviations: decay 0.98 and 4 sinks by default (the paper: 1, none); with the proxy source
+  (source=auto without probabilities) the incoming key stands in for the query
+paper config: `h2o:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (recent rows and heavy
+  hitters in equal shares, no decay, true attention)
+defaults: H2O's equal split (recent window = half the non-sink budget, so it scales with budget=)
+  with 4 sinks and the reference library's decay 0.98, measured better than 1 with true attention
+  on stories260K
+| h2o_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| h2o_n_sink | int | 4 | [0, 16777216] | leading rows never evicted (attention sinks)
+groups: mass merge(drop) source headwise quantize common
+)";
+
+namespace {
+
+std::int64_t family_window(const CacheConfig& c) {
+  const std::string& p = c.info().prefix;
+  return recent_window(c, p, c.has(p + "_recent") ? "recent" : "grace",
+                       c.has(p + "_chunk_size") ? p + "_chunk_size" : "");
+}
+
+float family_decay(const CacheConfig& c) {
+  const std::string& p = c.info().prefix;
+  return c.has(p + "_decay") ? static_cast<float>(c.get_float(p + "_decay")) : 1.0f;
+}
+
+}  // namespace
+
+H2OPolicy::H2OPolicy(const PolicyContext& ctx, std::int64_t budget)
+    : TokenPolicy(ctx, budget), grace_(family_window(ctx.config)),
+      decay_(family_decay(ctx.config)) {}
+
+H2OPolicy::H2OPolicy(const PolicyContext& ctx)
+    : H2OPolicy(ctx, ctx.config.get_int(ctx.config.info().prefix + "_budget")) {}
+
 void H2OPolicy::on_token(HeadCtx& h, std::int64_t row) {
   if (source_.attention()) {
     // score <- score * decay + the attention the new token's queries paid to each live row
@@ -80,58 +125,8 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
   }
 }
 
-namespace {
-
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  auto policy = std::make_unique<H2OPolicy>(c.get_int("h2o_budget"), c.get_int("h2o_n_sink"),
-                                            recent_window(c, "h2o"),
-                                            static_cast<float>(c.get_float("h2o_decay")),
-                                            merge_rule_from(c, "h2o"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "h2o_n_sink", "h2o_budget");
-  check_recent_window(c, "h2o");
-}
-
-}  // namespace
-
 MethodInfo h2o_method() {
-  MethodInfo m;
-  m.id = "h2o";
-  m.prefix = "h2o";
-  m.summary = "H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace "
-              "window protected";
-  m.paper = "Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "cumulative attention mass";
-  m.budget_type = "uniform";
-  m.deviations = "decay 0.98 and 4 sinks by default (the paper: 1, none); with the proxy "
-                 "source (source=auto without probabilities) the incoming key stands in for the "
-                 "query";
-  m.fields = {
-      int_field("h2o_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("h2o_n_sink", 4, 0, kMaxTokens, "leading rows never evicted (attention sinks)"),
-  };
-  add_mass_fields(m.fields, "h2o");
-  add_merge_fields(m.fields, "h2o", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("h2o_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("h2o_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`h2o:n_sink=0,recent_ratio=0.5,decay=1,source=attention` (recent rows and "
-      "heavy hitters in equal shares, no decay, true attention)";
-  m.defaults_note = "H2O's equal split (recent window = half the non-sink budget, so it scales with "
-      "budget=) with 4 sinks and the reference library's decay 0.98, measured better "
-      "than 1 with true attention on stories260K";
-  return m;
+  return method_card(kCard, &check_recent_family, &make_policy_of<H2OPolicy>);
 }
 
 }  // namespace vq::detail

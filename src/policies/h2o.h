@@ -4,13 +4,18 @@
 
 namespace vq::detail {
 
-// H2O's cumulative attention mass under the key-as-query proxy (see h2o.cpp). Shared by cam,
-// which is this policy with grace 0, decay 1 and a merge rule.
+// H2O's cumulative attention mass (see h2o.cpp): the base of the H2O family (h2o, cam,
+// pyramidkv, squeeze, chunkkv, keyformer), each reading its fields through its prefix.
 class H2OPolicy : public TokenPolicy {
  public:
-  H2OPolicy(std::int64_t budget, std::int64_t n_sink, std::int64_t grace, float decay,
-            MergeRule merge, ScoreSource source = ScoreSource{})
-      : TokenPolicy(budget, n_sink, merge, source), grace_(grace), decay_(decay) {}
+  // The member of the family ctx's method names, as its field table says: <prefix>_budget,
+  // <prefix>_n_sink, the recent window (<prefix>_grace, or <prefix>_recent where the method
+  // names it so, with <prefix>_recent_ratio; <prefix>_chunk_size rows reserved where the method
+  // has chunks), <prefix>_decay (1 without such a field), the merge rule, the score source and
+  // head-wise budgets (where the method has them). h2o and cam are exactly this.
+  explicit H2OPolicy(const PolicyContext& ctx);
+  // The same at another budget (pyramidkv's per-layer budget).
+  H2OPolicy(const PolicyContext& ctx, std::int64_t budget);
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override;

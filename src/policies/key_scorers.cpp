@@ -24,24 +24,66 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entries (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field tables and the shared field groups.
+constexpr std::string_view kKnormCard = R"(
+id: knorm
+prefix: knorm
+summary: KNorm: evict the key with the largest L2 norm; no attention needed
+paper: Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression,
+  EMNLP 2024
+disposition: drop (merge optional)
+score: key norm (low is kept)
+budget: uniform
+deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
+  window protected
+paper config: - (the paper prunes the prompt once by key norm; a token-by-token spec cannot
+  express it)
+| knorm_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| knorm_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| knorm_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
+groups: merge(drop) quantize common
+)";
+
+constexpr std::string_view kKeydiffCard = R"(
+id: keydiff
+prefix: keydiff
+summary: KeyDiff: evict the key most similar to the mean normalised key (keep distinctive keys);
+  no attention needed
+paper: Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference
+  in Resource-Constrained Environments, 2025
+disposition: drop (merge optional)
+score: key diversity (-cos to the mean key)
+budget: uniform
+deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); recent
+  window protected
+paper config: - (the paper prunes the prompt once; a token-by-token spec cannot express it)
+| keydiff_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| keydiff_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| keydiff_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
+groups: merge(drop) quantize common
+)";
+
 namespace {
 
+// knorm (Diff = false) and keydiff (Diff = true), each reading its fields through its prefix.
+template <bool Diff>
 class KeyScorerPolicy final : public TokenPolicy {
  public:
-  KeyScorerPolicy(const CacheConfig& c, const std::string& p, bool diff)
-      : TokenPolicy(c.get_int(p + "_budget"), c.get_int(p + "_n_sink"), merge_rule_from(c, p)),
-        grace_(c.get_int(p + "_grace")), diff_(diff) {}
+  explicit KeyScorerPolicy(const PolicyContext& ctx)
+      : TokenPolicy(ctx), grace_(ctx.config.get_int(ctx.config.info().prefix + "_grace")) {}
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
     const float* k = key_of_row(h, row);
-    push_row(h.hs, row, diff_ ? 0.0f : -std::sqrt(kernels::dot(k, k, h.head_dim)));
+    push_row(h.hs, row, Diff ? 0.0f : -std::sqrt(kernels::dot(k, k, h.head_dim)));
   }
 
   void eviction_scores(HeadCtx& h, float* out) override {
     const std::int64_t n = h.n_live(), d = h.head_dim;
     float* score = h.hs.score.data();
-    if (diff_) {
+    if (Diff) {
       anchor_.assign(static_cast<std::size_t>(d), 0.0f);
       for (std::int64_t i = 0; i < n; ++i) {
         const float* k = key_of(h, i);
@@ -62,64 +104,23 @@ class KeyScorerPolicy final : public TokenPolicy {
 
  private:
   std::int64_t grace_;
-  bool diff_;
   std::vector<float> anchor_;
 };
 
-MethodInfo key_method(const std::string& id, bool diff) {
-  MethodInfo m;
-  m.id = id;
-  m.prefix = id;
-  if (diff) {
-    m.summary = "KeyDiff: evict the key most similar to the mean normalised key (keep "
-                "distinctive keys); no attention needed";
-    m.paper = "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM "
-              "Inference in Resource-Constrained Environments, 2025";
-    m.score_signal = "key diversity (-cos to the mean key)";
-  } else {
-    m.summary = "KNorm: evict the key with the largest L2 norm; no attention needed";
-    m.paper = "Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache "
-              "Compression, EMNLP 2024";
-    m.score_signal = "key norm (low is kept)";
-  }
-  m.disposition = "drop (merge optional)";
-  m.budget_type = "uniform";
-  m.deviations = "token-by-token eviction as the cache fills (paper: one pass over the "
-                 "prompt); recent window protected";
-  m.fields = {
-      int_field(id + "_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field(id + "_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      int_field(id + "_grace", 16, 0, kMaxTokens, "newest rows protected from eviction"),
-  };
-  add_merge_fields(m.fields, id, "drop");
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.paper_config = diff ? "- (the paper prunes the prompt once; a token-by-token spec cannot "
-                         "express it)"
-                       : "- (the paper prunes the prompt once by key norm; a token-by-token spec "
-                         "cannot express it)";
-  m.make_policy = diff ? +[](const PolicyContext& ctx) -> std::unique_ptr<Policy> {
-    return std::make_unique<KeyScorerPolicy>(ctx.config, "keydiff", true);
-  } : +[](const PolicyContext& ctx) -> std::unique_ptr<Policy> {
-    return std::make_unique<KeyScorerPolicy>(ctx.config, "knorm", false);
-  };
-  m.check = diff ? +[](const CacheConfig& c) {
-    require_less(c, "keydiff_n_sink", "keydiff_budget");
-    require_sum_less(c, "keydiff_n_sink", "keydiff_grace", "keydiff_budget");
-  } : +[](const CacheConfig& c) {
-    require_less(c, "knorm_n_sink", "knorm_budget");
-    require_sum_less(c, "knorm_n_sink", "knorm_grace", "knorm_budget");
-  };
-  m.get_budget = diff ? +[](const CacheConfig& c) { return c.get_int("keydiff_budget"); }
-                      : +[](const CacheConfig& c) { return c.get_int("knorm_budget"); };
-  m.set_budget = diff ? +[](CacheConfig& c, std::int64_t b) { c.set("keydiff_budget", b); }
-                      : +[](CacheConfig& c, std::int64_t b) { c.set("knorm_budget", b); };
-  return m;
+// Guards: n_sink < budget and n_sink + grace < budget.
+void check(const CacheConfig& c) {
+  const std::string& p = c.info().prefix;
+  require_less(c, p + "_n_sink", p + "_budget");
+  require_sum_less(c, p + "_n_sink", p + "_grace", p + "_budget");
 }
 
 }  // namespace
 
-MethodInfo knorm_method() { return key_method("knorm", false); }
-MethodInfo keydiff_method() { return key_method("keydiff", true); }
+MethodInfo knorm_method() {
+  return method_card(kKnormCard, &check, &make_policy_of<KeyScorerPolicy<false>>);
+}
+MethodInfo keydiff_method() {
+  return method_card(kKeydiffCard, &check, &make_policy_of<KeyScorerPolicy<true>>);
+}
 
 }  // namespace vq::detail

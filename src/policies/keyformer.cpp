@@ -35,26 +35,65 @@
 #include "policies/methods.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: keyformer
+prefix: keyformer
+summary: Keyformer: H2O mass plus frozen per-token Gumbel noise with a temperature schedule
+paper: Adnan et al., Keyformer: KV Cache Reduction through Key Tokens Selection for Efficient
+  Generative Inference, MLSys 2024
+disposition: drop (merge optional)
+score: noisy cumulative attention mass
+budget: uniform
+deviations: proxy source: noise added to the accumulated mass at eviction (source=attention: the
+  paper's softmax((x + g) / tau) accumulation)
+paper config: `keyformer:n_sink=0,recent_ratio=0.3,tau_init=1,tau_end=2,anneal_steps=256,source=attention`
+  (anneal_steps = the tokens to generate, here 256; 30% recent window, tau rising from 1 to 2)
+defaults: the paper's 30% recent window (of the non-sink budget, so it scales with budget=) and 4
+  sinks; a constant tau of 1 (the paper's rise to 2 needs the generation length: anneal_steps)
+| keyformer_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| keyformer_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| keyformer_tau_init | float | 1 | [0, 1e+06] | noise temperature for the prompt and the first
+  decode step
+| keyformer_tau_end | float | 1 | [0, 1e+06] | noise temperature after anneal_steps (paper: 2)
+| keyformer_anneal_steps | int | 0 | [0, 16777216] | decode steps (single-token steps) over which
+  tau moves linearly from tau_init to tau_end (0: constant tau_init)
+| keyformer_recent | int | -1 | [-1, 16777216] | newest rows protected from eviction (the recent
+  window); -1: recent_ratio of the budget left after the sinks
+| keyformer_recent_ratio | float | 0.3 | [0, 1] | share of the non-sink budget kept as the recent
+  window when recent = -1 (the paper: 0.3)
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  check_recent_family(c);
+  const bool constant = c.get_float("keyformer_tau_end") == c.get_float("keyformer_tau_init");
+  if (c.get_int("keyformer_anneal_steps") == 0 && !constant) {
+    config_error(c, "keyformer_tau_end has no effect with keyformer_anneal_steps=0 (tau stays "
+                    "keyformer_tau_init): set anneal_steps, or tau_end = tau_init");
+  }
+  if (c.get_int("keyformer_anneal_steps") > 0 && constant) {
+    config_error(c, "keyformer_anneal_steps has no effect with keyformer_tau_end = "
+                    "keyformer_tau_init (tau is constant)");
+  }
+}
 
 class KeyformerPolicy final : public H2OPolicy {
  public:
-  explicit KeyformerPolicy(const CacheConfig& c)
-      : H2OPolicy(c.get_int("keyformer_budget"), c.get_int("keyformer_n_sink"),
-                  recent_window(c, "keyformer", "recent"), 1.0f, merge_rule_from(c, "keyformer"),
-                  score_source_from(c)),
-        tau_init_(c.get_float("keyformer_tau_init")), tau_end_(c.get_float("keyformer_tau_end")),
-        anneal_(c.get_int("keyformer_anneal_steps")) {
-    set_headwise(headwise_rule_from(c));
-  }
+  explicit KeyformerPolicy(const PolicyContext& ctx)
+      : H2OPolicy(ctx), tau_init_(ctx.config.get_float("keyformer_tau_init")),
+        tau_end_(ctx.config.get_float("keyformer_tau_end")),
+        anneal_(ctx.config.get_int("keyformer_anneal_steps")) {}
 
  protected:
   // The temperature anneals over decode steps (single-token steps), as in the paper, where tau
   // rises with each generated token: a step uses tau_at(number of earlier decode steps), so a
   // prompt read in one chunk uses tau_init.
-  void end_step(LayerState& st, const AttentionRef* attention) override {
-    tau_ = tau_at(decode_steps_);
-    H2OPolicy::end_step(st, attention);
+  void begin_step(LayerState& /*st*/) override { tau_ = tau_at(decode_steps_); }
+  void finish_step(LayerState& st) override {
     if (st.step_new == 1) ++decode_steps_;
   }
   void on_reset(LayerState& /*st*/) override { decode_steps_ = 0; }
@@ -118,69 +157,10 @@ class KeyformerPolicy final : public H2OPolicy {
   float tau_ = 0.0f;               // the temperature of the open step
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  return std::make_unique<KeyformerPolicy>(ctx.config);
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "keyformer_n_sink", "keyformer_budget");
-  check_recent_window(c, "keyformer", "recent");
-  const bool constant = c.get_float("keyformer_tau_end") == c.get_float("keyformer_tau_init");
-  if (c.get_int("keyformer_anneal_steps") == 0 && !constant) {
-    config_error(c, "keyformer_tau_end has no effect with keyformer_anneal_steps=0 (tau stays "
-                    "keyformer_tau_init): set anneal_steps, or tau_end = tau_init");
-  }
-  if (c.get_int("keyformer_anneal_steps") > 0 && constant) {
-    config_error(c, "keyformer_anneal_steps has no effect with keyformer_tau_end = "
-                    "keyformer_tau_init (tau is constant)");
-  }
-}
-
 }  // namespace
 
 MethodInfo keyformer_method() {
-  MethodInfo m;
-  m.id = "keyformer";
-  m.prefix = "keyformer";
-  m.summary = "Keyformer: H2O mass plus frozen per-token Gumbel noise with a temperature "
-              "schedule";
-  m.paper = "Adnan et al., Keyformer: KV Cache Reduction through Key Tokens Selection for "
-            "Efficient Generative Inference, MLSys 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "noisy cumulative attention mass";
-  m.budget_type = "uniform";
-  m.deviations = "proxy source: noise added to the accumulated mass at eviction "
-                 "(source=attention: the paper's softmax((x + g) / tau) accumulation)";
-  m.fields = {
-      int_field("keyformer_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("keyformer_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      float_field("keyformer_tau_init", 1.0, 0.0, 1e6,
-                  "noise temperature for the prompt and the first decode step"),
-      float_field("keyformer_tau_end", 1.0, 0.0, 1e6,
-                  "noise temperature after anneal_steps (paper: 2)"),
-      int_field("keyformer_anneal_steps", 0, 0, kMaxTokens,
-                "decode steps (single-token steps) over which tau moves linearly from "
-                "tau_init to tau_end (0: constant tau_init)"),
-  };
-  add_recent_fields(m.fields, "keyformer", "recent", 0.3,
-                    "share of the non-sink budget kept as the recent window when recent = -1 "
-                    "(the paper: 0.3)");
-  add_merge_fields(m.fields, "keyformer", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("keyformer_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("keyformer_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`keyformer:n_sink=0,recent_ratio=0.3,tau_init=1,tau_end=2,anneal_steps=256,source=attention` "
-      "(anneal_steps = the tokens to generate, here 256; 30% recent window, tau "
-      "rising from 1 to 2)";
-  m.defaults_note = "the paper's 30% recent window (of the non-sink budget, so it scales with "
-      "budget=) and 4 sinks; a constant tau of 1 (the paper's rise to 2 needs the "
-      "generation length: anneal_steps)";
-  return m;
+  return method_card(kCard, &check, &make_policy_of<KeyformerPolicy>);
 }
 
 }  // namespace vq::detail

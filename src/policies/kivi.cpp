@@ -21,9 +21,29 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
-namespace {
 
-std::unique_ptr<Policy> make(const PolicyContext& /*ctx*/) { return make_keep_all_policy(); }
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: kivi
+prefix: kivi
+summary: KIVI: keeps every token, quantized to 2 (or 4) bits, keys per channel and values per
+  token
+paper: Liu et al., KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache, ICML 2024
+disposition: quantize
+score: none
+budget: none (all tokens, fewer bits)
+deviations: fp16 scale/zero rounded outward; no outlier handling
+paper config: `kivi:bit_width_inlier=2,kivi_group_size=32,residual_length=128` (the defaults)
+| bit_width_inlier | int | 2 | {2, 4} in [2, 4] | code width: 2 or 4 bits
+| kivi_group_size | int | 32 | [1, 4096] | G tokens per key channel group, G channels per value
+  group
+| residual_length | int | 128 | [0, 16777216] | newest rows kept unquantized (values of residual
+  rows, keys of residual to residual + G - 1)
+groups: common
+)";
+
+namespace {
 
 void check(const CacheConfig& c) {
   const std::int64_t b = c.get_int("bit_width_inlier");
@@ -32,36 +52,6 @@ void check(const CacheConfig& c) {
 
 }  // namespace
 
-MethodInfo kivi_method() {
-  MethodInfo m;
-  m.id = "kivi";
-  m.prefix = "kivi";
-  m.summary = "KIVI: keeps every token, quantized to 2 (or 4) bits, keys per channel and "
-              "values per token";
-  m.paper = "Liu et al., KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache, "
-            "ICML 2024";
-  m.disposition = "quantize";
-  m.score_signal = "none";
-  m.budget_type = "none (all tokens, fewer bits)";
-  m.deviations = "fp16 scale/zero rounded outward; no outlier handling";
-  m.fields = {
-      [] {
-        FieldSpec f = int_field("bit_width_inlier", 2, 2, 4, "code width: 2 or 4 bits");
-        f.choices = {"2", "4"};  // listed and parsed as {2, 4}, not the range [2, 4]
-        return f;
-      }(),
-      int_field("kivi_group_size", 32, 1, 4096,
-                "G tokens per key channel group, G channels per value group"),
-      int_field("residual_length", 128, 0, kMaxTokens,
-                "newest rows kept unquantized (values of residual rows, keys of residual to "
-                "residual + G - 1)"),
-  };
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.make_policy = &make;
-  m.paper_config = "`kivi:bit_width_inlier=2,kivi_group_size=32,residual_length=128` (the "
-      "defaults)";
-  return m;
-}
+MethodInfo kivi_method() { return method_card(kCard, &check, &make_keep_all_policy); }
 
 }  // namespace vq::detail

@@ -1,5 +1,7 @@
 // Internal state of one LayerCache: per (batch, kv head) storage plus the policy's per-row
-// arrays. Only LayerCache and the policies (src/policies) see this.
+// arrays. Only LayerCache and the policies (src/policies) see this. Policies read the stores
+// (HeadState::store() is const) and send what they decide to LayerState::sink
+// (policies/decision.h); only the cache mutates a store.
 #pragma once
 
 #include <cstdint>
@@ -7,14 +9,19 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "policies/decision.h"
 #include "store/store.h"
 #include "veloxquant/rows.h"
 #include "veloxquant/config.h"
 
 namespace vq::detail {
 
+// Mutable access to a head's store: defined by the cache (src/cache), never by a policy.
+struct StoreAccess;
+
 struct HeadState {
-  std::unique_ptr<RowStore> store;  // physical rows
+  // The physical rows, read-only for policies.
+  const RowStore* store() const noexcept { return store_.get(); }
   // During end_step: the physical rows still alive, in order. Empty between steps (then the
   // store's rows are the live rows, in order).
   std::vector<std::int64_t> live;
@@ -33,6 +40,10 @@ struct HeadState {
   std::uint64_t draws = 0;  // RNG draw counter of this (b, kv head)
   std::int64_t evictions = 0;  // rows removed since reset (merged or dropped)
   std::int64_t merges = 0;     // of those, rows merged into a survivor
+
+ private:
+  friend struct StoreAccess;
+  std::unique_ptr<RowStore> store_;
 };
 
 struct LayerState {
@@ -54,6 +65,9 @@ struct LayerState {
   const AttentionRef* attention = nullptr;
   // source=auto was resolved by a step of this cache (reset() clears it).
   bool source_resolved = false;
+  // Where the policy's decisions go (the cache's applier, bound to this state for its life).
+  std::unique_ptr<DecisionSink> sink;
+  void apply(const Decision& d) const { sink->apply(d); }
 
   std::int64_t n_heads_total() const noexcept { return static_cast<std::int64_t>(heads.size()); }
   std::int64_t kv_head_of(std::int64_t index) const noexcept { return index % shape.n_kv_heads; }

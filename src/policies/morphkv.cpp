@@ -26,26 +26,62 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: morphkv
+prefix: morphkv
+summary: MorphKV: keep the rows a window of recent tokens attends to (recomputed each step)
+paper: Ghadia et al., Dialogue Without Limits: Constant-Sized KV Caches for Extended Responses in
+  LLMs, ICML 2025
+disposition: drop (merge optional)
+score: recent-window attention
+budget: uniform
+deviations: proxy source: keys as queries, softmax over all rows (source=attention: the paper's
+  last-W-query attention renormalised over candidate columns); mean fusion by default
+paper config: `morphkv:fusion=sum,source=attention` (or fusion=max, by task)
+| morphkv_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| morphkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| morphkv_window | int | 8 | [1, 16777216] | recent rows whose attention ranks the others
+  (protected themselves)
+| morphkv_fusion | enum | mean | {mean, sum, max} | how the window's attention rows are combined
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "morphkv_n_sink", "morphkv_budget");
+  require_at_most(c, "morphkv_window", "morphkv_budget");
+  require_sum_less(c, "morphkv_n_sink", "morphkv_window", "morphkv_budget");
+  if (c.get_int("morphkv_window") == 1 && c.is_set("morphkv_fusion")) {
+    config_error(c, "morphkv_fusion has no effect with morphkv_window=1 (one query, nothing to "
+                    "fuse)");
+  }
+}
 
 enum class Fusion { kMean, kSum, kMax };
 
+Fusion fusion_of(const std::string& f) {
+  return f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
+}
+
 class MorphKVPolicy final : public TokenPolicy {
  public:
-  MorphKVPolicy(std::int64_t budget, std::int64_t n_sink, std::int64_t window, Fusion fusion,
-                MergeRule merge, ScoreSource source)
-      : TokenPolicy(budget, n_sink, merge, source), window_(window), fusion_(fusion) {}
+  explicit MorphKVPolicy(const PolicyContext& ctx)
+      : TokenPolicy(ctx), window_(ctx.config.get_int("morphkv_window")),
+        fusion_(fusion_of(ctx.config.get_enum("morphkv_fusion"))) {}
 
-  void end_step(LayerState& st, const AttentionRef* attention) override {
+ protected:
+  // The attention source keeps each row's attention of the last `window` queries (hist).
+  void begin_step(LayerState& st) override {
     if (source_.attention()) {
       for (HeadState& hs : st.heads) {
         if (hs.hist_stride == 0 && hs.live.empty() && hs.score.empty()) hs.hist_stride = window_;
       }
     }
-    TokenPolicy::end_step(st, attention);
   }
 
- protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
     push_row(h.hs, row, 0.0f);
     if (!source_.attention()) return;
@@ -125,62 +161,8 @@ class MorphKVPolicy final : public TokenPolicy {
   Fusion fusion_;
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  const std::string& f = c.get_enum("morphkv_fusion");
-  const Fusion fusion = f == "sum" ? Fusion::kSum : f == "max" ? Fusion::kMax : Fusion::kMean;
-  auto policy = std::make_unique<MorphKVPolicy>(
-      c.get_int("morphkv_budget"), c.get_int("morphkv_n_sink"), c.get_int("morphkv_window"), fusion,
-      merge_rule_from(c, "morphkv"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "morphkv_n_sink", "morphkv_budget");
-  require_at_most(c, "morphkv_window", "morphkv_budget");
-  require_sum_less(c, "morphkv_n_sink", "morphkv_window", "morphkv_budget");
-  if (c.get_int("morphkv_window") == 1 && c.is_set("morphkv_fusion")) {
-    config_error(c, "morphkv_fusion has no effect with morphkv_window=1 (one query, nothing to "
-                    "fuse)");
-  }
-}
-
 }  // namespace
 
-MethodInfo morphkv_method() {
-  MethodInfo m;
-  m.id = "morphkv";
-  m.prefix = "morphkv";
-  m.summary = "MorphKV: keep the rows a window of recent tokens attends to (recomputed each "
-              "step)";
-  m.paper = "Ghadia et al., Dialogue Without Limits: Constant-Sized KV Caches for Extended "
-            "Responses in LLMs, ICML 2025";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "recent-window attention";
-  m.budget_type = "uniform";
-  m.deviations = "proxy source: keys as queries, softmax over all rows (source=attention: "
-                 "the paper's last-W-query attention renormalised over candidate columns); mean "
-                 "fusion by default";
-  m.fields = {
-      int_field("morphkv_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("morphkv_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      int_field("morphkv_window", 8, 1, kMaxTokens,
-                "recent rows whose attention ranks the others (protected themselves)"),
-      enum_field("morphkv_fusion", "mean", {"mean", "sum", "max"},
-                 "how the window's attention rows are combined"),
-  };
-  add_merge_fields(m.fields, "morphkv", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("morphkv_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("morphkv_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`morphkv:fusion=sum,source=attention` (or fusion=max, by task)";
-  return m;
-}
+MethodInfo morphkv_method() { return method_card(kCard, &check, &make_policy_of<MorphKVPolicy>); }
 
 }  // namespace vq::detail

@@ -1,5 +1,6 @@
-// Policies decide, the cache applies: a policy looks at a step's rows and scores, and tells
-// the row stores which rows to keep, merge or drop. One policy object per layer.
+// Policies decide, the cache applies: a policy looks at a step's rows and scores, and sends
+// its decisions (which rows to keep, merge, demote or drop: policies/decision.h) to the cache,
+// which applies them to the row stores. No policy mutates a store. One policy object per layer.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +53,9 @@ class Policy {
   virtual ~Policy() = default;
   // Rows kept per KV head after each step; -1 when the policy keeps everything.
   virtual std::int64_t budget() const noexcept { return -1; }
-  // Decide and apply for the open step: every head's store holds st.step_prev kept rows
-  // followed by st.step_new new rows. `attention` is validated by the cache (shape) and may be
+  // Decide for the open step: every head's store holds st.step_prev kept rows followed by
+  // st.step_new new rows; every decision goes to st.apply() (policies/decision.h), ending with
+  // one kKeep (or kKeepAll) per head. `attention` is validated by the cache (shape) and may be
   // null.
   virtual void end_step(LayerState& st, const AttentionRef* attention) = 0;
   // Called by LayerCache::reset() after the stores were cleared.
@@ -128,23 +130,31 @@ struct HeadCtx {
   std::int64_t index;  // b * n_kv_heads + h
   std::int64_t head_dim;
   const CounterRng& rng;
-  RowsRef rows() const noexcept { return hs.store->rows(); }
+  RowsRef rows() const noexcept { return hs.store()->rows(); }
   std::int64_t n_live() const noexcept { return static_cast<std::int64_t>(hs.live.size()); }
 };
 
-// The token-level eviction loop shared by the score-based methods. For each new token in
-// order and each head: on_token() appends it (updating scores); while the head then holds more
-// than budget rows, pick_loser() chooses one row and the merge rule disposes of it. At the end
-// each store keeps exactly its live rows.
+// The token-level eviction loop shared by the score-based methods (end_step, the one loop: a
+// method supplies its scorer, on_token() and eviction_scores(), and at most a few of the hooks
+// below). For each new token in order and each head: on_token() appends it (updating scores);
+// while the head then holds more than step_budget() rows, pick_loser() chooses one row and the
+// merge rule disposes of it; the head settles. At the end each store keeps exactly its live
+// rows. Every disposition, settle and keep is a Decision applied by the cache.
 // A policy whose decides_chunk_at_once() is true (H2O's family with source=attention) instead
 // runs on_token() for every token of a multi-token step (a prefill chunk) and then cuts once
-// to the budget (cut_to): one decision made with the whole chunk's attention, as the papers
-// decide a prompt.
+// to the budget (cut()): one decision made with the whole chunk's attention, as the papers
+// decide a prompt. Head-wise budgets and methods whose heads share their rows (shares_rows())
+// cut with cut() after every token instead of the per-head argmin.
 class TokenPolicy : public Policy {
  public:
   TokenPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge,
               ScoreSource source = ScoreSource{})
       : budget_(budget), n_sink_(n_sink), merge_(merge), source_(source) {}
+  // Read from the config of ctx's method, through its prefix p: budget (default: p_budget),
+  // p_n_sink, the merge rule (p_merge...), the score source (source, gqa_reduce) and head-wise
+  // budgets (headwise, headwise_floor), the last two where the method has those fields.
+  explicit TokenPolicy(const PolicyContext& ctx);
+  TokenPolicy(const PolicyContext& ctx, std::int64_t budget);
   std::int64_t budget() const noexcept override { return budget_; }
   void end_step(LayerState& st, const AttentionRef* attention) override;
   bool needs_attention() const noexcept override { return source_.attention(); }
@@ -178,6 +188,21 @@ class TokenPolicy : public Policy {
 
   // Whether a multi-token step is one decision (see the class comment); default: no.
   virtual bool decides_chunk_at_once() const noexcept { return false; }
+  // The budget of the open step (default: budget_; -1 evicts nothing).
+  virtual std::int64_t step_budget(const LayerState& /*st*/) const { return budget_; }
+  // Before open_live() and after the step's kKeep decisions (per-step state of a method).
+  virtual void begin_step(LayerState& /*st*/) {}
+  virtual void finish_step(LayerState& /*st*/) {}
+  // Whether every head of a batch element loses the same rows, chosen by layer_losers()
+  // (chunkkv's chunks, tova's layer-wide attention); default: no, each head ranks its own.
+  virtual bool shares_rows() const noexcept { return false; }
+  // The next live indices (strictly increasing) that every head of batch element b loses, to
+  // bring it to `keep` rows; empty when nothing (more) leaves. Called until it is empty or the
+  // heads hold at most `keep` rows.
+  virtual void layer_losers(LayerState& /*st*/, std::int64_t /*b*/, std::int64_t /*keep*/,
+                            std::vector<std::int64_t>& /*losers*/) {}
+  // A per-head cut of a step decided at once (default: cut_to).
+  virtual void cut_head(HeadCtx& h, std::int64_t keep) { cut_to(h, keep); }
   // Head-wise cuts: whether equal rankings lose the newer row first (snapkv's selection keeps
   // the earliest of equal pooled scores); default: the older row, as cut_to().
   virtual bool ties_evict_newer() const noexcept { return false; }
@@ -187,10 +212,15 @@ class TokenPolicy : public Policy {
   // (NaN first, then increasing score, ties to the lowest index; +inf rows are protected) and
   // disposes of them by the merge rule. Nothing when n_live <= keep or keep < 0.
   void cut_to(HeadCtx& h, std::int64_t keep);
-  // Cuts every head of a closed step's state to `keep` rows with cut_to() (a pseudo-step with
+  // Cuts every head of a closed step's state to `keep` rows with cut() (a pseudo-step with
   // no new rows: live = the stored rows), then the stores keep the survivors. Head-wise: the
   // heads of each batch element keep n_kv_heads x keep rows together (headwise_cut).
   void cut_stored(LayerState& st, std::int64_t keep);
+  // One cut of the open step's live rows to `keep`, then every head settles: head-wise
+  // (headwise_cut), shared by the heads (layer_losers), or per head (cut_head).
+  void cut(LayerState& st, std::int64_t keep);
+  // Decision kSettle for head `head` with its live rows.
+  static void settle(const LayerState& st, std::int64_t head);
   // Head-wise cut of the open step's live rows: for each batch element, every head's
   // eviction_scores() ranking goes to headwise_losers() with `keep` as the per-head budget, the
   // losers leave by the merge rule, and each store settles (only that when keep < 0).
@@ -209,7 +239,7 @@ class TokenPolicy : public Policy {
   void evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers);
   // Starts a step: live = the kept rows (identity), checks the per-row arrays.
   static void open_live(LayerState& st);
-  // Ends a step: each store keeps exactly its live rows.
+  // Ends a step: each store keeps exactly its live rows (a kKeep decision per head).
   static void commit_live(LayerState& st);
   // out[i] = softmax_i(K[live[i]] . q / sqrt(d)) over live rows [0, n).
   void proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out);
@@ -243,6 +273,7 @@ class TokenPolicy : public Policy {
   std::vector<std::int64_t> window_;  // kWindow targets
   std::vector<std::vector<float>> head_rankings_;       // [Hkv][n_live of the head]
   std::vector<std::vector<std::int64_t>> head_losers_;  // [Hkv] headwise_cut scratch
+  std::vector<std::int64_t> shared_;                    // layer_losers output
 };
 
 // Reads the `<prefix>_merge*` / `<prefix>_target` fields from the config.

@@ -24,6 +24,32 @@
 #include "policies/schedules.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: pyramidkv
+prefix: pyramid
+summary: PyramidKV: H2O with per-layer budgets tapering linearly from bottom to top
+paper: Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information
+  Funneling, 2024
+disposition: drop (merge optional)
+score: cumulative attention mass
+budget: per-layer pyramid (mean = budget)
+deviations: H2O mass at every step instead of a one-off SnapKV selection at prefill; key-as-query
+  proxy when no attention is passed (source=auto)
+paper config: `pyramidkv:beta=20,n_sink=0,decay=1,source=attention` (beta 20; the paper selects
+  rows once at prefill with SnapKV's window, replaced here by H2O's mass at every step)
+defaults: H2O's defaults within each layer (recent window = half the layer-mean non-sink budget,
+  decay 0.98, 4 sinks) under the paper's taper beta 20
+| pyramid_budget | int | 512 | [1, 16777216] | average rows kept per KV head over the layers,
+  sinks included
+| pyramid_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| pyramid_beta | float | 2e+01 | [1, 1e+06] | taper: the top layer gets (budget - grace) / beta (+
+  grace); 1 is flat
+groups: mass merge(drop) source headwise quantize common
+)";
+
 namespace {
 
 std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
@@ -33,58 +59,17 @@ std::int64_t layer_budget(const CacheConfig& c, const LayerShape& shape) {
   return budgets[static_cast<std::size_t>(shape.layer)];
 }
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  auto policy = std::make_unique<H2OPolicy>(layer_budget(c, ctx.shape), c.get_int("pyramid_n_sink"),
-                                            recent_window(c, "pyramid"),
-                                            static_cast<float>(c.get_float("pyramid_decay")),
-                                            merge_rule_from(c, "pyramid"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "pyramid_n_sink", "pyramid_budget");
-  check_recent_window(c, "pyramid");
-}
+// H2O at this layer's share of the pyramid.
+class PyramidPolicy final : public H2OPolicy {
+ public:
+  explicit PyramidPolicy(const PolicyContext& ctx)
+      : H2OPolicy(ctx, layer_budget(ctx.config, ctx.shape)) {}
+};
 
 }  // namespace
 
 MethodInfo pyramidkv_method() {
-  MethodInfo m;
-  m.id = "pyramidkv";
-  m.prefix = "pyramid";
-  m.summary = "PyramidKV: H2O with per-layer budgets tapering linearly from bottom to top";
-  m.paper = "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal "
-            "Information Funneling, 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "cumulative attention mass";
-  m.budget_type = "per-layer pyramid (mean = budget)";
-  m.deviations = "H2O mass at every step instead of a one-off SnapKV selection at prefill; "
-                 "key-as-query proxy when no attention is passed (source=auto)";
-  m.fields = {
-      int_field("pyramid_budget", 512, 1, kMaxTokens,
-                "average rows kept per KV head over the layers, sinks included"),
-      int_field("pyramid_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      float_field("pyramid_beta", 20.0, 1.0, 1e6,
-                  "taper: the top layer gets (budget - grace) / beta (+ grace); 1 is flat"),
-  };
-  add_mass_fields(m.fields, "pyramid");
-  add_merge_fields(m.fields, "pyramid", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("pyramid_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("pyramid_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`pyramidkv:beta=20,n_sink=0,decay=1,source=attention` (beta 20; the paper "
-      "selects rows once at prefill with SnapKV's window, replaced here by H2O's mass "
-      "at every step)";
-  m.defaults_note = "H2O's defaults within each layer (recent window = half the layer-mean non-sink "
-      "budget, decay 0.98, 4 sinks) under the paper's taper beta 20";
-  return m;
+  return method_card(kCard, &check_recent_family, &make_policy_of<PyramidPolicy>);
 }
 
 }  // namespace vq::detail

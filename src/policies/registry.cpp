@@ -1,24 +1,104 @@
 #include "veloxquant/registry.h"
 
+#include <deque>
+#include <mutex>
+
+#include "policies/fields.h"
 #include "policies/methods.h"
 #include "veloxquant/errors.h"
 
-namespace vq {
+// The methods of the library, one line each, in the order `veloxquant list` shows them. Each
+// name is a method file's entry point: MethodInfo <name>_method() in src/policies/<file>.cpp.
+#define VQ_METHODS(X) \
+  X(full)             \
+  X(streaming_llm)    \
+  X(h2o)              \
+  X(tova)             \
+  X(snapkv)           \
+  X(pyramidkv)        \
+  X(squeeze)          \
+  X(chunkkv)          \
+  X(keyformer)        \
+  X(morphkv)          \
+  X(cam)              \
+  X(kivi)             \
+  X(knorm)            \
+  X(keydiff)
 
-const std::vector<MethodInfo>& registry() {
-  // The explicit table: one line per method, in the order `veloxquant list` shows them.
-  static const std::vector<MethodInfo> methods = {
-      detail::full_method(),      detail::streaming_llm_method(), detail::h2o_method(),
-      detail::tova_method(),      detail::snapkv_method(),        detail::pyramidkv_method(),
-      detail::squeeze_method(),   detail::chunkkv_method(),       detail::keyformer_method(),
-      detail::morphkv_method(),   detail::cam_method(),           detail::kivi_method(),
-      detail::knorm_method(),     detail::keydiff_method(),
-  };
-  return methods;
+namespace vq {
+namespace detail {
+
+#define VQ_DECLARE_METHOD(name) MethodInfo name##_method();
+VQ_METHODS(VQ_DECLARE_METHOD)
+#undef VQ_DECLARE_METHOD
+
+namespace {
+
+// Entries live in a deque (stable addresses: CacheConfig keeps a pointer to its entry); the
+// vector registry() returns is a copy, rebuilt by every registration.
+struct Table {
+  std::mutex mutex;
+  std::deque<MethodInfo> entries;
+  std::vector<MethodInfo> list;
+  Table() {
+#define VQ_ADD_METHOD(name) entries.push_back(name##_method());
+    VQ_METHODS(VQ_ADD_METHOD)
+#undef VQ_ADD_METHOD
+    list.assign(entries.begin(), entries.end());
+  }
+};
+
+Table& table() {
+  static Table t;
+  return t;
 }
 
+[[noreturn]] void bad_entry(const std::string& id, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, "register_method('" + id + "'): " + why);
+}
+
+const FieldSpec* int_field_named(const MethodInfo& m, const std::string& name) {
+  for (const FieldSpec& f : m.fields) {
+    if (f.name == name && f.type == FieldType::kInt) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void set_budget_fields(CacheConfig& config, std::int64_t budget) {
+  const MethodInfo& m = config.info();
+  if (m.budget_offset.empty()) {
+    config.set(m.budget_field, budget);
+    return;
+  }
+  const std::int64_t offset = config.get_int(m.budget_offset);
+  if (budget <= offset) {
+    config_error(config, "budget " + std::to_string(budget) +
+                             " leaves no room for the window: it must be > " + m.budget_offset +
+                             " (" + std::to_string(offset) + ")");
+  }
+  config.set(m.budget_field, budget - offset);
+}
+
+void check_sink_below_budget(const CacheConfig& config) {
+  const std::string& p = config.info().prefix;
+  require_less(config, p + "_n_sink", p + "_budget");
+}
+
+void check_recent_family(const CacheConfig& config) {
+  check_sink_below_budget(config);
+  const std::string& p = config.info().prefix;
+  check_recent_window(config, p, config.has(p + "_recent") ? "recent" : "grace",
+                      config.has(p + "_chunk_size") ? p + "_chunk_size" : "");
+}
+
+}  // namespace detail
+
+const std::vector<MethodInfo>& registry() { return detail::table().list; }
+
 const MethodInfo& find_method(std::string_view id) {
-  for (const auto& m : registry()) {
+  for (const auto& m : detail::table().entries) {
     if (m.id == id) return m;
   }
   std::string known;
@@ -33,14 +113,93 @@ std::vector<std::string> method_ids() {
   return ids;
 }
 
-bool has_token_budget(const CacheConfig& config) { return config.info().get_budget != nullptr; }
+MethodInfo scored_method(std::string id, std::string prefix, std::string summary,
+                         std::function<RowScorer(const CacheConfig& config)> make_scorer,
+                         std::int64_t default_budget) {
+  MethodInfo m;
+  m.id = std::move(id);
+  m.prefix = std::move(prefix);
+  m.summary = std::move(summary);
+  m.disposition = "drop (merge optional)";
+  m.budget_type = "uniform";
+  m.fields = {
+      detail::int_field(m.prefix + "_budget", default_budget, 1, detail::kMaxTokens,
+                        "rows kept per KV head, sinks included"),
+      detail::int_field(m.prefix + "_n_sink", 4, 0, detail::kMaxTokens,
+                        "leading rows never evicted"),
+  };
+  detail::add_merge_fields(m.fields, m.prefix, "drop");
+  detail::add_quantize_fields(m.fields);
+  detail::add_common_fields(m.fields);
+  m.budget_field = m.prefix + "_budget";
+  m.check = &detail::check_sink_below_budget;
+  m.make_scorer = std::move(make_scorer);
+  m.make_policy = &detail::make_scored_policy;
+  return m;
+}
+
+const MethodInfo& register_method(MethodInfo info) {
+  detail::Table& t = detail::table();
+  const std::lock_guard<std::mutex> lock(t.mutex);
+  const std::string& id = info.id;
+  if (id.empty()) detail::bad_entry(id, "the id is empty");
+  for (char c : id) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) {
+      detail::bad_entry(id, "the id must be lower-case letters, digits and '_'");
+    }
+  }
+  for (const auto& m : t.entries) {
+    if (m.id == id) detail::bad_entry(id, "a method with this id is already registered");
+  }
+  if (info.make_policy == nullptr && !info.make_scorer) {
+    detail::bad_entry(id, "it needs make_policy or make_scorer");
+  }
+  if (info.make_policy == nullptr) info.make_policy = &detail::make_scored_policy;
+  for (const FieldSpec& f : info.fields) {
+    if (f.name.empty()) detail::bad_entry(id, "a field has no name");
+    bool ok = true;
+    if (f.type == FieldType::kInt) {
+      const auto* v = std::get_if<std::int64_t>(&f.default_value);
+      ok = v != nullptr && static_cast<double>(*v) >= f.min && static_cast<double>(*v) <= f.max;
+    } else if (f.type == FieldType::kFloat) {
+      const auto* v = std::get_if<double>(&f.default_value);
+      ok = v != nullptr && *v >= f.min && *v <= f.max;
+    } else if (f.type == FieldType::kBool) {
+      ok = std::holds_alternative<bool>(f.default_value);
+    } else {
+      const auto* v = std::get_if<std::string>(&f.default_value);
+      ok = v != nullptr;
+      if (ok) {
+        bool found = false;
+        for (const auto& c : f.choices) found = found || c == *v;
+        ok = found;
+      }
+    }
+    if (!ok) detail::bad_entry(id, "field " + f.name + "'s default is not one it allows");
+  }
+  if (!info.budget_field.empty() && detail::int_field_named(info, info.budget_field) == nullptr) {
+    detail::bad_entry(id, "budget_field '" + info.budget_field + "' is not an int field");
+  }
+  if (!info.budget_offset.empty() &&
+      (info.budget_field.empty() || detail::int_field_named(info, info.budget_offset) == nullptr)) {
+    detail::bad_entry(id, "budget_offset '" + info.budget_offset +
+                              "' needs a budget_field and must be an int field");
+  }
+  t.entries.push_back(std::move(info));
+  t.list.push_back(t.entries.back());
+  return t.entries.back();
+}
+
+bool has_token_budget(const CacheConfig& config) { return !config.info().budget_field.empty(); }
 
 std::int64_t token_budget(const CacheConfig& config) {
   if (!has_token_budget(config)) {
     throw Error(ErrorCode::kInvalidConfig,
                 "[" + config.method() + "] this method has no token budget");
   }
-  return config.info().get_budget(config);
+  const MethodInfo& m = config.info();
+  return config.get_int(m.budget_field) +
+         (m.budget_offset.empty() ? 0 : config.get_int(m.budget_offset));
 }
 
 CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget) {
@@ -49,7 +208,7 @@ CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget) {
                 "[" + config.method() + "] this method has no token budget to set");
   }
   CacheConfig out = config;
-  out.info().set_budget(out, budget);
+  detail::set_budget_fields(out, budget);
   out.validate();
   return out;
 }

@@ -36,47 +36,62 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: snapkv
+prefix: snap
+summary: SnapKV: at prefill, keep the rows an observation window of the last rows attends to
+  (pooled); decode appends
+paper: Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, NeurIPS 2024
+disposition: drop (merge optional)
+score: observation-window attention, pooled
+budget: uniform at prefill (decode grows)
+deviations: proxy source: window keys stand in for queries (source=attention: the window's real
+  query rows); sinks protected
+paper config: `snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, max
+  pooling with kernel 7)
+prefill only: yes
+| snap_budget | int | 512 | [1, 16777216] | rows kept per KV head after a prefill chunk, sinks and
+  window included
+| snap_obs_window | int | 32 | [1, 16777216] | last rows of the chunk used as queries
+| snap_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| snap_kernel | int | 7 | [1, 1023] | pooling kernel along the sequence (odd)
+| snap_pool | enum | max | {max, avg} | pooling of the window attention mass
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
+void check(const CacheConfig& c) {
+  require_less(c, "snap_n_sink", "snap_budget");
+  require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
+  if (c.get_int("snap_kernel") % 2 == 0) {
+    config_error(c, "snap_kernel must be odd (pooling is centred), got " +
+                        std::to_string(c.get_int("snap_kernel")));
+  }
+}
 
 class SnapKVPolicy final : public TokenPolicy {
  public:
-  explicit SnapKVPolicy(const CacheConfig& c)
-      : TokenPolicy(c.get_int("snap_budget"), c.get_int("snap_n_sink"), merge_rule_from(c, "snap"),
-                    score_source_from(c)),
-        window_(c.get_int("snap_obs_window")), kernel_(c.get_int("snap_kernel")),
-        avg_(c.get_enum("snap_pool") == "avg") {
-    set_headwise(headwise_rule_from(c));
-  }
-
-  void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
-    open_live(st);
-    for (HeadState& hs : st.heads) {
-      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, hs.prev + j, 0.0f);
-    }
-    if (headwise_.on) {
-      // One decision per batch element over every head's pooled scores (a prefill chunk only;
-      // decode appends). headwise_cut ranks each head with eviction_scores() below.
-      headwise_cut(st, st.step_new > 1 ? budget_ : -1);
-      commit_live(st);
-      return;
-    }
-    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
-      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
-      if (st.step_new > 1 && static_cast<std::int64_t>(hs.live.size()) > budget_) {
-        HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-        select(h);
-      }
-      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-    }
-    commit_live(st);
-  }
+  explicit SnapKVPolicy(const PolicyContext& ctx)
+      : TokenPolicy(ctx), window_(ctx.config.get_int("snap_obs_window")),
+        kernel_(ctx.config.get_int("snap_kernel")), avg_(ctx.config.get_enum("snap_pool") == "avg") {}
 
  protected:
-  void on_token(HeadCtx& /*h*/, std::int64_t /*row*/) override {}  // end_step is overridden
+  // A prefill chunk (S > 1) is one decision with the window's scores; a decode step appends.
+  void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
+  bool decides_chunk_at_once() const noexcept override { return true; }
+  std::int64_t step_budget(const LayerState& st) const override {
+    return st.step_new > 1 ? budget_ : -1;
+  }
+  void cut_head(HeadCtx& h, std::int64_t keep) override {
+    if (h.n_live() > keep) select(h);
+  }
   bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
 
-  // Head-wise ranking: the pooled window mass of the candidates; the sinks and the window rows
-  // are protected (+inf), each head keeping its own window.
+  // Head-wise ranking (headwise_cut): the pooled window mass of the candidates; the sinks and
+  // the window rows are protected (+inf), each head keeping its own window.
   void eviction_scores(HeadCtx& h, float* out) override {
     const std::int64_t n = h.n_live();
     const std::int64_t m = pool(h);
@@ -153,55 +168,8 @@ class SnapKVPolicy final : public TokenPolicy {
   std::vector<std::int64_t> order_, losers_;
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  return std::make_unique<SnapKVPolicy>(ctx.config);
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "snap_n_sink", "snap_budget");
-  require_sum_less(c, "snap_n_sink", "snap_obs_window", "snap_budget");
-  if (c.get_int("snap_kernel") % 2 == 0) {
-    config_error(c, "snap_kernel must be odd (pooling is centred), got " +
-                        std::to_string(c.get_int("snap_kernel")));
-  }
-}
-
 }  // namespace
 
-MethodInfo snapkv_method() {
-  MethodInfo m;
-  m.id = "snapkv";
-  m.prefix = "snap";
-  m.summary = "SnapKV: at prefill, keep the rows an observation window of the last rows "
-              "attends to (pooled); decode appends";
-  m.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
-            "NeurIPS 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "observation-window attention, pooled";
-  m.budget_type = "uniform at prefill (decode grows)";
-  m.deviations = "proxy source: window keys stand in for queries (source=attention: the "
-                 "window's real query rows); sinks protected";
-  m.prefill_only = true;
-  m.fields = {
-      int_field("snap_budget", 512, 1, kMaxTokens,
-                "rows kept per KV head after a prefill chunk, sinks and window included"),
-      int_field("snap_obs_window", 32, 1, kMaxTokens, "last rows of the chunk used as queries"),
-      int_field("snap_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      int_field("snap_kernel", 7, 1, 1023, "pooling kernel along the sequence (odd)"),
-      enum_field("snap_pool", "max", {"max", "avg"}, "pooling of the window attention mass"),
-  };
-  add_merge_fields(m.fields, "snap", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("snap_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("snap_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`snapkv:obs_window=32,kernel=7,pool=max,n_sink=0,source=attention` (window 32, "
-      "max pooling with kernel 7)";
-  return m;
-}
+MethodInfo snapkv_method() { return method_card(kCard, &check, &make_policy_of<SnapKVPolicy>); }
 
 }  // namespace vq::detail

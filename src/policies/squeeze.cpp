@@ -41,18 +41,43 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: squeeze
+prefix: squeeze
+summary: SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's measured
+  importance
+paper: Wang et al., SqueezeAttention: 2D Management of KV-Cache in LLM Inference via Layer-wise
+  Optimal Budget, ICLR 2025
+disposition: drop (merge optional)
+score: cumulative attention mass
+budget: per-layer data-driven (mean = budget)
+deviations: proxy source: layer importance from proxy-attention entropy (attention source: the
+  paper's hidden-state cosine); H2O mass within a layer
+paper config: `squeeze:strength=1,n_sink=0,decay=1,source=attention` (hidden-state cosine, 3
+  k-means groups, H2O as the sequence-wise policy)
+defaults: H2O's defaults within each layer (recent window = half the non-sink budget, decay 0.98,
+  4 sinks) with the full reallocation
+| squeeze_budget | int | 512 | [1, 16777216] | average rows kept per KV head over the layers,
+  sinks included
+| squeeze_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+| squeeze_strength | float | 1 | [0, 1] | 0: uniform budgets (== h2o); 1: the full reallocation
+| squeeze_fraction | float | 0.3 | [0, 1] | budget share the least important layers keep at
+  strength 1
+groups: mass merge(drop) source headwise quantize common
+)";
+
 namespace {
 
 class SqueezePolicy final : public H2OPolicy {
  public:
-  SqueezePolicy(const CacheConfig& c, const LayerShape& shape, std::shared_ptr<LayerGroup> group)
-      : H2OPolicy(c.get_int("squeeze_budget"), c.get_int("squeeze_n_sink"),
-                  recent_window(c, "squeeze"), static_cast<float>(c.get_float("squeeze_decay")),
-                  merge_rule_from(c, "squeeze"), score_source_from(c)),
-        average_(c.get_int("squeeze_budget")), strength_(c.get_float("squeeze_strength")),
-        fraction_(c.get_float("squeeze_fraction")), layer_(shape.layer), group_(std::move(group)) {
-    set_headwise(headwise_rule_from(c));
-  }
+  explicit SqueezePolicy(const PolicyContext& ctx)
+      : H2OPolicy(ctx), average_(ctx.config.get_int("squeeze_budget")),
+        strength_(ctx.config.get_float("squeeze_strength")),
+        fraction_(ctx.config.get_float("squeeze_fraction")), layer_(ctx.shape.layer),
+        group_(ctx.group) {}
 
   // The decided budget as soon as it exists (it takes effect at this layer's next step).
   std::int64_t budget() const noexcept override {
@@ -65,23 +90,19 @@ class SqueezePolicy final : public H2OPolicy {
   // included); the layer that reports last decides the budgets and has every layer cut its
   // held rows to its own budget at once (apply_group_decision), before any layer computes the
   // next step. From then on each layer is H2O at its budget.
-  void end_step(LayerState& st, const AttentionRef* attention) override {
-    if (!group_) {
-      H2OPolicy::end_step(st, attention);
-      return;
-    }
-    group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
-    if (!group_->budgets.empty()) {
-      H2OPolicy::end_step(st, attention);
-      return;
-    }
-    const std::int64_t keep = budget_;
-    budget_ = -1;  // hold: score every token, evict nothing
-    H2OPolicy::end_step(st, attention);
-    budget_ = keep;
-    if (!reported_ && st.tokens_seen >= average_) report();
+  void begin_step(LayerState& st) override {
+    holding_ = group_ && group_->budgets.empty();
+    if (group_) group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
+  }
+  // Holding: score every token, evict nothing.
+  std::int64_t step_budget(const LayerState& /*st*/) const override {
+    return holding_ ? -1 : budget_;
+  }
+  void finish_step(LayerState& st) override {
+    if (holding_ && !reported_ && st.tokens_seen >= average_) report();
   }
 
+  // Called by the layer that completed the decision (report()), on every layer.
   void apply_group_decision(LayerState& st) override {
     budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
     cut_stored(st, budget_);
@@ -145,58 +166,15 @@ class SqueezePolicy final : public H2OPolicy {
   std::int64_t layer_;
   std::shared_ptr<LayerGroup> group_;
   bool reported_ = false;
+  bool holding_ = false;  // this step holds every row (budgets not decided yet)
   double entropy_sum_ = 0;
   std::int64_t entropy_count_ = 0;
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  return std::make_unique<SqueezePolicy>(ctx.config, ctx.shape, ctx.group);
-}
-
-void check(const CacheConfig& c) {
-  require_less(c, "squeeze_n_sink", "squeeze_budget");
-  check_recent_window(c, "squeeze");
-}
-
 }  // namespace
 
 MethodInfo squeeze_method() {
-  MethodInfo m;
-  m.id = "squeeze";
-  m.prefix = "squeeze";
-  m.summary = "SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's "
-              "measured importance";
-  m.paper = "Wang et al., SqueezeAttention: 2D Management of KV-Cache in LLM Inference via "
-            "Layer-wise Optimal Budget, ICLR 2025";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "cumulative attention mass";
-  m.budget_type = "per-layer data-driven (mean = budget)";
-  m.deviations = "proxy source: layer importance from proxy-attention entropy (attention "
-                 "source: the paper's hidden-state cosine); H2O mass within a layer";
-  m.fields = {
-      int_field("squeeze_budget", 512, 1, kMaxTokens,
-                "average rows kept per KV head over the layers, sinks included"),
-      int_field("squeeze_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-      float_field("squeeze_strength", 1.0, 0.0, 1.0,
-                  "0: uniform budgets (== h2o); 1: the full reallocation"),
-      float_field("squeeze_fraction", 0.3, 0.0, 1.0,
-                  "budget share the least important layers keep at strength 1"),
-  };
-  add_mass_fields(m.fields, "squeeze");
-  add_merge_fields(m.fields, "squeeze", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("squeeze_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("squeeze_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`squeeze:strength=1,n_sink=0,decay=1,source=attention` (hidden-state cosine, 3 "
-      "k-means groups, H2O as the sequence-wise policy)";
-  m.defaults_note = "H2O's defaults within each layer (recent window = half the non-sink budget, "
-      "decay 0.98, 4 sinks) with the full reallocation";
-  return m;
+  return method_card(kCard, &check_recent_family, &make_policy_of<SqueezePolicy>);
 }
 
 }  // namespace vq::detail

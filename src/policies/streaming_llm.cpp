@@ -15,13 +15,34 @@
 #include "policies/policy.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: streaming_llm
+prefix: stream
+summary: StreamingLLM: attention sinks plus a sliding window of recent tokens
+paper: Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024
+disposition: drop (merge optional)
+score: none (recency)
+budget: uniform (n_sink + window)
+deviations: none
+paper config: `streaming_llm:n_sink=4` (4 sink tokens and a recent window: the defaults)
+defaults: the paper's 4 sinks; budget= sets the window to budget - n_sink
+budget field: stream_window_size
+budget offset: stream_n_sink
+| stream_n_sink | int | 4 | [0, 16777216] | leading rows always kept (attention sinks)
+| stream_window_size | int | 512 | [1, 16777216] | most recent rows kept
+groups: merge(drop) quantize common
+)";
+
 namespace {
 
 class StreamingPolicy final : public TokenPolicy {
  public:
-  StreamingPolicy(std::int64_t budget, std::int64_t n_sink, MergeRule merge)
-      : TokenPolicy(budget, n_sink, merge),
-        track_mass_(merge.mode != MergeRule::Mode::kDrop && merge.gate) {}
+  explicit StreamingPolicy(const PolicyContext& ctx)
+      : TokenPolicy(ctx, token_budget(ctx.config)),
+        track_mass_(merge_.mode != MergeRule::Mode::kDrop && merge_.gate) {}
 
  protected:
   void on_token(HeadCtx& h, std::int64_t row) override {
@@ -39,52 +60,10 @@ class StreamingPolicy final : public TokenPolicy {
   bool track_mass_;
 };
 
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  const std::int64_t n_sink = c.get_int("stream_n_sink");
-  return std::make_unique<StreamingPolicy>(n_sink + c.get_int("stream_window_size"), n_sink,
-                                           merge_rule_from(c, "stream"));
-}
-
-void set_budget(CacheConfig& c, std::int64_t budget) {
-  const std::int64_t n_sink = c.get_int("stream_n_sink");
-  if (budget <= n_sink) {
-    config_error(c, "budget " + std::to_string(budget) +
-                        " leaves no room for the window: it must be > stream_n_sink (" +
-                        std::to_string(n_sink) + ")");
-  }
-  c.set("stream_window_size", budget - n_sink);
-}
-
 }  // namespace
 
 MethodInfo streaming_llm_method() {
-  MethodInfo m;
-  m.id = "streaming_llm";
-  m.prefix = "stream";
-  m.summary = "StreamingLLM: attention sinks plus a sliding window of recent tokens";
-  m.paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "none (recency)";
-  m.budget_type = "uniform (n_sink + window)";
-  m.deviations = "none";
-  m.fields = {
-      int_field("stream_n_sink", 4, 0, kMaxTokens, "leading rows always kept (attention sinks)"),
-      int_field("stream_window_size", 512, 1, kMaxTokens, "most recent rows kept"),
-  };
-  add_merge_fields(m.fields, "stream", "drop");
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.get_budget = [](const CacheConfig& c) {
-    return c.get_int("stream_n_sink") + c.get_int("stream_window_size");
-  };
-  m.set_budget = &set_budget;
-  m.budget_field = "stream_window_size";
-  m.budget_rule = "budget = stream_n_sink + stream_window_size";
-  m.make_policy = &make;
-  m.paper_config = "`streaming_llm:n_sink=4` (4 sink tokens and a recent window: the defaults)";
-  m.defaults_note = "the paper's 4 sinks; budget= sets the window to budget - n_sink";
-  return m;
+  return method_card(kCard, nullptr, &make_policy_of<StreamingPolicy>);
 }
 
 }  // namespace vq::detail

@@ -6,6 +6,7 @@
 #include "base/kernels.h"
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq::detail {
 
@@ -59,6 +60,16 @@ ScoreSource score_source_from(const CacheConfig& config) {
                             : ScoreSource::Reduce::kMean;
   }
   return s;
+}
+
+TokenPolicy::TokenPolicy(const PolicyContext& ctx)
+    : TokenPolicy(ctx, ctx.config.get_int(ctx.config.info().prefix + "_budget")) {}
+
+TokenPolicy::TokenPolicy(const PolicyContext& ctx, std::int64_t budget)
+    : TokenPolicy(budget, ctx.config.get_int(ctx.config.info().prefix + "_n_sink"),
+                  merge_rule_from(ctx.config, ctx.config.info().prefix),
+                  score_source_from(ctx.config)) {
+  set_headwise(headwise_rule_from(ctx.config));
 }
 
 const char* TokenPolicy::source_name() const noexcept {
@@ -146,7 +157,7 @@ const float* TokenPolicy::key_of(const HeadCtx& h, std::int64_t i) {
 
 const float* TokenPolicy::key_of_row(const HeadCtx& h, std::int64_t row) {
   query_.resize(static_cast<std::size_t>(h.head_dim));
-  h.hs.store->read_key(row, query_.data());
+  h.hs.store()->read_key(row, query_.data());
   return query_.data();
 }
 
@@ -218,25 +229,15 @@ void TokenPolicy::merge_rows(HeadCtx& h, std::int64_t target, std::int64_t loser
   const float w = merge_.mode == MergeRule::Mode::kMean ? 0.5f
                   : cos > 0.0f                          ? std::min(cos, 1.0f)
                                                         : 0.0f;
-  const std::int64_t pt = h.hs.live[static_cast<std::size_t>(target)];
-  const std::int64_t pe = h.hs.live[static_cast<std::size_t>(loser)];
-  const std::int64_t d = h.head_dim;
-  a_.resize(static_cast<std::size_t>(d));
-  b_.resize(static_cast<std::size_t>(d));
-  RowStore& store = *h.hs.store;
-  store.read_value(pt, a_.data());
-  store.read_value(pe, b_.data());
-  for (std::int64_t i = 0; i < d; ++i) a_[i] = (1.0f - w) * a_[i] + w * b_[i];
-  store.write_value(pt, a_.data());
-  if (merge_.keys) {
-    store.read_key(pt, a_.data());
-    store.read_key(pe, b_.data());
-    for (std::int64_t i = 0; i < d; ++i) a_[i] = (1.0f - w) * a_[i] + w * b_[i];
-    store.write_key(pt, a_.data());
-  }
+  Decision d;
+  d.kind = Decision::Kind::kBlend;
+  d.head = h.index;
+  d.target = h.hs.live[static_cast<std::size_t>(target)];
+  d.loser = h.hs.live[static_cast<std::size_t>(loser)];
+  d.weight = w;
+  d.keys = merge_.keys;
+  h.st.apply(d);
   on_merge(h, target, loser);
-  const RowsRef rows = store.rows();
-  store.set_position(pt, std::max(rows.positions[pt], rows.positions[pe]));
 }
 
 float TokenPolicy::gate_value(HeadCtx& h, std::int64_t i) {
@@ -245,9 +246,13 @@ float TokenPolicy::gate_value(HeadCtx& h, std::int64_t i) {
 }
 
 void TokenPolicy::dispose(HeadCtx& h, std::int64_t loser, const std::uint8_t* excluded) {
-  if (h.hs.store->demotes()) {  // demote=: kept at low precision, not evicted (no merge)
-    h.hs.store->demote(h.hs.live[static_cast<std::size_t>(loser)],
-                       h.hs.score[static_cast<std::size_t>(loser)]);
+  if (h.hs.store()->demotes()) {  // demote=: kept at low precision, not evicted (no merge)
+    Decision d;
+    d.kind = Decision::Kind::kDemote;
+    d.head = h.index;
+    d.target = h.hs.live[static_cast<std::size_t>(loser)];
+    d.score = h.hs.score[static_cast<std::size_t>(loser)];
+    h.st.apply(d);
     return;
   }
   ++h.hs.evictions;
@@ -290,19 +295,15 @@ void TokenPolicy::merge_window(HeadCtx& h, std::int64_t loser, const std::uint8_
     const float p = window_gate_probability(gate_value(h, loser), b_.data(), m);
     if (!(u < static_cast<double>(p))) return;
   }
-  const std::int64_t d = h.head_dim;
-  a_.resize(static_cast<std::size_t>(2 * d));
-  float* ve = a_.data();
-  float* vt = a_.data() + d;
-  RowStore& store = *h.hs.store;
-  store.read_value(h.hs.live[static_cast<std::size_t>(loser)], ve);
-  const float fm = static_cast<float>(m);
-  for (std::int64_t t : window_) {
-    const std::int64_t row = h.hs.live[static_cast<std::size_t>(t)];
-    store.read_value(row, vt);
-    for (std::int64_t c = 0; c < d; ++c) vt[c] = vt[c] + ve[c] / fm;
-    store.write_value(row, vt);
-  }
+  // The window as physical rows.
+  for (std::int64_t& t : window_) t = h.hs.live[static_cast<std::size_t>(t)];
+  Decision d;
+  d.kind = Decision::Kind::kSpread;
+  d.head = h.index;
+  d.loser = h.hs.live[static_cast<std::size_t>(loser)];
+  d.rows = window_.data();
+  d.n_rows = m;
+  h.st.apply(d);
   ++h.hs.merges;
 }
 
@@ -336,7 +337,7 @@ void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers
 void TokenPolicy::open_live(LayerState& st) {
   for (HeadState& hs : st.heads) {
     // The method's rows: the stored rows before any demoted ones (demote=, see RowStore).
-    const std::int64_t prev = hs.prev - hs.store->n_demoted();
+    const std::int64_t prev = hs.prev - hs.store()->n_demoted();
     VQ_ASSERT(static_cast<std::int64_t>(hs.score.size()) == prev &&
                   static_cast<std::int64_t>(hs.aux.size()) == prev &&
                   static_cast<std::int64_t>(hs.hist.size()) == prev * hs.hist_stride,
@@ -347,10 +348,26 @@ void TokenPolicy::open_live(LayerState& st) {
 }
 
 void TokenPolicy::commit_live(LayerState& st) {
-  for (HeadState& hs : st.heads) {
-    hs.store->keep(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+  for (std::size_t i = 0; i < st.heads.size(); ++i) {
+    HeadState& hs = st.heads[i];
+    Decision d;
+    d.kind = Decision::Kind::kKeep;
+    d.head = static_cast<std::int64_t>(i);
+    d.rows = hs.live.data();
+    d.n_rows = static_cast<std::int64_t>(hs.live.size());
+    st.apply(d);
     hs.live.clear();
   }
+}
+
+void TokenPolicy::settle(const LayerState& st, std::int64_t head) {
+  const HeadState& hs = st.heads[static_cast<std::size_t>(head)];
+  Decision d;
+  d.kind = Decision::Kind::kSettle;
+  d.head = head;
+  d.rows = hs.live.data();
+  d.n_rows = static_cast<std::int64_t>(hs.live.size());
+  st.apply(d);
 }
 
 void TokenPolicy::cut_to(HeadCtx& h, std::int64_t keep) {
@@ -379,9 +396,7 @@ void TokenPolicy::cut_to(HeadCtx& h, std::int64_t keep) {
 
 void TokenPolicy::headwise_cut(LayerState& st, std::int64_t keep) {
   if (keep < 0) {
-    for (HeadState& hs : st.heads) {
-      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
-    }
+    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) settle(st, i);
     return;
   }
   const std::int64_t H = st.shape.n_kv_heads;
@@ -401,7 +416,7 @@ void TokenPolicy::headwise_cut(LayerState& st, std::int64_t keep) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(kv)]};
       evict_rows(h, head_losers_[static_cast<std::size_t>(kv)]);
-      hs.store->settle(hs.live.data(), h.n_live());
+      settle(st, i);
     }
   }
 }
@@ -409,57 +424,76 @@ void TokenPolicy::headwise_cut(LayerState& st, std::int64_t keep) {
 void TokenPolicy::cut_stored(LayerState& st, std::int64_t keep) {
   st.step_prev = 0;
   for (HeadState& hs : st.heads) {
-    hs.prev = hs.store->size();
+    hs.prev = hs.store()->size();
     st.step_prev = std::max(st.step_prev, hs.prev);
   }
   st.step_new = 0;
   open_live(st);
+  cut(st, keep);
+  commit_live(st);
+}
+
+void TokenPolicy::cut(LayerState& st, std::int64_t keep) {
   if (headwise_.on) {
     headwise_cut(st, keep);
-    commit_live(st);
+    return;
+  }
+  if (shares_rows()) {
+    // One set of losers per batch element, evicted from every head of it.
+    const std::int64_t H = st.shape.n_kv_heads;
+    for (std::int64_t b = 0; b < st.batch; ++b) {
+      do {
+        shared_.clear();
+        layer_losers(st, b, keep, shared_);
+        if (shared_.empty()) break;
+        for (std::int64_t kv = 0; kv < H; ++kv) {
+          const std::int64_t i = b * H + kv;
+          HeadCtx h{st, st.heads[static_cast<std::size_t>(i)], i, st.shape.head_dim,
+                    st.rngs[static_cast<std::size_t>(kv)]};
+          evict_rows(h, shared_);
+        }
+      } while (static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H)].live.size()) >
+               keep);
+    }
+    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) settle(st, i);
     return;
   }
   for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
     HeadState& hs = st.heads[static_cast<std::size_t>(i)];
     HeadCtx h{st, hs, i, st.shape.head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-    cut_to(h, keep);
-    hs.store->settle(hs.live.data(), h.n_live());
+    cut_head(h, keep);
+    settle(st, i);
   }
-  commit_live(st);
 }
 
 void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
+  begin_step(st);
   const std::int64_t head_dim = st.shape.head_dim;
+  const std::int64_t keep = step_budget(st);
   // A multi-token step decided at once: every token is scored first, then one cut.
   const bool at_once = st.step_new > 1 && decides_chunk_at_once();
+  // Otherwise each token is a decision: per head (argmin until the budget holds), or per layer
+  // (head-wise budgets, rows shared by the heads) once every head has seen the token.
+  const bool per_head = !at_once && !headwise_.on && !shares_rows();
   open_live(st);
   for (std::int64_t j = 0; j < st.step_new; ++j) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
       HeadState& hs = st.heads[static_cast<std::size_t>(i)];
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
       on_token(h, hs.prev + j);
-      if (at_once || headwise_.on) continue;
-      while (budget_ >= 0 && h.n_live() > budget_) {
+      if (!per_head) continue;
+      while (keep >= 0 && h.n_live() > keep) {
         const std::int64_t loser = pick_loser(h);
         dispose(h, loser, nullptr);
         remove_row(hs, loser);
       }
-      hs.store->settle(hs.live.data(), h.n_live());
+      settle(st, i);
     }
-    // Head-wise: one layer-wide decision per token (as the per-head loop decides per token).
-    if (headwise_.on && !at_once) headwise_cut(st, budget_);
+    if (!per_head && !at_once) cut(st, keep);
   }
-  if (at_once && headwise_.on) {
-    headwise_cut(st, budget_);
-  } else if (at_once) {
-    for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
-      HeadState& hs = st.heads[static_cast<std::size_t>(i)];
-      HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
-      cut_to(h, budget_);
-      hs.store->settle(hs.live.data(), h.n_live());
-    }
-  }
+  if (at_once) cut(st, keep);
   commit_live(st);
+  finish_step(st);
 }
 
 }  // namespace vq::detail

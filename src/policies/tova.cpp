@@ -28,77 +28,79 @@
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
+
+// The registry entry (methods.h, method_card): what `veloxquant list` and the README table
+// show, the field table and the shared field groups.
+constexpr std::string_view kCard = R"(
+id: tova
+prefix: tova
+summary: TOVA: evict the row the newest token attends to least
+paper: Oren et al., Transformers are Multi-State RNNs, EMNLP 2024
+disposition: drop (merge optional)
+score: current-step attention
+budget: uniform
+deviations: proxy source: key-as-query per KV head (attention source: the paper's last query
+  averaged over all heads, one index set per layer); sinks protected
+paper config: `tova:n_sink=0,source=attention` (the last query's attention averaged over every
+  head, one index set per layer)
+| tova_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
+| tova_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
+groups: merge(drop) source headwise quantize common
+)";
+
 namespace {
 
 class TovaPolicy final : public TokenPolicy {
  public:
   using TokenPolicy::TokenPolicy;
 
-  void end_step(LayerState& st, const AttentionRef* attention) override {
-    if (!source_.attention() || headwise_.on) {
-      TokenPolicy::end_step(st, attention);
-      return;
-    }
-    // The paper's rule: the step's last query's attention averaged over every query head of
-    // the layer ranks the rows, and one index set is kept for the whole layer. A step is one
-    // decision: a prefill chunk is cut once with its last query, as the paper does a prompt.
+ protected:
+  // The paper's rule (source=attention, not head-wise): the step's last query's attention
+  // averaged over every query head of the layer ranks the rows, and one index set is kept for
+  // the whole layer. A step is one decision: a prefill chunk is cut once with its last query, as
+  // the paper does a prompt.
+  bool shares_rows() const noexcept override { return source_.attention() && !headwise_.on; }
+  void layer_losers(LayerState& st, std::int64_t b, std::int64_t keep,
+                    std::vector<std::int64_t>& losers) override {
     const std::int64_t H = st.shape.n_kv_heads;
-    const std::int64_t last = st.step_new - 1;
-    open_live(st);
-    for (HeadState& hs : st.heads) {
-      for (std::int64_t j = 0; j < st.step_new; ++j) push_row(hs, hs.prev + j, 0.0f);
-    }
-    for (std::int64_t b = 0; b < st.batch; ++b) {
-      HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
-      const std::int64_t n = static_cast<std::int64_t>(first.live.size());
-      const float* a = attention_row_all_heads(st, b, last);
-      for (std::int64_t h = 0; h < H; ++h) {
-        HeadState& hs = st.heads[static_cast<std::size_t>(b * H + h)];
-        VQ_ASSERT(hs.live == first.live, "tova (attention) keeps one index set per layer");
-        for (std::int64_t r = 0; r < n; ++r) {
-          hs.score[static_cast<std::size_t>(r)] = a[hs.live[static_cast<std::size_t>(r)]];
-        }
-      }
-      if (n <= budget_) continue;
-      // The n - budget lowest (sinks protected; NaN first, ties to the lowest index): a strict
-      // order on (NaN first, score, index), so selecting them needs no sort of all rows (a
-      // decode step drops one row: one pass).
-      const float* score = first.score.data();
-      auto before = [score](std::int64_t x, std::int64_t y) {
-        const float ax = score[x], ay = score[y];
-        const bool nx = std::isnan(ax), ny = std::isnan(ay);
-        if (nx || ny) return nx != ny ? nx : x < y;
-        return ax < ay || (ax == ay && x < y);
-      };
-      const std::int64_t k = n - budget_;
-      order_.clear();
-      if (k == 1) {
-        std::int64_t best = n_sink_;
-        for (std::int64_t i = n_sink_ + 1; i < n; ++i) {
-          if (before(i, best)) best = i;
-        }
-        order_.push_back(best);
-      } else {
-        for (std::int64_t i = n_sink_; i < n; ++i) order_.push_back(i);
-        std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
-        order_.resize(static_cast<std::size_t>(k));
-        std::sort(order_.begin(), order_.end());
-      }
-      losers_.assign(order_.begin(), order_.end());
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::int64_t i = b * H + h;
-        HeadCtx ctx{st, st.heads[static_cast<std::size_t>(i)], i, st.shape.head_dim,
-                    st.rngs[static_cast<std::size_t>(h)]};
-        evict_rows(ctx, losers_);
+    HeadState& first = st.heads[static_cast<std::size_t>(b * H)];
+    const std::int64_t n = static_cast<std::int64_t>(first.live.size());
+    const float* a = attention_row_all_heads(st, b, st.step_new - 1);
+    for (std::int64_t h = 0; h < H; ++h) {
+      HeadState& hs = st.heads[static_cast<std::size_t>(b * H + h)];
+      VQ_ASSERT(hs.live == first.live, "tova (attention) keeps one index set per layer");
+      for (std::int64_t r = 0; r < n; ++r) {
+        hs.score[static_cast<std::size_t>(r)] = a[hs.live[static_cast<std::size_t>(r)]];
       }
     }
-    for (HeadState& hs : st.heads) {
-      hs.store->settle(hs.live.data(), static_cast<std::int64_t>(hs.live.size()));
+    if (n <= keep) return;
+    // The n - keep lowest (sinks protected; NaN first, ties to the lowest index): a strict
+    // order on (NaN first, score, index), so selecting them needs no sort of all rows (a
+    // decode step drops one row: one pass).
+    const float* score = first.score.data();
+    auto before = [score](std::int64_t x, std::int64_t y) {
+      const float ax = score[x], ay = score[y];
+      const bool nx = std::isnan(ax), ny = std::isnan(ay);
+      if (nx || ny) return nx != ny ? nx : x < y;
+      return ax < ay || (ax == ay && x < y);
+    };
+    const std::int64_t k = n - keep;
+    order_.clear();
+    if (k == 1) {
+      std::int64_t best = n_sink_;
+      for (std::int64_t i = n_sink_ + 1; i < n; ++i) {
+        if (before(i, best)) best = i;
+      }
+      order_.push_back(best);
+    } else {
+      for (std::int64_t i = n_sink_; i < n; ++i) order_.push_back(i);
+      std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
+      order_.resize(static_cast<std::size_t>(k));
+      std::sort(order_.begin(), order_.end());
     }
-    commit_live(st);
+    losers.assign(order_.begin(), order_.end());
   }
 
- protected:
   void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
   // Head-wise with the attention source: a step is one decision, ranked by its last query.
   bool decides_chunk_at_once() const noexcept override { return source_.attention(); }
@@ -119,50 +121,12 @@ class TovaPolicy final : public TokenPolicy {
       if (i < n_sink_) out[i] = inf;
     }
   }
-
- private:
-  std::vector<std::int64_t> losers_;
 };
-
-std::unique_ptr<Policy> make(const PolicyContext& ctx) {
-  const CacheConfig& c = ctx.config;
-  auto policy = std::make_unique<TovaPolicy>(c.get_int("tova_budget"), c.get_int("tova_n_sink"),
-                                             merge_rule_from(c, "tova"), score_source_from(c));
-  policy->set_headwise(headwise_rule_from(ctx.config));
-  return policy;
-}
-
-void check(const CacheConfig& c) { require_less(c, "tova_n_sink", "tova_budget"); }
 
 }  // namespace
 
 MethodInfo tova_method() {
-  MethodInfo m;
-  m.id = "tova";
-  m.prefix = "tova";
-  m.summary = "TOVA: evict the row the newest token attends to least";
-  m.paper = "Oren et al., Transformers are Multi-State RNNs, EMNLP 2024";
-  m.disposition = "drop (merge optional)";
-  m.score_signal = "current-step attention";
-  m.budget_type = "uniform";
-  m.deviations = "proxy source: key-as-query per KV head (attention source: the paper's last "
-                 "query averaged over all heads, one index set per layer); sinks protected";
-  m.fields = {
-      int_field("tova_budget", 512, 1, kMaxTokens, "rows kept per KV head, sinks included"),
-      int_field("tova_n_sink", 4, 0, kMaxTokens, "leading rows never evicted"),
-  };
-  add_merge_fields(m.fields, "tova", "drop");
-  add_source_fields(m.fields);
-  add_headwise_fields(m.fields);
-  add_quantize_fields(m.fields);
-  add_common_fields(m.fields);
-  m.check = &check;
-  m.get_budget = [](const CacheConfig& c) { return c.get_int("tova_budget"); };
-  m.set_budget = [](CacheConfig& c, std::int64_t b) { c.set("tova_budget", b); };
-  m.make_policy = &make;
-  m.paper_config = "`tova:n_sink=0,source=attention` (the last query's attention averaged over "
-      "every head, one index set per layer)";
-  return m;
+  return method_card(kCard, &check_sink_below_budget, &make_policy_of<TovaPolicy>);
 }
 
 }  // namespace vq::detail
