@@ -5,7 +5,8 @@
   that starts with the binary) names a subcommand the built CLI has, and every --flag in it is
   one that subcommand's `--help` lists;
 - every `scripts/NAME.sh` or `bench/peers/NAME.sh` command names a script that exists, and each
-  of its --flags appears in that script (scripts/main.sh passes its flags to `veloxquant eval`,
+  of its --flags appears in that script (scripts/main.sh, and a script whose header says "Flags after the script go to every
+  `veloxquant eval`", pass their flags to `veloxquant eval`,
   so they are checked against `eval --help`);
 - every relative link and image points at a file that exists, and a #anchor into a markdown
   file at one of its headings;
@@ -106,10 +107,11 @@ def check_script_command(cli, root, words, where, errors):
     if not script.is_file():
         errors.append(f"{where}: `{' '.join(words)}`: no such script {words[0]}")
         return
-    if words[0] == "scripts/main.sh":  # its flags go to `veloxquant eval`
+    text = script.read_text()
+    # main.sh, and any script whose header says so, passes its flags to `veloxquant eval`.
+    if words[0] == "scripts/main.sh" or "Flags after the script go to every `veloxquant eval`" in text:
         check_cli_command(cli, ["veloxquant", "eval", *words[1:]], where, errors)
         return
-    text = script.read_text()
     for word in words[1:]:
         for flag in FLAG_RE.findall(word):
             if flag not in text:
