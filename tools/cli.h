@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,15 @@ void add_q8_activations_option(CLI::App* cmd);
 // f32 | f16 | bf16 | q8_0 (engine/weights.h), throws Error(kInvalidArgument) naming the flag.
 engine::WeightType parse_weight_type(const std::string& text, const std::string& flag);
 
-// Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
-// the flag.
-std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag,
-                                         std::int64_t min_value);
+// Parses comma-separated integers in [min_value, max_value] ("64,128"); throws
+// Error(kInvalidArgument) naming the flag, the range and the item (no wrapping of 2^63).
+std::vector<std::int64_t> parse_int_list(
+    const std::string& text, const std::string& flag, std::int64_t min_value,
+    std::int64_t max_value = std::numeric_limits<std::int64_t>::max());
+
+// A thread-count flag: an integer in [0, the cores this process may use] (0: every core);
+// more threads than cores only slow a run down, so more are refused naming the core count.
+CLI::Validator thread_count();
 
 // Method specs for a sweep: each --method SPEC parsed; with none given, every registered
 // method with its defaults.

@@ -19,7 +19,8 @@ void add_threads_option(CLI::App* cmd, int& threads) {
   cmd->add_option("--threads", threads,
                   "Engine threads (matmul rows, attention heads); 0 = every core. Results are "
                   "bit-identical for every count")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(thread_count());
 }
 
 void apply_threads(int threads) {

@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <type_traits>
 
 #include "cli.h"
 #include "engine/formats/json_limits.h"
+#include "engine/compute/parallel.h"
 #include "eval/resources.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -16,13 +18,16 @@
 namespace vq::cli {
 
 std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag,
-                                         std::int64_t min_value) {
+                                         std::int64_t min_value, std::int64_t max_value) {
   std::vector<std::int64_t> out;
   std::size_t start = 0;
+  const std::string range =
+      max_value == std::numeric_limits<std::int64_t>::max()
+          ? ">= " + std::to_string(min_value)
+          : "in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
   auto bad = [&](const std::string& why) {
-    return Error(ErrorCode::kInvalidArgument, flag + " expects comma-separated integers >= " +
-                                                  std::to_string(min_value) + " (e.g. 64,128), " +
-                                                  why);
+    return Error(ErrorCode::kInvalidArgument,
+                 flag + " expects comma-separated integers " + range + " (e.g. 64,128), " + why);
   };
   if (text.empty()) throw bad("got an empty value");
   while (start <= text.size()) {
@@ -33,11 +38,14 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
     long long v = 0;
     try {
       v = std::stoll(item, &used);
+    } catch (const std::out_of_range&) {
+      throw bad("got " + engine::text_excerpt(item, 40) + " (out of range)");
     } catch (const std::exception&) {
-      throw bad("got '" + item + "'");
+      throw bad("got '" + engine::text_excerpt(item, 40) + "'");
     }
-    if (used != item.size() || item.empty()) throw bad("got '" + item + "'");
-    if (v < min_value) throw bad("got " + item);
+    if (used != item.size() || item.empty() || item[0] == ' ' || item[0] == '+')
+      throw bad("got '" + engine::text_excerpt(item, 40) + "'");
+    if (v < min_value || v > max_value) throw bad("got " + item);
     out.push_back(v);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -114,6 +122,21 @@ CLI::Validator real_range(double min_value, double max_value) {
         return {};
       },
       "NUMBER in " + range);
+}
+
+CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::int64_t cores = engine::available_cores();
+        std::string why = int_range(0, std::numeric_limits<std::int32_t>::max())(text);
+        if (!why.empty()) return why;
+        if (std::stoll(text) > cores) {
+          return "must be at most the " + std::to_string(cores) +
+                 " core(s) this process may use (0 = all of them), got " + text;
+        }
+        return {};
+      },
+      "INT in [0, cores]");
 }
 
 CLI::Validator non_empty_path() {

@@ -59,6 +59,14 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
         std::to_string(o.prefill));
   }
   const std::int64_t P = T - 1, V = c.vocab_size;
+  // Every id is checked before the run: the NLL reads token t + 1 before it is forwarded.
+  for (std::int64_t i = 0; i < T; ++i) {
+    const std::int32_t id = tokens[static_cast<std::size_t>(i)];
+    if (id < 0 || id >= V) {
+      bad("token " + std::to_string(i) + " is id " + std::to_string(id) +
+          ", outside the model's vocabulary [0, " + std::to_string(V) + ")");
+    }
+  }
   if (o.reference != nullptr && static_cast<std::int64_t>(o.reference->logits.size()) != P * V) {
     bad("the reference run kept no logits for these " + std::to_string(T) + " tokens");
   }
