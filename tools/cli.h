@@ -63,6 +63,27 @@ CLI::Validator non_empty_path();
 // (the limit is then the available memory).
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes);
 
+// Files and directories a command is writing that must not outlive it: removed when the
+// guard is destroyed without commit(), and by a handler for SIGINT, SIGTERM and SIGHUP (which
+// then re-raises the signal), so a killed `make-model` or `convert` leaves no temporary file or
+// half-made directory behind. Paths are removed in reverse order of add (files before the
+// directories that hold them); unlink and rmdir only, which are async-signal-safe. One guard at
+// a time per process.
+class CleanupGuard {
+ public:
+  CleanupGuard();
+  ~CleanupGuard();
+  CleanupGuard(const CleanupGuard&) = delete;
+  CleanupGuard& operator=(const CleanupGuard&) = delete;
+  void add_file(const std::string& path);
+  void add_dir(const std::string& path);  // removed when empty
+  // Keeps everything (the outputs are in place); the signal handlers are restored.
+  void commit();
+
+ private:
+  bool active_ = true;
+};
+
 // What the running command is doing, for the message when it fails with an unexpected
 // exception (e.g. std::bad_alloc): "loading the model 'x.bin'". Set by the commands.
 void set_activity(std::string what);

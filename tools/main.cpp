@@ -1,5 +1,9 @@
 // veloxquant: the command-line tool. `veloxquant --help` lists the commands.
+#include <signal.h>
+#include <unistd.h>
+
 #include <charconv>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -154,11 +158,74 @@ void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
            bytes = eval::parse_memory_size(text, "--max-memory");
          },
          "Refuse a run estimated to need more memory than SIZE (e.g. 512M, 8G; default: the "
-         "memory available, MemAvailable in /proc/meminfo)")
+         "memory available: MemAvailable in /proc/meminfo, or the room under a cgroup memory "
+         "limit when smaller)")
       ->type_name("SIZE");
 }
 
 void set_activity(std::string what) { g_activity = std::move(what); }
+
+namespace {
+// The cleanup list, as fixed-size C strings the signal handler can read without allocating.
+constexpr int kMaxCleanup = 16;
+char g_cleanup_paths[kMaxCleanup][4096];
+bool g_cleanup_is_dir[kMaxCleanup];
+volatile std::sig_atomic_t g_cleanup_count = 0;
+struct sigaction g_old_actions[3];
+constexpr int kCleanupSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+void remove_listed() noexcept {
+  for (int i = g_cleanup_count - 1; i >= 0; --i) {
+    if (g_cleanup_is_dir[i]) {
+      (void)::rmdir(g_cleanup_paths[i]);
+    } else {
+      (void)::unlink(g_cleanup_paths[i]);
+    }
+  }
+}
+
+extern "C" void on_cleanup_signal(int sig) {
+  remove_listed();
+  g_cleanup_count = 0;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void add_cleanup(const std::string& path, bool dir) {
+  if (g_cleanup_count >= kMaxCleanup || path.size() >= sizeof g_cleanup_paths[0]) {
+    throw Error(ErrorCode::kInvalidState, "[cli] cleanup list full or path too long: " + path);
+  }
+  const int i = g_cleanup_count;
+  std::snprintf(g_cleanup_paths[i], sizeof g_cleanup_paths[i], "%s", path.c_str());
+  g_cleanup_is_dir[i] = dir;
+  g_cleanup_count = i + 1;  // published after the entry is complete
+}
+}  // namespace
+
+CleanupGuard::CleanupGuard() {
+  g_cleanup_count = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_cleanup_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &sa, &g_old_actions[i]);
+}
+
+CleanupGuard::~CleanupGuard() {
+  if (active_) remove_listed();
+  g_cleanup_count = 0;
+  if (active_) {
+    for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &g_old_actions[i], nullptr);
+  }
+}
+
+void CleanupGuard::add_file(const std::string& path) { add_cleanup(path, false); }
+void CleanupGuard::add_dir(const std::string& path) { add_cleanup(path, true); }
+
+void CleanupGuard::commit() {
+  g_cleanup_count = 0;
+  for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &g_old_actions[i], nullptr);
+  active_ = false;
+}
 
 std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs) {
   std::vector<CacheConfig> out;

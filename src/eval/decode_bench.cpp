@@ -125,13 +125,6 @@ nlohmann::json config_json(const engine::ModelConfig& c, const engine::Model& m)
           {"owned_bytes", m.owned_bytes()}};
 }
 
-// Bytes of a named shape's weights built in memory (matrices in `type`, norms in fp32).
-double random_weight_bytes(const engine::ModelConfig& c, engine::WeightType type) {
-  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
-  const double per_elem = d(engine::weight_row_bytes(type, 1024)) / 1024.0;
-  return d(c.n_params()) * per_elem + 4.0 * d(c.dim) * d(2 * c.n_layers + 1);
-}
-
 // An upper estimate of what a run allocates beyond `model_bytes`: every method's cache and
 // transformer at once (they live together within a context), the synthetic fill's K/V and
 // probability buffers, and the bandwidth buffer.
@@ -235,7 +228,7 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
     engine::ModelConfig sc = engine::find_shape(o.shape).config;
     if (o.layers > 0) sc.n_layers = std::min(o.layers, sc.n_layers);
     else sc.n_layers = engine::find_shape(o.shape).default_layers;
-    check_memory("bench decode", decode_bench_bytes(o, sc, random_weight_bytes(sc, o.weight_type)),
+    check_memory("bench decode", decode_bench_bytes(o, sc, model_weight_bytes(sc, o.weight_type)),
                  "the shape's weights, every method's cache and engine buffers at context " +
                      std::to_string(rows_needed) + ", the fill and bandwidth buffers",
                  o.max_memory);
