@@ -216,6 +216,17 @@ if [ -e "$tmp/out" ]; then
 else
   passes=$((passes + 1))
 fi
+#    Non-finite results: a final norm of 1e15 gives finite logits but a perplexity of inf.
+python3 - "$model" "$tmp/garbage_norm.bin" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+dim, hid, L, H, KV, V, S = struct.unpack("7i", b[:28])
+V, kvd = abs(V), KV * (dim // H)
+off = 28 + 4 * (V * dim + L * dim + 2 * L * dim * dim + 2 * L * dim * kvd + L * dim + 3 * L * dim * hid)
+b[off:off + 4 * dim] = struct.pack("%df" % dim, *([1e15] * dim))
+open(sys.argv[2], "wb").write(b)
+PY
+bad "perplexity inf" 2 "'$tmp/garbage_norm.bin': the mean NLL is .* so the perplexity is not finite" -- ev --model "$tmp/garbage_norm.bin" --tokenizer "$data/tok512.bin" --json "$out"
 #    A value inside a field's documented range runs (demote_budget=0 aborted).
 if "$bin" demo --method h2o:demote=kivi2,demote_budget=0 --budget 16 --seq 64 --heads 1 --head-dim 8 --probes 2 >"$logs/stdout" 2>"$logs/stderr" &&
    grep -q "h2o:h2o_budget=16,demote=kivi2,demote_budget=0" "$logs/stdout"; then

@@ -7,13 +7,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 
 #include "base/checked_math.h"
+#include "engine/formats/gguf.h"
+#include "engine/formats/gguf_writer.h"
 #include "engine/formats/json_limits.h"
+#include "engine/tokenizers/gguf_tokenizer.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/weights_check.h"
 #include "eval/output_set.h"
@@ -131,6 +135,41 @@ TEST(JsonLimits, DepthIsLimitedBeforeAnyRecursiveWalk) {
   const std::string mixed = std::string(100, '[') + "{\"a\":" + std::string(40, '[');
   test::expect_error([&] { (void)engine::parse_json_limited(mixed, "m.json", "x"); },
                      ErrorCode::kFileError, {"found level 129"});
+}
+
+// A SentencePiece ("llama") vocabulary in GGUF whose scores hold a NaN or an infinity: refused
+// naming the file, the key and the entry (as tokenizer.bin and convert refuse it); and a
+// metadata key with control bytes and a NUL printed escaped, never raw or cut at the NUL.
+TEST(GgufTokenizerMetadata, NonFiniteScoresAndRawKeysAreRefusedClearly) {
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::infinity()}) {
+    engine::GgufWriter w;
+    w.set("tokenizer.ggml.model", engine::GgufValue::str("llama"));
+    w.set("tokenizer.ggml.tokens", engine::GgufValue::string_array({"<unk>", "<s>", "</s>", "a"}));
+    w.set("tokenizer.ggml.scores", engine::GgufValue::f32_array({0.0f, 0.0f, 0.0f, bad}));
+    const auto bytes = w.serialize();
+    const engine::GgufFile g = engine::GgufFile::parse(bytes.data(), bytes.size(), "spm.gguf");
+    test::expect_error([&] { (void)engine::load_gguf_tokenizer(g); }, ErrorCode::kFileError,
+                       {"spm.gguf", "'tokenizer.ggml.scores' entry 3 is ",
+                        std::isnan(bad) ? "nan" : "infinite", "scores must be finite"});
+  }
+  engine::GgufWriter w;
+  const std::string key("a\x01" "b\0" "c", 5);
+  w.set(key, engine::GgufValue::u32(1));
+  auto bytes = w.serialize();
+  // The value type (uint32) follows the key's bytes: make it an unknown type, 99.
+  const auto at = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  ASSERT_NE(at, bytes.end());
+  const auto type_at = static_cast<std::size_t>(at - bytes.begin()) + key.size();
+  bytes[type_at] = 99;
+  try {
+    (void)engine::GgufFile::parse(bytes.data(), bytes.size(), "keys.gguf");
+    ADD_FAILURE() << "an unknown value type was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'a\\x01b\\x00c'"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\x01'), std::string::npos) << what;
+  }
 }
 
 TEST(JsonLimits, BracketsInsideStringsDoNotCount) {
