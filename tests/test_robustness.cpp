@@ -182,28 +182,24 @@ TEST(JsonLimits, BracketsInsideStringsDoNotCount) {
 TEST(JsonLimits, ManyEntriesParseInLinearTime) {
   // A safetensors-like header with 200,000 tensors took over 20 minutes in the depth limiter
   // (a parser callback, quadratic in an object's entries); the limiter is now one linear scan.
-  // Time ratio of the best of three at 25,000 and 100,000 entries: linear 4, quadratic 16.
-  auto header = [](int n) {
-    std::string h = "{";
-    for (int i = 0; i < n; ++i) {
-      h += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
-           "\":{\"dtype\":\"F32\",\"shape\":[4,4],\"data_offsets\":[0,64]}";
-    }
-    return h + "}";
-  };
-  auto best = [&](const std::string& h) {
-    double b = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const nlohmann::json j = engine::parse_json_limited(h, "h.json", "safetensors header");
-      b = std::min(b, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      EXPECT_TRUE(j.is_object());
-    }
-    return b;
-  };
-  const double small = best(header(25000)), large = best(header(100000));
-  std::printf("json header: 25,000 entries %.3f s, 100,000 entries %.3f s\n", small, large);
-  EXPECT_LT(large, 10 * small + 0.05);
+  // 100,000 entries parse in about 0.5 s here; the quadratic limiter needed minutes (over 20 at
+  // 200,000). A ratio of two sizes proved noisy for this DOM-building parse on a loaded machine
+  // (memory effects at 100,000 entries), so the bound is absolute and generous: 60 s.
+  std::string h = "{";
+  h.reserve(100000 * 70);
+  for (int i = 0; i < 100000; ++i) {
+    if (i) h += ',';
+    h += "\"t";
+    h += std::to_string(i);
+    h += "\":{\"dtype\":\"F32\",\"shape\":[4,4],\"data_offsets\":[0,64]}";
+  }
+  h += "}";
+  const auto t0 = std::chrono::steady_clock::now();
+  const nlohmann::json j = engine::parse_json_limited(h, "h.json", "safetensors header");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("json header: 100,000 entries %.3f s\n", s);
+  EXPECT_EQ(j.size(), 100000u);
+  EXPECT_LT(s, 60.0);
 }
 
 TEST(JsonLimits, SyntaxErrorsQuoteAShortEscapedExcerpt) {
