@@ -196,6 +196,7 @@ bad "convert memory" 2 "convert: the run needs about .* \(the converted tensors 
 bad "decode --weights with --model" 2 "--weights applies to --shape only; it conflicts with --model $model" -- bench decode --model "$model" --weights q8_0 --method full --context 16 --steps 1 --json "$out"
 #    A spec's budget against a flag: an explicit contradiction is an error naming both.
 bad "decode budget contradicts spec" 2 "--budget 32 contradicts budget 16 written in the spec 'streaming_llm:budget=16'" -- "${dec[@]}" --context 16 --method streaming_llm:budget=16 --budget 32 --json "$out"
+bad "perturb budget contradicts spec" 2 "bench perturb: --budget 32 contradicts budget 16 written in the spec 'h2o:budget=16'" -- bench perturb --quiet --method h2o:budget=16 --budget 32 --seq 64 --heads 2 --head-dim 8 --probes 4 --seeds 1 --json "$out"
 bad "demo budget contradicts spec" 2 "--budget 24 contradicts budget 20 written in the spec 'h2o:budget=20'" -- demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
 #    Outputs of convert and make-model go through the output checks (no FIFO/symlink replaced).
 mkfifo "$tmp/fifo.gguf"

@@ -31,6 +31,7 @@ struct PerturbArgs {
   bool quiet = false;
   std::vector<std::string> argv;  // the command line, for the result file
   std::uint64_t max_memory = 0;   // --max-memory; 0: the available memory
+  bool budget_given = false;      // --budget on the command line
 };
 
 std::string budget_text(const CacheConfig& c) {
@@ -42,6 +43,7 @@ void run_bench_perturb(const PerturbArgs& a) {
   o.methods = a.methods;
   o.seqs = parse_int_list(a.seq, "--seq", 1);
   o.budgets = parse_int_list(a.budget, "--budget", 1);
+  o.budgets_given = a.budget_given;
   o.heads = a.heads;
   o.head_dim = a.head_dim;
   o.probes = a.probes;
@@ -224,7 +226,10 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   perturb->add_option("--plot", a->plot, "SVG plot of the results")->check(non_empty_path());
   add_max_memory_option(*perturb, a->max_memory);
   perturb->add_flag("--quiet", a->quiet, "No progress lines on stderr");
-  perturb->callback([a]() { run_bench_perturb(*a); });
+  perturb->callback([a, perturb]() {
+    a->budget_given = perturb->count("--budget") > 0;
+    run_bench_perturb(*a);
+  });
 
   auto d = std::make_shared<DecodeArgs>();
   d->argv.assign(argv, argv + argc);

@@ -14,6 +14,7 @@
 #include "eval/perturb.h"
 #include "eval/plot.h"
 #include "eval/results.h"
+#include "policies/spec_budget.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -287,6 +288,19 @@ std::vector<PerturbCase> plan_perturb(const PerturbOptions& o) {
     }
     Method m{spec, {}};
     if (!has_token_budget(config)) {
+      m.configs.push_back(config);
+    } else if (spec_writes_budget(spec)) {
+      // The spec's own budget wins over --budget's default; an explicit --budget list other
+      // than that one budget contradicts it (policies/spec_budget.h).
+      const std::int64_t written = token_budget(config);
+      if (o.budgets_given && (o.budgets.size() != 1 || o.budgets[0] != written)) {
+        std::string list;
+        for (const std::int64_t b : o.budgets) list += (list.empty() ? "" : ",") + std::to_string(b);
+        throw Error(ErrorCode::kInvalidArgument,
+                    "bench perturb: --budget " + list + " contradicts budget " +
+                        std::to_string(written) + " written in the spec '" + spec +
+                        "'; drop one of them");
+      }
       m.configs.push_back(config);
     } else {
       for (const std::int64_t budget : o.budgets) {
