@@ -22,6 +22,8 @@ target_link_libraries(veloxquant_shared PRIVATE $<LINK_LIBRARY:WHOLE_ARCHIVE,vel
 target_include_directories(veloxquant_shared PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+# The library's internal headers (base/finite_check.h), for the C API's own source only.
+target_include_directories(veloxquant_shared PRIVATE ${PROJECT_SOURCE_DIR}/src)
 set_target_properties(veloxquant_shared PROPERTIES
   OUTPUT_NAME veloxquant
   EXPORT_NAME veloxquant

@@ -177,5 +177,64 @@ rm -f "$tmp/tokenizer.json"
 bad "text is a directory" 2 "'$tmp': is a directory" -- ev --text "$tmp" --json "$out"
 bad "unknown method" 2 "unknown method 'nope'" -- ev --method nope --json "$out"
 
+# 7. Issue 23's classes (round two): bench decode, make-model and convert, one case per class.
+dec=(bench decode --shape llama-110m --layers 1 --method full --steps 1 --warmup 0 --bandwidth-mib 16 --quiet)
+#    Integer flags: no overflow or wrapping.
+bad "decode context 2^63-1" 2 "--context expects comma-separated integers in \[1, 16777216\].*got 9223372036854775807" -- "${dec[@]}" --context 9223372036854775807 --json "$out"
+bad "decode steps 2^63" 2 "--steps: must be an integer in \[1, 1048576\], got 9223372036854775808 \(out of range\)" -- "${dec[@]}" --context 16 --steps 9223372036854775808 --json "$out"
+bad "decode seed -1" 2 "--seed: must be an integer in \[0, 18446744073709551615\], got -1" -- "${dec[@]}" --context 16 --seed -1 --json "$out"
+bad "make-model seed -1" 2 "--seed: must be an integer in \[0, 18446744073709551615\], got -1" -- make-model --shape llama-110m --seed -1 --out "$tmp/out/m"
+#    Thread counts capped at the usable cores.
+bad "decode threads 65536" 2 "--threads values must be at most the [0-9]+ core\(s\) this process may use.*got 65536" -- "${dec[@]}" --context 16 --threads 65536 --json "$out"
+bad "eval threads 65536" 2 "--threads: must be at most the [0-9]+ core\(s\)" -- ev --threads 65536 --json "$out"
+#    Allocations sized from flags: estimated and refused before allocating.
+bad "decode fill-chunk memory" 2 "bench decode: the run needs about .* more than 64.0 MiB \(the --max-memory limit\); nothing was allocated" -- "${dec[@]}" --context 4096 --fill-chunk 4096 --max-memory 64M --json "$out"
+bad "decode bandwidth buffer" 2 "--bandwidth-mib: must be an integer in \[16, 1048576\], got 1000000000" -- "${dec[@]}" --context 16 --bandwidth-mib 1000000000 --json "$out"
+bad "make-model memory" 2 "make-model: the run needs about 15.0 GiB \(the weights of --shape llama-3-8b \(32 layers, bf16\)" -- make-model --shape llama-3-8b --layers 32 --max-memory 1G --out "$tmp/out/m"
+bad "convert memory" 2 "convert: the run needs about .* \(the converted tensors of '$model' as f32\)" -- convert --from "$model" --to "$tmp/out/m.gguf" --max-memory 1K
+#    Options that cannot apply are refused, naming the conflict.
+bad "decode --weights with --model" 2 "--weights applies to --shape only; it conflicts with --model $model" -- bench decode --model "$model" --weights q8_0 --method full --context 16 --steps 1 --json "$out"
+#    A spec's budget against a flag: an explicit contradiction is an error naming both.
+bad "decode budget contradicts spec" 2 "--budget 32 contradicts budget 16 written in the spec 'streaming_llm:budget=16'" -- "${dec[@]}" --context 16 --method streaming_llm:budget=16 --budget 32 --json "$out"
+bad "perturb budget contradicts spec" 2 "bench perturb: --budget 32 contradicts budget 16 written in the spec 'h2o:budget=16'" -- bench perturb --quiet --method h2o:budget=16 --budget 32 --seq 64 --heads 2 --head-dim 8 --probes 4 --seeds 1 --json "$out"
+bad "demo budget contradicts spec" 2 "--budget 24 contradicts budget 20 written in the spec 'h2o:budget=20'" -- demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
+#    Outputs of convert and make-model go through the output checks (no FIFO/symlink replaced).
+mkfifo "$tmp/fifo.gguf"
+ln -s "$tmp/keep.json" "$tmp/link.gguf"
+bad "convert to a FIFO" 2 "--to: cannot write '$tmp/fifo.gguf': it is a FIFO" -- convert --from "$model" --to "$tmp/fifo.gguf"
+bad "convert to a symlink" 2 "--to: cannot write '$tmp/link.gguf': it is a symbolic link" -- convert --from "$model" --to "$tmp/link.gguf"
+if [ ! -p "$tmp/fifo.gguf" ] || [ ! -L "$tmp/link.gguf" ]; then
+  echo "FAIL convert replaced a FIFO or symlink"; fails=$((fails + 1))
+fi
+mkdir -p "$tmp/mm_link"
+ln -s "$tmp/keep.json" "$tmp/mm_link/config.json"
+bad "make-model over a symlink" 2 "--out: cannot write '$tmp/mm_link/config.json': it is a symbolic link" -- make-model --shape llama-110m --layers 1 --out "$tmp/mm_link"
+bad "make-model out is a file" 2 "--out '$tmp/keep.json' exists and is not a directory" -- make-model --shape llama-110m --layers 1 --out "$tmp/keep.json"
+#    Killed mid-write: make-model leaves neither its directory nor a temporary file.
+timeout -s TERM 1 "$bin" make-model --shape llama-3.2-1b --layers 16 --out "$tmp/out/killed" >/dev/null 2>&1
+if [ -e "$tmp/out" ]; then
+  echo "FAIL make-model killed: left $(find "$tmp/out" | tail -1) behind"; fails=$((fails + 1)); rm -rf "$tmp/out"
+else
+  passes=$((passes + 1))
+fi
+#    Non-finite results: a final norm of 1e15 gives finite logits but a perplexity of inf.
+python3 - "$model" "$tmp/garbage_norm.bin" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+dim, hid, L, H, KV, V, S = struct.unpack("7i", b[:28])
+V, kvd = abs(V), KV * (dim // H)
+off = 28 + 4 * (V * dim + L * dim + 2 * L * dim * dim + 2 * L * dim * kvd + L * dim + 3 * L * dim * hid)
+b[off:off + 4 * dim] = struct.pack("%df" % dim, *([1e15] * dim))
+open(sys.argv[2], "wb").write(b)
+PY
+bad "perplexity inf" 2 "'$tmp/garbage_norm.bin': the mean NLL is .* so the perplexity is not finite" -- ev --model "$tmp/garbage_norm.bin" --tokenizer "$data/tok512.bin" --json "$out"
+#    A value inside a field's documented range runs (demote_budget=0 aborted).
+if "$bin" demo --method h2o:demote=kivi2,demote_budget=0 --budget 16 --seq 64 --heads 1 --head-dim 8 --probes 2 >"$logs/stdout" 2>"$logs/stderr" &&
+   grep -q "h2o:h2o_budget=16,demote=kivi2,demote_budget=0" "$logs/stdout"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL demote_budget=0: exit $?"; sed 's/^/    /' "$logs/stderr" | head -5; fails=$((fails + 1))
+fi
+
 echo "bad inputs: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -57,7 +57,9 @@ check "out of range" 2 "h2o_decay must be in \[0, 1\], got 2" -- "$bin" demo --m
 check "bad geometry" 2 "unknown geometry 'round'" -- "$bin" demo --geometry round --seq 10
 check "demo runs" 0 "cam:cam_budget=32" -- "$bin" demo --seq 64 --budget 32 --heads 2 --head-dim 8 --probes 4
 check "demo takes a spec's budget" 0 "streaming_llm:stream_window_size=16 +20 " -- "$bin" demo --seq 64 --heads 2 --head-dim 8 --probes 4 --method streaming_llm:budget=20
-check "demo --budget overrides a spec's budget" 0 "h2o:h2o_budget=24 +24 " -- "$bin" demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
+check "demo --budget contradicting a spec's budget" 2 "--budget 24 contradicts budget 20 written in the spec 'h2o:budget=20'" -- "$bin" demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
+check "demo --budget equal to a spec's budget" 0 "h2o:h2o_budget=20 +20 " -- "$bin" demo --seq 64 --budget 20 --heads 2 --head-dim 8 --probes 4 --method h2o:budget=20
+check "demo --budget applies to a spec without one" 0 "h2o:h2o_budget=24,h2o_grace=2 +24 " -- "$bin" demo --seq 64 --budget 24 --heads 2 --head-dim 8 --probes 4 --method h2o:grace=2
 
 # bench perturb: every bad flag is a clear error (exit 2) that writes nothing, not even the
 # --json file's missing directory.
@@ -112,7 +114,7 @@ check "bench decode both models" 2 "exactly one of --shape NAME and --model PATH
   "$bin" bench decode --shape llama-110m --model x --context 8 --method full --json "$tmp/nd/x.json"
 check "bench decode unknown shape" 2 "unknown model shape 'gpt-9'; known: llama-110m" -- \
   "$bin" bench decode --shape gpt-9 --context 8 --method full --json "$tmp/nd/x.json"
-check "bench decode bad context" 2 "--context expects comma-separated integers >= 1" -- \
+check "bench decode bad context" 2 "--context expects comma-separated integers in \\[1, " -- \
   "$bin" bench decode --shape llama-110m --context 0 --method full --json "$tmp/nd/x.json"
 check "bench decode too long" 2 "exceeds the model's seq_len 131072" -- \
   "$bin" bench decode --shape llama-110m --layers 1 --context 131072 --method full --bandwidth-mib 16 --json "$tmp/nd/x.json"

@@ -19,6 +19,7 @@
 #include "engine/tokenizers/pretokenize.h"
 #include "engine/compute/quants.h"
 #include "engine_test_util.h"
+#include "tokenizer_scaling.h"
 #include "veloxquant/errors.h"
 
 namespace vq {
@@ -497,6 +498,29 @@ std::string tiny_bpe_gguf(const std::string& pre) {
   w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
   const auto b = w.serialize();
   return std::string(b.begin(), b.end());
+}
+
+TEST(GgufTokenizer, ByteLevelBpeIsLinearInTheText) {
+  const GgufFile g = parse(tiny_bpe_gguf("llama-bpe"), "tiny.gguf");
+  test::expect_linear_encode(*engine::load_gguf_tokenizer(g));
+}
+
+TEST(GgufTokenizer, RegexSplitAroundInvalidUtf8) {
+  // An invalid byte matches nothing and no match crosses it; it joins the unmatched stretch.
+  // "ab\xFFcd ef": letters "ab"; \xFF unmatched; "cd"; " ef" (optional non-letter + letters).
+  // "a \xFF": "a"; the space is whitespace not followed by a non-space character (\s+(?!\S):
+  // the invalid byte is no character), then \xFF alone.
+  const engine::RegexSplitter s(engine::pre_tokenizer_regex("llama-bpe"), "test");
+  auto pieces = [&](std::string_view t) {
+    std::vector<std::string> out;
+    for (const auto p : s.split(t)) out.emplace_back(p);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces("ab\xFF" "cd ef"), (V{"ab", "\xFF", "cd", " ef"}));
+  EXPECT_EQ(pieces("a \xFF"), (V{"a", " ", "\xFF"}));
+  EXPECT_EQ(pieces("\xC3"), (V{"\xC3"}));  // a truncated sequence
+  EXPECT_EQ(pieces("\xED\xA0\x80x"), (V{"\xED\xA0\x80", "x"}));  // a surrogate is invalid
 }
 
 TEST(GgufTokenizer, ByteLevelBpeByMergeRank) {

@@ -13,6 +13,7 @@
 #include "engine/tokenizers/pretokenize.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
+#include "tokenizer_scaling.h"
 #include "veloxquant/errors.h"
 
 namespace vq {
@@ -90,6 +91,28 @@ TEST(HfPreTokenizers, ByteLevelAndSplitRegexes) {
             (std::vector<std::int32_t>{0, 6, 4}));
   EXPECT_EQ(split(engine::kQwen2SplitRegex)->encode("a1234", false),
             (std::vector<std::int32_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(HfPreTokenizers, SplitThenByteLevelIsLinearInTheText) {
+  // Llama 3's Split regex then ByteLevel (as Llama 3's tokenizer.json), over a byte-level
+  // vocabulary of the ASCII letters with a few merges.
+  json vocab = json::object();
+  for (int c = 33; c < 127; ++c) vocab[std::string(1, static_cast<char>(c))] = c - 33;
+  vocab[kG] = 94;
+  vocab["th"] = 95;
+  vocab["the"] = 96;
+  vocab[kG + "the"] = 97;
+  const auto tok = load(
+      {{"model", bpe(vocab, {"t h", "th e", kG + " the"})},
+       {"pre_tokenizer",
+        {{"type", "Sequence"},
+         {"pretokenizers",
+          {{{"type", "Split"},
+            {"pattern", {{"Regex", engine::kLlama3SplitRegex}}},
+            {"behavior", "Isolated"},
+            {"invert", false}},
+           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}}});
+  test::expect_linear_encode(*tok);
 }
 
 TEST(HfPreTokenizers, NfcNormalizer) {

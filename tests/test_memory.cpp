@@ -183,6 +183,24 @@ void expect_kivi_at_or_below_full(std::int64_t prefill, std::int64_t n_tokens) {
   }
 }
 
+// The full cache's capacity beyond 1024 rows grows by 1/8 (not by doubling): fed one token a
+// step, at every context n its resident bytes stay within the fp16 rows and positions of
+// 9/8 n + 1 rows (per head: 2 * 2 * D bytes of K and V, 4 of position) plus 4 KiB of
+// bookkeeping. Doubling held up to 2n rows (n = 8193: 16384 rows of capacity).
+TEST(Memory, FullCacheCapacityGrowsInBoundedSteps) {
+  const std::int64_t H = 1, D = 8, N = 8193;
+  const test::KV kv(1, H, N, D, 5);
+  LayerCache full = test::make_cache("full", H, D);
+  for (std::int64_t t = 0; t < N; ++t) {
+    full.begin_step(kv.keys(t, 1), kv.values(t, 1));
+    full.end_step();
+    if (t + 1 <= 1024) continue;
+    const double rows = 9.0 / 8.0 * static_cast<double>(t + 1) + 1;
+    const double bound = rows * static_cast<double>(H * (4 * D + 4)) + 4096;
+    ASSERT_LE(static_cast<double>(full.stats().resident_bytes), bound) << "n = " << t + 1;
+  }
+}
+
 TEST(Memory, KiviHoldsNoMoreThanTheFp16FullCacheAtEveryContextLength) {
   expect_kivi_at_or_below_full(0, 1024);  // every context 1 .. 1024, one token a step
 }

@@ -239,8 +239,16 @@ TEST(PerturbBench, ValidatesEverythingBeforeRunning) {
   expect_error(plan(bad), ErrorCode::kUnknownMethod, {"--method 'nope'", "known methods"});
   bad = small_options({"cam", "cam:merge=mean"});
   expect_error(plan(bad), ErrorCode::kInvalidArgument, {"same configuration"});
-  bad = small_options({"cam:budget=8", "cam"});  // --budget overrides the spec's budget
-  expect_error(plan(bad), ErrorCode::kInvalidArgument, {"same configuration"});
+  // The spec's own budget wins over --budget's default; an explicit --budget contradicting it
+  // is an error naming both (policies/spec_budget.h).
+  bad = small_options({"cam:budget=8"});
+  bad.budgets_given = true;
+  expect_error(plan(bad), ErrorCode::kInvalidArgument,
+               {"contradicts budget 8 written in the spec 'cam:budget=8'"});
+  PerturbOptions own = small_options({"cam:budget=8"});
+  const auto own_cases = eval::plan_perturb(own);
+  ASSERT_FALSE(own_cases.empty());
+  for (const auto& c : own_cases) EXPECT_EQ(token_budget(c.config), 8);
   // Rows: seq, then method as given, then budget as given; full once per seq.
   PerturbOptions order = small_options({"tova", "full", "cam"});
   order.seqs = {64, 32};

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,15 @@ void add_q8_activations_option(CLI::App* cmd);
 // f32 | f16 | bf16 | q8_0 (engine/weights.h), throws Error(kInvalidArgument) naming the flag.
 engine::WeightType parse_weight_type(const std::string& text, const std::string& flag);
 
-// Parses comma-separated positive integers ("64,128"); throws Error(kInvalidArgument) naming
-// the flag.
-std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag,
-                                         std::int64_t min_value);
+// Parses comma-separated integers in [min_value, max_value] ("64,128"); throws
+// Error(kInvalidArgument) naming the flag, the range and the item (no wrapping of 2^63).
+std::vector<std::int64_t> parse_int_list(
+    const std::string& text, const std::string& flag, std::int64_t min_value,
+    std::int64_t max_value = std::numeric_limits<std::int64_t>::max());
+
+// A thread-count flag: an integer in [0, the cores this process may use] (0: every core);
+// more threads than cores only slow a run down, so more are refused naming the core count.
+CLI::Validator thread_count();
 
 // Method specs for a sweep: each --method SPEC parsed; with none given, every registered
 // method with its defaults.
@@ -56,6 +62,27 @@ CLI::Validator non_empty_path();
 // Adds `--max-memory SIZE` (eval/resources.h) to a command; `bytes` stays 0 when not given
 // (the limit is then the available memory).
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes);
+
+// Files and directories a command is writing that must not outlive it: removed when the
+// guard is destroyed without commit(), and by a handler for SIGINT, SIGTERM and SIGHUP (which
+// then re-raises the signal), so a killed `make-model` or `convert` leaves no temporary file or
+// half-made directory behind. Paths are removed in reverse order of add (files before the
+// directories that hold them); unlink and rmdir only, which are async-signal-safe. One guard at
+// a time per process.
+class CleanupGuard {
+ public:
+  CleanupGuard();
+  ~CleanupGuard();
+  CleanupGuard(const CleanupGuard&) = delete;
+  CleanupGuard& operator=(const CleanupGuard&) = delete;
+  void add_file(const std::string& path);
+  void add_dir(const std::string& path);  // removed when empty
+  // Keeps everything (the outputs are in place); the signal handlers are restored.
+  void commit();
+
+ private:
+  bool active_ = true;
+};
 
 // What the running command is doing, for the message when it fails with an unexpected
 // exception (e.g. std::bad_alloc): "loading the model 'x.bin'". Set by the commands.

@@ -31,6 +31,7 @@ struct PerturbArgs {
   bool quiet = false;
   std::vector<std::string> argv;  // the command line, for the result file
   std::uint64_t max_memory = 0;   // --max-memory; 0: the available memory
+  bool budget_given = false;      // --budget on the command line
 };
 
 std::string budget_text(const CacheConfig& c) {
@@ -42,6 +43,7 @@ void run_bench_perturb(const PerturbArgs& a) {
   o.methods = a.methods;
   o.seqs = parse_int_list(a.seq, "--seq", 1);
   o.budgets = parse_int_list(a.budget, "--budget", 1);
+  o.budgets_given = a.budget_given;
   o.heads = a.heads;
   o.head_dim = a.head_dim;
   o.probes = a.probes;
@@ -113,10 +115,18 @@ struct DecodeArgs {
 
 void run_bench_decode(DecodeArgs& a) {
   eval::DecodeBenchOptions& o = a.o;
-  o.contexts = parse_int_list(a.contexts, "--context", 1);
+  o.contexts = parse_int_list(a.contexts, "--context", 1, eval::kMaxDecodeContext);
   o.threads.clear();
-  for (const std::int64_t t : parse_int_list(a.threads, "--threads", 0))
-    o.threads.push_back(t == 0 ? engine::available_cores() : static_cast<int>(t));
+  const int cores = engine::available_cores();
+  for (const std::int64_t t : parse_int_list(a.threads, "--threads", 0, 1 << 30)) {
+    if (t > cores) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--threads values must be at most the " + std::to_string(cores) +
+                      " core(s) this process may use (0 = all of them), got " +
+                      std::to_string(t));
+    }
+    o.threads.push_back(t == 0 ? cores : static_cast<int>(t));
+  }
   o.weight_type = parse_weight_type(a.weights, "--weights");
   eval::validate_decode_options(o);
   // Every output is checked before the run and all are written together at the end, or none
@@ -216,7 +226,10 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   perturb->add_option("--plot", a->plot, "SVG plot of the results")->check(non_empty_path());
   add_max_memory_option(*perturb, a->max_memory);
   perturb->add_flag("--quiet", a->quiet, "No progress lines on stderr");
-  perturb->callback([a]() { run_bench_perturb(*a); });
+  perturb->callback([a, perturb]() {
+    a->budget_given = perturb->count("--budget") > 0;
+    run_bench_perturb(*a);
+  });
 
   auto d = std::make_shared<DecodeArgs>();
   d->argv.assign(argv, argv + argc);
@@ -228,34 +241,63 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   decode->add_option("--shape", d->o.shape, "Named shape with random weights (make-model --list)");
   decode->add_option("--model", d->o.model_path,
                      "Or a checkpoint: a llama2.c .bin, a Hugging Face directory / "
-                     "model.safetensors, or a GGUF file");
+                     "model.safetensors, or a GGUF file")
+      ->check(non_empty_path());
   decode->add_option("--layers", d->o.layers, "Shape: layers to build (0 = the shape's default)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, eval::kMaxDecodeLayers));
   decode->add_option("--weights", d->weights, "Shape: weight type f32, f16, bf16 or q8_0")
       ->capture_default_str();
   decode->add_option("--seed", d->o.seed, "Shape weights and synthetic K/V seed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));
   decode->add_option("--context", d->contexts, "Contexts N, comma-separated")->capture_default_str();
   decode->add_option("--method", d->o.methods, "Method spec; repeatable")->required();
   decode->add_option("--budget", d->o.budget,
-                     "Token budget for methods that have one (0 = each spec's own)")
-      ->capture_default_str();
+                     "Token budget for methods that have one, where the spec writes none (0 = "
+                     "each method's default); a spec's own budget=B wins over the default, and "
+                     "an explicit --budget that contradicts it is an error")
+      ->capture_default_str()
+      ->check(int_range(0, eval::kMaxDecodeContext));
   decode->add_option("--threads", d->threads, "Thread counts, comma-separated (0 = every core)")
       ->capture_default_str();
   add_q8_activations_option(decode);
-  decode->add_option("--steps", d->o.steps, "Timed decode steps")->capture_default_str();
-  decode->add_option("--warmup", d->o.warmup, "Untimed decode steps first")->capture_default_str();
+  decode->add_option("--steps", d->o.steps, "Timed decode steps")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxDecodeSteps));
+  decode->add_option("--warmup", d->o.warmup, "Untimed decode steps first")
+      ->capture_default_str()
+      ->check(int_range(0, eval::kMaxDecodeSteps));
   decode->add_option("--fill-chunk", d->o.fill_chunk, "Positions per synthetic fill step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxDecodeContext));
   decode->add_flag("--prefill-real", d->o.prefill_real,
                    "Fill by running the model over N tokens (slow at long contexts)");
   decode->add_option("--bandwidth-mib", d->o.bandwidth_mib,
                      "Buffer size for the read-bandwidth measurement")
-      ->capture_default_str();
-  decode->add_option("--json", d->json, "Result file (veloxquant.results/1, kind decode)");
-  decode->add_option("--plot", d->plot, "SVG plot: ms/token against context per method");
+      ->capture_default_str()
+      ->check(int_range(16, eval::kMaxBandwidthMib));
+  decode->add_option("--json", d->json, "Result file (veloxquant.results/1, kind decode)")
+      ->check(non_empty_path());
+  decode->add_option("--plot", d->plot, "SVG plot: ms/token against context per method")
+      ->check(non_empty_path());
+  add_max_memory_option(*decode, d->o.max_memory);
   decode->add_flag("--quiet", d->quiet, "No progress lines on stderr");
-  decode->callback([d]() { run_bench_decode(*d); });
+  decode->callback([d, decode]() {
+    d->o.budget_given = decode->count("--budget") > 0;
+    // Flags that shape a random model mean nothing with --model: refuse them, naming both.
+    if (!d->o.model_path.empty()) {
+      for (const char* flag : {"--weights", "--layers"}) {
+        if (decode->count(flag) > 0) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      std::string("bench decode: ") + flag + " applies to --shape only; it " +
+                          "conflicts with --model " + d->o.model_path +
+                          " (the checkpoint has its own weights)");
+        }
+      }
+    }
+    run_bench_decode(*d);
+  });
 
   auto files = std::make_shared<std::vector<std::string>>();
   auto* table = bench->add_subcommand(

@@ -1,11 +1,16 @@
 // `veloxquant convert`: writes a llama2.c or Hugging Face checkpoint as GGUF (llama.cpp's format).
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <iostream>
 
 #include "cli.h"
 #include "engine/run/gguf_convert.h"
 #include "engine/model/model.h"
+#include "eval/output_set.h"
+#include "eval/resources.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -13,6 +18,7 @@ namespace {
 
 struct ConvertCliOptions {
   std::string from, to, tokenizer, type = "f32";
+  std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
 
 void run_convert(const ConvertCliOptions& o) {
@@ -32,8 +38,27 @@ void run_convert(const ConvertCliOptions& o) {
   if (o.to.size() < 5 || o.to.compare(o.to.size() - 5, 5, ".gguf") != 0) {
     throw Error(ErrorCode::kInvalidArgument, "--to must name a .gguf file, got '" + o.to + "'");
   }
+  // The output is checked like every output (eval/output_set.h): an existing symlink, FIFO,
+  // device or directory is refused before any work. The writer writes TO.tmpPID and renames it
+  // into place; a failure or a signal removes the temporary file (CleanupGuard).
+  eval::check_output_path("--to", o.to);
+  CleanupGuard guard;
+  guard.add_file(o.to + ".tmp" + std::to_string(::getpid()));
+  set_activity("loading '" + o.from + "'");
   const engine::Model model = engine::Model::load(o.from);
+  // The writer holds every converted tensor before writing (the file's size), plus one
+  // matrix as fp32 at a time.
+  const engine::ModelConfig& c = model.config();
+  const double out_bytes =
+      static_cast<double>(c.n_params()) *
+      (type == engine::GgmlType::kF32 ? 4.0 : type == engine::GgmlType::kQ8_0 ? 34.0 / 32 : 2.0);
+  const double largest = 4.0 * static_cast<double>(std::max(c.vocab_size, c.hidden_dim)) *
+                         static_cast<double>(c.dim);
+  eval::check_memory("convert", out_bytes + largest,
+                     "the converted tensors of '" + o.from + "' as " + o.type, o.max_memory);
+  set_activity("writing '" + o.to + "'");
   const engine::ConvertReport r = engine::convert_to_gguf(model, o.tokenizer, type, o.to);
+  guard.commit();
   std::cerr << fmt::format("convert: wrote {} ({} tensors, {} bytes, {} weights, vocab '{}')\n",
                            o.to, r.n_tensors, r.file_bytes, o.type, r.vocab_model);
   if (!r.kept_as_f32.empty()) {
@@ -57,7 +82,10 @@ void add_convert_command(CLI::App& app) {
                   "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
                   "(a GGUF file is refused: it is GGUF already)")
       ->required();
-  cmd->add_option("--to", o->to, "Output FILE.gguf (written atomically)")->required();
+  cmd->add_option("--to", o->to, "Output FILE.gguf (written atomically)")
+      ->required()
+      ->check(non_empty_path());
+  add_max_memory_option(*cmd, o->max_memory);
   cmd->add_option("--type", o->type,
                   "Storage of the 2-D weights: f32, f16, bf16 or q8_0 (norms stay f32)")
       ->capture_default_str();

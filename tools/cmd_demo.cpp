@@ -3,12 +3,14 @@
 
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include "cli.h"
 #include "eval/perturb.h"
 #include "eval/perturb_bench.h"
 #include "eval/resources.h"
 #include "eval/synthetic.h"
+#include "policies/spec_budget.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -32,7 +34,28 @@ void run_demo(const DemoOptions& o) {
   // The flags' ranges are checked by CLI11 (add_demo_command); the products below stay far
   // from overflow (at most 2^8 x 2^20 x 2^10 elements).
   const auto geometry = eval::parse_geometry(o.geometry);
-  std::vector<CacheConfig> configs = parse_methods(o.methods);
+  // The budget rule every command shares (policies/spec_budget.h): a budget written in a spec
+  // wins over --budget's default; an explicit --budget contradicting it is an error. All specs
+  // are resolved before anything runs.
+  std::vector<std::string> specs = o.methods;
+  if (specs.empty()) specs = method_ids();
+  std::vector<CacheConfig> configs;
+  std::vector<std::string> skipped;  // why a method cannot run at the default budget
+  for (const std::string& spec : specs) {
+    const bool written = spec_writes_budget(spec);
+    try {
+      configs.push_back(config_with_flag_budget(
+          spec, o.budget_given ? std::optional<std::int64_t>(o.budget) : std::nullopt, o.budget));
+      skipped.emplace_back();
+    } catch (const Error& e) {
+      // With its other fields at their defaults a method may not take --budget's default (e.g.
+      // snapkv's 32-row window needs > 36 rows): say so and go on. A --method spec that does
+      // not fit an explicit --budget, or contradicts it, is the user's error.
+      if (!o.methods.empty() && (o.budget_given || written)) throw;
+      configs.push_back(CacheConfig::parse(spec));
+      skipped.push_back(e.what());
+    }
+  }
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
   // Synthetic keys, values, probes (fp32), two full-cache references (fp16 and fp32) and the
   // method's cache (fp32 at most).
@@ -66,20 +89,11 @@ void run_demo(const DemoOptions& o) {
   std::cout << fmt::format("{:<34} {:>9} {:>11} {:>11} {:>11} {:>7} {:>12} {:>10}\n", "method",
                            "kept/head", "kept bytes", "resident", "full bytes", "ratio",
                            "perturbation", "us/token");
-  for (CacheConfig config : configs) {
-    // A spec's own budget (budget=B, different from the method's default) is kept unless
-    // --budget was given; every other method runs at --budget (default 64).
-    const bool spec_budget = has_token_budget(config) &&
-                             token_budget(config) != token_budget(CacheConfig(config.method()));
-    if (has_token_budget(config) && (o.budget_given || !spec_budget)) {
-      try {
-        config = with_token_budget(config, o.budget);
-      } catch (const Error& e) {
-        // With its other fields at their defaults the method cannot take this budget (e.g.
-        // snapkv's 32-row window needs > 36 rows): say so and go on.
-        std::cout << fmt::format("{:<34} skipped: {}\n", config.spec(), e.what());
-        continue;
-      }
+  for (std::size_t m = 0; m < configs.size(); ++m) {
+    CacheConfig config = configs[m];
+    if (!skipped[m].empty()) {
+      std::cout << fmt::format("{:<34} skipped: {}\n", config.spec(), skipped[m]);
+      continue;
     }
     LayerCache cache(config, LayerShape{o.heads, o.head_dim, 0, 0, 1});
     TensorRef k = all_k, v = TensorRef::f32(kv.values.data(), 1, o.heads, o.seq, o.head_dim);
@@ -125,8 +139,8 @@ void add_demo_command(CLI::App& app) {
       ->capture_default_str()
       ->check(int_range(eval::kMinSyntheticTokens, kMaxTokens));
   cmd->add_option("--budget", opts->budget,
-                  "Token budget per KV head; overrides a budget given in a spec (budget=B), which "
-                  "is used otherwise")
+                  "Token budget per KV head where the spec writes none; a spec's own budget=B "
+                  "wins over the default, and an explicit --budget contradicting it is an error")
       ->capture_default_str()
       ->check(int_range(2, kMaxTokens));
   cmd->add_option("--heads", opts->heads, "KV heads")

@@ -3,7 +3,16 @@
 // Also home of the shared --threads and --q8-activations options.
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "cli.h"
@@ -11,6 +20,8 @@
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
 #include "engine/model/shapes.h"
+#include "eval/output_set.h"
+#include "eval/resources.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -19,7 +30,8 @@ void add_threads_option(CLI::App* cmd, int& threads) {
   cmd->add_option("--threads", threads,
                   "Engine threads (matmul rows, attention heads); 0 = every core. Results are "
                   "bit-identical for every count")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(thread_count());
 }
 
 void apply_threads(int threads) {
@@ -63,6 +75,7 @@ struct MakeModelOptions {
   std::uint64_t seed = 1;
   int threads = 0;
   bool list = false;
+  std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
 
 void run_make_model(const MakeModelOptions& o) {
@@ -87,10 +100,68 @@ void run_make_model(const MakeModelOptions& o) {
                 "--dtype q8_0 has no safetensors type; write f32, f16 or bf16");
   }
   apply_threads(o.threads);
+  // Memory: the weights are built in memory, then streamed to the file.
+  const engine::NamedShape& shape = engine::find_shape(o.shape);
+  engine::ModelConfig sc = shape.config;
+  sc.n_layers = o.layers == 0 ? shape.default_layers : std::min(o.layers, sc.n_layers);
+  eval::check_memory("make-model", eval::model_weight_bytes(sc, type) + 64.0 * 1024 * 1024,
+                     "the weights of --shape " + o.shape + " (" + std::to_string(sc.n_layers) +
+                         " layers, " + o.dtype + ") and the write buffers",
+                     o.max_memory);
+
+  // Outputs: --out/config.json and --out/model.safetensors, checked like every output
+  // (eval/output_set.h: no symlink, FIFO or device replaced), written into a temporary
+  // directory inside --out and renamed into place at the end. A failure or a signal removes
+  // the temporary directory and every directory this run created (CleanupGuard).
+  namespace fs = std::filesystem;
+  const fs::path out(o.out);
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
+    throw Error(ErrorCode::kIoError, "--out '" + o.out + "' exists and is not a directory", o.out);
+  }
+  for (const char* name : {"config.json", "model.safetensors"})
+    eval::check_output_path("--out", (out / name).string());
+  CleanupGuard guard;
+  std::vector<fs::path> missing;
+  for (fs::path p = fs::absolute(out); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+    missing.insert(missing.begin(), p);
+  for (const fs::path& d : missing) {
+    if (::mkdir(d.c_str(), 0777) != 0 && errno != EEXIST) {
+      throw Error(ErrorCode::kIoError,
+                  "--out: cannot create directory '" + d.string() + "': " + std::strerror(errno),
+                  o.out);
+    }
+    guard.add_dir(d.string());
+  }
+  std::string tmp = (out / ".make-model.XXXXXX").string();
+  if (::mkdtemp(tmp.data()) == nullptr) {
+    throw Error(ErrorCode::kIoError,
+                "--out: cannot create a temporary directory in '" + o.out +
+                    "': " + std::strerror(errno),
+                o.out);
+  }
+  guard.add_dir(tmp);
+  const std::string pid = std::to_string(::getpid());
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    guard.add_file((fs::path(tmp) / name).string());
+    guard.add_file((fs::path(tmp) / (std::string(name) + ".tmp-" + pid)).string());
+  }
+
   const auto t0 = std::chrono::steady_clock::now();
   const engine::Model m = engine::make_random_model(o.shape, {o.seed, type, o.layers});
   const auto t1 = std::chrono::steady_clock::now();
-  engine::write_hf_checkpoint(m, o.out);
+  engine::write_hf_checkpoint(m, tmp);
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    eval::check_output_path("--out", (out / name).string());  // still a file or absent
+    if (std::rename((fs::path(tmp) / name).c_str(), (out / name).c_str()) != 0) {
+      throw Error(ErrorCode::kIoError,
+                  "--out: cannot rename the written " + std::string(name) + " into '" + o.out +
+                      "': " + std::strerror(errno),
+                  o.out);
+    }
+  }
+  (void)::rmdir(tmp.c_str());
+  guard.commit();
   const auto t2 = std::chrono::steady_clock::now();
   const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::cerr << fmt::format(
@@ -109,11 +180,15 @@ void add_make_model_command(CLI::App& app) {
       "Write a named model shape with deterministic random weights as a Hugging Face Llama "
       "checkpoint (config.json + model.safetensors) that this engine and others load");
   cmd->add_option("--shape", o->shape, "Shape name (--list shows them)");
-  cmd->add_option("--out", o->out, "Output directory (created when missing)");
   cmd->add_option("--dtype", o->dtype, "Weight type: bf16, f16 or f32")->capture_default_str();
   cmd->add_option("--layers", o->layers, "Layers to build (0 = the shape's default)")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, 4096));
+  cmd->add_option("--seed", o->seed, "Weight seed")
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));
+  cmd->add_option("--out", o->out, "Output directory (created when missing)")->check(non_empty_path());
+  add_max_memory_option(*cmd, o->max_memory);
   cmd->add_flag("--list", o->list, "List the shapes");
   add_threads_option(cmd, o->threads);
   cmd->callback([o]() { run_make_model(*o); });

@@ -1,13 +1,19 @@
 // veloxquant: the command-line tool. `veloxquant --help` lists the commands.
+#include <signal.h>
+#include <unistd.h>
+
 #include <charconv>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <type_traits>
 
 #include "cli.h"
 #include "engine/formats/json_limits.h"
+#include "engine/compute/parallel.h"
 #include "eval/resources.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -16,13 +22,16 @@
 namespace vq::cli {
 
 std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag,
-                                         std::int64_t min_value) {
+                                         std::int64_t min_value, std::int64_t max_value) {
   std::vector<std::int64_t> out;
   std::size_t start = 0;
+  const std::string range =
+      max_value == std::numeric_limits<std::int64_t>::max()
+          ? ">= " + std::to_string(min_value)
+          : "in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
   auto bad = [&](const std::string& why) {
-    return Error(ErrorCode::kInvalidArgument, flag + " expects comma-separated integers >= " +
-                                                  std::to_string(min_value) + " (e.g. 64,128), " +
-                                                  why);
+    return Error(ErrorCode::kInvalidArgument,
+                 flag + " expects comma-separated integers " + range + " (e.g. 64,128), " + why);
   };
   if (text.empty()) throw bad("got an empty value");
   while (start <= text.size()) {
@@ -33,11 +42,14 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
     long long v = 0;
     try {
       v = std::stoll(item, &used);
+    } catch (const std::out_of_range&) {
+      throw bad("got " + engine::text_excerpt(item, 40) + " (out of range)");
     } catch (const std::exception&) {
-      throw bad("got '" + item + "'");
+      throw bad("got '" + engine::text_excerpt(item, 40) + "'");
     }
-    if (used != item.size() || item.empty()) throw bad("got '" + item + "'");
-    if (v < min_value) throw bad("got " + item);
+    if (used != item.size() || item.empty() || item[0] == ' ' || item[0] == '+')
+      throw bad("got '" + engine::text_excerpt(item, 40) + "'");
+    if (v < min_value || v > max_value) throw bad("got " + item);
     out.push_back(v);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -116,6 +128,21 @@ CLI::Validator real_range(double min_value, double max_value) {
       "NUMBER in " + range);
 }
 
+CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::int64_t cores = engine::available_cores();
+        std::string why = int_range(0, std::numeric_limits<std::int32_t>::max())(text);
+        if (!why.empty()) return why;
+        if (std::stoll(text) > cores) {
+          return "must be at most the " + std::to_string(cores) +
+                 " core(s) this process may use (0 = all of them), got " + text;
+        }
+        return {};
+      },
+      "INT in [0, cores]");
+}
+
 CLI::Validator non_empty_path() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
@@ -131,11 +158,74 @@ void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
            bytes = eval::parse_memory_size(text, "--max-memory");
          },
          "Refuse a run estimated to need more memory than SIZE (e.g. 512M, 8G; default: the "
-         "memory available, MemAvailable in /proc/meminfo)")
+         "memory available: MemAvailable in /proc/meminfo, or the room under a cgroup memory "
+         "limit when smaller)")
       ->type_name("SIZE");
 }
 
 void set_activity(std::string what) { g_activity = std::move(what); }
+
+namespace {
+// The cleanup list, as fixed-size C strings the signal handler can read without allocating.
+constexpr int kMaxCleanup = 16;
+char g_cleanup_paths[kMaxCleanup][4096];
+bool g_cleanup_is_dir[kMaxCleanup];
+volatile std::sig_atomic_t g_cleanup_count = 0;
+struct sigaction g_old_actions[3];
+constexpr int kCleanupSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+void remove_listed() noexcept {
+  for (int i = g_cleanup_count - 1; i >= 0; --i) {
+    if (g_cleanup_is_dir[i]) {
+      (void)::rmdir(g_cleanup_paths[i]);
+    } else {
+      (void)::unlink(g_cleanup_paths[i]);
+    }
+  }
+}
+
+extern "C" void on_cleanup_signal(int sig) {
+  remove_listed();
+  g_cleanup_count = 0;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void add_cleanup(const std::string& path, bool dir) {
+  if (g_cleanup_count >= kMaxCleanup || path.size() >= sizeof g_cleanup_paths[0]) {
+    throw Error(ErrorCode::kInvalidState, "[cli] cleanup list full or path too long: " + path);
+  }
+  const int i = g_cleanup_count;
+  std::snprintf(g_cleanup_paths[i], sizeof g_cleanup_paths[i], "%s", path.c_str());
+  g_cleanup_is_dir[i] = dir;
+  g_cleanup_count = i + 1;  // published after the entry is complete
+}
+}  // namespace
+
+CleanupGuard::CleanupGuard() {
+  g_cleanup_count = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_cleanup_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &sa, &g_old_actions[i]);
+}
+
+CleanupGuard::~CleanupGuard() {
+  if (active_) remove_listed();
+  g_cleanup_count = 0;
+  if (active_) {
+    for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &g_old_actions[i], nullptr);
+  }
+}
+
+void CleanupGuard::add_file(const std::string& path) { add_cleanup(path, false); }
+void CleanupGuard::add_dir(const std::string& path) { add_cleanup(path, true); }
+
+void CleanupGuard::commit() {
+  g_cleanup_count = 0;
+  for (int i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &g_old_actions[i], nullptr);
+  active_ = false;
+}
 
 std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs) {
   std::vector<CacheConfig> out;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/finite_check.h"
 #include "bindings.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/cache.h"
@@ -170,6 +171,17 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
   py::array keep_k, keep_v;
   const TensorRef k = tensor_of(keys, "keys", keep_k);
   const TensorRef v = tensor_of(values, "values", keep_v);
+  // Non-finite data refused (base/finite_check.h), when the heads and head_dim are the layer's
+  // (else begin_step reports the shape).
+  const LayerShape& ls = l->cache->shape();
+  const auto fits = [&](const TensorRef& t) {
+    return (ls.n_kv_heads == 0 || t.heads() == ls.n_kv_heads) &&
+           (ls.head_dim == 0 || t.head_dim() == ls.head_dim);
+  };
+  if (fits(k) && fits(v)) {
+    detail::check_finite(k, "[python] LayerCache.begin_step", "keys");
+    detail::check_finite(v, "[python] LayerCache.begin_step", "values");
+  }
   PyStepView out{l, 0, l->cache->begin_step(k, v)};
   out.step = ++l->step;
   return out;
@@ -186,6 +198,8 @@ void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
                                                  std::to_string(a.ndim()) + "-D");
     }
     AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
+    // The array holds exactly these elements, so the scan is in bounds whatever the shape.
+    detail::check_finite(ref, "[python] LayerCache.end_step");
     l.cache->end_step(&ref);
   }
   ++l.step;
@@ -302,7 +316,8 @@ void bind_cache(py::module_& m) {
       .def(
           "stored",
           [](py::object self, std::int64_t b, std::int64_t h) {
-            const auto& l = self.cast<const std::shared_ptr<LayerHandle>&>();
+            // By value: a reference to the cast result would outlive the caster's temporary.
+            const auto l = self.cast<std::shared_ptr<LayerHandle>>();
             const HeadRows r = l->cache->stored(b, h);
             const std::int64_t D = l->cache->shape().head_dim;
             return py::make_tuple(rows_array(r, true, D, self), rows_array(r, false, D, self),

@@ -23,7 +23,7 @@ py::object to_python(const FieldValue& v) {
 // CacheConfig::set (an int is accepted for a float field).
 FieldValue from_python(const CacheConfig& c, const std::string& key, const py::handle& value) {
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
-  if (py::isinstance<py::int_>(value)) return value.cast<std::int64_t>();
+  if (py::isinstance<py::int_>(value)) return int64_of(value, key);
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
   if (py::isinstance<py::str>(value)) {
     // Text goes through the field's parser, so "64" and "true" work for any field type.
@@ -139,7 +139,17 @@ void bind_config(py::module_& m) {
             return py::cast(token_budget(c));
           },
           "Rows kept per KV head (None for methods without a budget)")
-      .def("with_token_budget", &with_token_budget, py::arg("budget"),
+      .def(
+          "with_token_budget",
+          [](const CacheConfig& c, const py::handle& budget) {
+            if (!py::isinstance<py::int_>(budget) || py::isinstance<py::bool_>(budget)) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "[python] budget must be an int, got " +
+                              std::string(py::str(budget.get_type().attr("__name__"))));
+            }
+            return with_token_budget(c, int64_of(budget, "budget"));
+          },
+          py::arg("budget"),
            "A validated copy with the token budget set")
       .def("copy", [](const CacheConfig& c) { return CacheConfig(c); })
       .def("__eq__", [](const CacheConfig& a, const CacheConfig& b) { return a == b; })

@@ -123,8 +123,10 @@ void ModelCache::observe_layer_similarity(std::int64_t layer, double cosine) {
   }
   if (!std::isfinite(cosine)) {
     throw Error(ErrorCode::kInvalidArgument,
-                "[builder] observe_layer_similarity needs a finite cosine, got " +
-                    std::to_string(cosine));
+                "[builder] observe_layer_similarity(layer " + std::to_string(layer) +
+                    ", cosine): the cosine (of the layer's input and output hidden states) must "
+                    "be a finite number, got " +
+                    (std::isnan(cosine) ? "nan" : cosine > 0 ? "inf" : "-inf"));
   }
   group_->external[static_cast<std::size_t>(layer)] += cosine;
   ++group_->external_count[static_cast<std::size_t>(layer)];

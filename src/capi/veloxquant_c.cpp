@@ -6,6 +6,8 @@
 // strings the API hands out.
 #include "veloxquant/veloxquant_c.h"
 
+#include "base/finite_check.h"
+
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -513,6 +515,16 @@ vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* keys, cons
   VQ_LAYER_CALL(layer, {
     const vq::TensorRef k = tensor_of(need(keys, "keys"));
     const vq::TensorRef v = tensor_of(need(values, "values"));
+    // Scanned only when the heads and head_dim are the layer's (else begin_step reports them).
+    const vq::LayerShape& ls = l.cache->shape();
+    const auto fits = [&](const vq::TensorRef& t) {
+      return (ls.n_kv_heads == 0 || t.heads() == ls.n_kv_heads) &&
+             (ls.head_dim == 0 || t.head_dim() == ls.head_dim);
+    };
+    if (fits(k) && fits(v)) {
+      vq::detail::check_finite(k, "[capi] vq_layer_begin_step", "keys");
+      vq::detail::check_finite(v, "[capi] vq_layer_begin_step", "values");
+    }
     vq::StepView sv = l.cache->begin_step(k, v);
     l.view = sv;
     if (view != nullptr) {
@@ -547,6 +559,11 @@ vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention
       a.n_queries = attention->n_queries;
       a.n_rows = attention->n_rows;
       if (a.data == nullptr) throw bad_argument("attention->data must not be NULL");
+      // Scanned only when the shape is the one end_step accepts (else it reports the shape).
+      if (l.view && a.batch == l.view->batch() && a.n_queries == l.view->n_new() &&
+          a.n_rows == l.view->n_rows() && a.n_query_heads == l.cache->shape().n_query_heads) {
+        vq::detail::check_finite(a, "[capi] vq_layer_end_step");
+      }
       l.cache->end_step(&a);
     } else {
       l.cache->end_step(nullptr);

@@ -18,7 +18,9 @@
 #include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
 #include "eval/plot.h"
+#include "eval/resources.h"
 #include "eval/results.h"
+#include "policies/spec_budget.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -48,10 +50,14 @@ inline float unit(std::uint64_t key) noexcept {
   return static_cast<float>(mix(key) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-CacheConfig method_config(const std::string& spec, std::int64_t budget) {
-  CacheConfig c = CacheConfig::parse(spec);
-  if (budget > 0 && has_token_budget(c)) c = with_token_budget(c, budget);
-  return c;
+// The spec's own budget wins over the --budget default; an explicit --budget that contradicts
+// it is an error (policies/spec_budget.h). --budget 0: every spec's own (the method default
+// where the spec writes none).
+CacheConfig method_config(const std::string& spec, const DecodeBenchOptions& o) {
+  if (o.budget == 0) return CacheConfig::parse(spec);
+  return config_with_flag_budget(spec, o.budget_given ? std::optional<std::int64_t>(o.budget)
+                                                      : std::nullopt,
+                                 o.budget, "--budget");
 }
 
 // Fills every layer of `cache` with n positions of synthetic K/V ([1, Hkv, C, D] fp32 chunks,
@@ -119,6 +125,25 @@ nlohmann::json config_json(const engine::ModelConfig& c, const engine::Model& m)
           {"owned_bytes", m.owned_bytes()}};
 }
 
+// An upper estimate of what a run allocates beyond `model_bytes`: every method's cache and
+// transformer at once (they live together within a context), the synthetic fill's K/V and
+// probability buffers, and the bandwidth buffer.
+double decode_bench_bytes(const DecodeBenchOptions& o, const engine::ModelConfig& c,
+                          double model_bytes) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  const std::int64_t rows = max_ctx + o.warmup + o.steps + 1;
+  const std::int64_t chunk = o.prefill_real ? std::min<std::int64_t>(64, max_ctx) : 1;
+  const double per_method = engine_run_bytes(c, chunk, rows);
+  const double fill_chunk = d(std::min(o.fill_chunk, max_ctx));
+  const double fill = o.prefill_real
+                          ? 4.0 * d(max_ctx)
+                          : 4.0 * (2.0 * d(c.n_kv_heads) * fill_chunk * d(c.head_dim) +
+                                   d(c.n_heads) * fill_chunk * d(max_ctx));
+  return model_bytes + d(static_cast<std::int64_t>(o.methods.size())) * per_method + fill +
+         d(o.bandwidth_mib) * 1024.0 * 1024.0;
+}
+
 }  // namespace
 
 std::int64_t peak_rss_bytes() {
@@ -165,21 +190,29 @@ void validate_decode_options(const DecodeBenchOptions& o) {
   if (o.shape.empty() == o.model_path.empty())
     bad("give exactly one of --shape NAME and --model PATH");
   if (!o.shape.empty()) (void)engine::find_shape(o.shape);
+  // Every count is bounded, so the sums and products sized from them cannot overflow.
+  const auto in_range = [](const std::string& flag, std::int64_t v, std::int64_t lo,
+                           std::int64_t hi) {
+    if (v < lo || v > hi) {
+      bad(flag + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+          std::to_string(v));
+    }
+  };
+  if (!o.model_path.empty() && o.layers != 0)
+    bad("--layers " + std::to_string(o.layers) + " applies to --shape only, not to --model " +
+        o.model_path);
+  in_range("--layers", o.layers, 0, kMaxDecodeLayers);
   if (o.contexts.empty()) bad("--context needs at least one value");
-  for (const std::int64_t n : o.contexts)
-    if (n < 1) bad("--context values must be >= 1, got " + std::to_string(n));
+  for (const std::int64_t n : o.contexts) in_range("--context", n, 1, kMaxDecodeContext);
   if (o.methods.empty()) bad("--method needs at least one spec");
-  for (const std::string& m : o.methods) (void)method_config(m, o.budget);
-  if (o.budget < 0)
-    bad("--budget must be >= 0 (0: the specs' own), got " + std::to_string(o.budget));
+  in_range("--budget", o.budget, 0, kMaxDecodeContext);
+  for (const std::string& m : o.methods) (void)method_config(m, o);
   if (o.threads.empty()) bad("--threads needs at least one value");
-  for (const int t : o.threads)
-    if (t < 1) bad("--threads values must be >= 1, got " + std::to_string(t));
-  if (o.steps < 1) bad("--steps must be >= 1, got " + std::to_string(o.steps));
-  if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
-  if (o.fill_chunk < 1) bad("--fill-chunk must be >= 1, got " + std::to_string(o.fill_chunk));
-  if (o.bandwidth_mib < 16)
-    bad("--bandwidth-mib must be >= 16, got " + std::to_string(o.bandwidth_mib));
+  for (const int t : o.threads) in_range("--threads", t, 1, engine::available_cores());
+  in_range("--steps", o.steps, 1, kMaxDecodeSteps);
+  in_range("--warmup", o.warmup, 0, kMaxDecodeSteps);
+  in_range("--fill-chunk", o.fill_chunk, 1, kMaxDecodeContext);
+  in_range("--bandwidth-mib", o.bandwidth_mib, 16, kMaxBandwidthMib);
 }
 
 namespace {
@@ -241,7 +274,7 @@ struct Run {
 Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std::string& spec,
              std::int64_t n, std::vector<std::int32_t>& prompt) {
   const engine::ModelConfig& c = model.config();
-  Run r{method_config(spec, o.budget), spec, nullptr, nullptr, 0, 0, {}};
+  Run r{method_config(spec, o), spec, nullptr, nullptr, 0, 0, {}};
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
   r.tf = std::make_unique<engine::Transformer>(
       model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
@@ -383,18 +416,34 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
   validate_decode_options(o);
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   engine::set_threads(max_threads);
+  const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  // Every flag is bounded (validate_decode_options), so these sums cannot overflow.
+  const std::int64_t rows_needed = max_ctx + o.warmup + o.steps + 1;
+  if (!o.shape.empty()) {
+    // The shape's weights are built in memory: refuse before building them.
+    engine::ModelConfig sc = engine::find_shape(o.shape).config;
+    if (o.layers > 0) sc.n_layers = std::min(o.layers, sc.n_layers);
+    else sc.n_layers = engine::find_shape(o.shape).default_layers;
+    check_memory("bench decode", decode_bench_bytes(o, sc, model_weight_bytes(sc, o.weight_type)),
+                 "the shape's weights, every method's cache and engine buffers at context " +
+                     std::to_string(rows_needed) + ", the fill and bandwidth buffers",
+                 o.max_memory);
+  }
   const auto t_load = Clock::now();
   const engine::Model model =
       o.shape.empty() ? engine::Model::load(o.model_path)
                       : engine::make_random_model(o.shape, {o.seed, o.weight_type, o.layers});
   const double load_s = seconds_since(t_load);
   const engine::ModelConfig& c = model.config();
-  const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
-  const std::int64_t rows_needed = max_ctx + o.warmup + o.steps + 1;
   if (rows_needed > c.seq_len) {
     bad("context " + std::to_string(max_ctx) + " + " + std::to_string(o.warmup + o.steps + 1) +
         " decode positions exceeds the model's seq_len " + std::to_string(c.seq_len));
   }
+  check_memory("bench decode", decode_bench_bytes(o, c, 0),
+               "every method's cache and engine buffers at context " +
+                   std::to_string(rows_needed) + ", the fill and bandwidth buffers (beyond the "
+                   "loaded model)",
+               o.max_memory);
   nlohmann::json settings = decode_settings(o, model, load_s);
   const std::map<int, double> bandwidth = measure_bandwidths(o, settings, progress);
   nlohmann::json doc = results_envelope("decode", command, settings);

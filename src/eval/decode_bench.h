@@ -26,12 +26,14 @@ struct DecodeBenchOptions {
   std::vector<std::int64_t> contexts;                          // N, each >= 1
   std::vector<std::string> methods;  // specs; the budget applies to those with a token budget
   std::int64_t budget = 2048;        // 0: keep each spec's own budget
+  bool budget_given = false;         // --budget given: a spec writing another budget is an error
   std::vector<int> threads;          // thread counts, each >= 1
   std::int64_t steps = 16;           // timed decode steps
   std::int64_t warmup = 2;           // untimed decode steps first
   std::int64_t fill_chunk = 256;     // positions per synthetic fill step
   bool prefill_real = false;         // fill by running the model over N tokens
   std::int64_t bandwidth_mib = 512;  // buffer for the bandwidth measurement
+  std::uint64_t max_memory = 0;      // --max-memory; 0: the available memory (eval/resources.h)
 };
 
 struct DecodeProgress {
@@ -39,7 +41,17 @@ struct DecodeProgress {
   std::string line;
 };
 
-// Validates everything a run needs before it starts (Error(kInvalidArgument) naming the flag).
+// Upper bounds of the flags (inclusive). With them no size computed from the flags overflows;
+// the memory guard (eval/resources.h) then refuses runs too large for the machine.
+inline constexpr std::int64_t kMaxDecodeContext = std::int64_t{1} << 24;  // --context, --budget,
+                                                                         // --fill-chunk
+inline constexpr std::int64_t kMaxDecodeSteps = std::int64_t{1} << 20;    // --steps, --warmup
+inline constexpr std::int64_t kMaxDecodeLayers = 4096;                    // --layers
+inline constexpr std::int64_t kMaxBandwidthMib = std::int64_t{1} << 20;   // --bandwidth-mib
+
+// Validates everything a run needs before it starts (Error(kInvalidArgument) naming the flag):
+// every count in its range above, thread counts in [1, the cores this process may use],
+// --layers only with --shape, every spec's budget against --budget (policies/spec_budget.h).
 void validate_decode_options(const DecodeBenchOptions& options);
 
 // Runs the benchmark and returns the result document (kind "decode", docs/results.md).

@@ -51,6 +51,7 @@ struct PerturbOptions {
   std::vector<std::string> methods;  // method specs as given (--method)
   std::vector<std::int64_t> seqs{256, 512, 1024};
   std::vector<std::int64_t> budgets{64, 128};
+  bool budgets_given = false;  // --budget given: a spec writing another budget is an error
   std::int64_t heads = 4;
   std::int64_t head_dim = 64;
   std::int64_t probes = 32;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "policies/spec_budget.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -54,7 +55,8 @@ struct PlannedMethod {
   std::vector<CacheConfig> configs;
 };
 
-PlannedMethod plan_method(const std::string& spec, const std::vector<std::int64_t>& budgets) {
+PlannedMethod plan_method(const std::string& spec, const std::vector<std::int64_t>& budgets,
+                          bool budgets_given) {
   CacheConfig config;
   try {
     config = CacheConfig::parse(spec);
@@ -63,6 +65,21 @@ PlannedMethod plan_method(const std::string& spec, const std::vector<std::int64_
   }
   PlannedMethod m{spec, {}};
   if (!has_token_budget(config)) {
+    m.configs.push_back(config);
+    return m;
+  }
+  if (spec_writes_budget(spec)) {
+    // The spec's own budget wins over --budget's default; an explicit --budget list other
+    // than that one budget contradicts it (policies/spec_budget.h).
+    const std::int64_t written = token_budget(config);
+    if (budgets_given && (budgets.size() != 1 || budgets[0] != written)) {
+      std::string list;
+      for (const std::int64_t b : budgets) list += (list.empty() ? "" : ",") + std::to_string(b);
+      throw Error(ErrorCode::kInvalidArgument,
+                  "bench perturb: --budget " + list + " contradicts budget " +
+                      std::to_string(written) + " written in the spec '" + spec +
+                      "'; drop one of them");
+    }
     m.configs.push_back(config);
     return m;
   }
@@ -126,7 +143,7 @@ std::vector<PerturbCase> plan_perturb(const PerturbOptions& o) {
 
   // Parse every spec and apply every budget first, so a bad one fails before anything runs.
   std::vector<PlannedMethod> methods;
-  for (const std::string& spec : o.methods) methods.push_back(plan_method(spec, o.budgets));
+  for (const std::string& spec : o.methods) methods.push_back(plan_method(spec, o.budgets, o.budgets_given));
   check_distinct(methods);
   std::vector<PerturbCase> cases;
   for (const std::int64_t seq : o.seqs) {

@@ -10,16 +10,47 @@
 
 namespace vq::eval {
 
+namespace {
+// The room left under this process's cgroup (v2) memory limit: memory.max - memory.current;
+// 0 when there is no limit or it cannot be read. A container's limit is often far below the
+// machine's MemAvailable, and exceeding it gets the process killed without a message.
+std::uint64_t cgroup_room_bytes() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, rel;
+  while (std::getline(self, line)) {
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  }
+  if (rel.empty()) return 0;
+  const std::string dir = "/sys/fs/cgroup" + (rel == "/" ? std::string() : rel);
+  std::ifstream max_in(dir + "/memory.max"), cur_in(dir + "/memory.current");
+  std::string max_text;
+  std::uint64_t current = 0;
+  if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) return 0;
+  std::uint64_t max = 0;
+  try {
+    max = std::stoull(max_text);
+  } catch (const std::exception&) {
+    return 0;
+  }
+  return max > current ? max - current : 1;
+}
+}  // namespace
+
 std::uint64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
-  std::uint64_t value = 0;
+  std::uint64_t value = 0, available = 0;
   std::string unit;
   while (in >> key >> value) {
     std::getline(in, unit);
-    if (key == "MemAvailable:") return value * 1024;  // the file counts kB (KiB)
+    if (key == "MemAvailable:") {
+      available = value * 1024;  // the file counts kB (KiB)
+      break;
+    }
   }
-  return 0;
+  const std::uint64_t room = cgroup_room_bytes();
+  if (room != 0 && (available == 0 || room < available)) return room;
+  return available;
 }
 
 std::uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
@@ -74,9 +105,16 @@ void check_memory(const std::string& command, double estimate_bytes, const std::
                           command, format_bytes(estimate_bytes), what,
                           format_bytes(static_cast<double>(limit)),
                           max_memory != 0 ? "the --max-memory limit"
-                                          : "the memory available, MemAvailable in /proc/meminfo",
+                                          : "the memory available: MemAvailable, or the room "
+                                            "under the cgroup memory limit when smaller",
                           max_memory != 0 ? " or a larger --max-memory"
                                           : " (or --max-memory SIZE to set the limit yourself)"));
+}
+
+double model_weight_bytes(const engine::ModelConfig& c, engine::WeightType type) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double per_elem = d(engine::weight_row_bytes(type, 1024)) / 1024.0;
+  return d(c.n_params()) * per_elem + 4.0 * d(c.dim) * d(2 * c.n_layers + 1);
 }
 
 double engine_run_bytes(const engine::ModelConfig& c, std::int64_t chunk, std::int64_t context) {

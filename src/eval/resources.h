@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/compute/weights.h"
 #include "engine/model/model.h"
 
 namespace vq::eval {
 
-// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+// MemAvailable from /proc/meminfo in bytes, or the room left under the process's cgroup v2
+// memory limit (memory.max - memory.current) when that is smaller; 0 when neither can be read.
 std::uint64_t available_memory_bytes();
 
 // Parses a --max-memory value: a positive integer number of bytes with an optional suffix K, M,
@@ -25,6 +27,10 @@ std::string format_bytes(double bytes);
 // The message names `command`, the estimate, `what` (what the memory is for) and the limit.
 void check_memory(const std::string& command, double estimate_bytes, const std::string& what,
                   std::uint64_t max_memory);
+
+// Bytes of a model's weights held in memory with matrices of `type` (engine/weights.h) and norm
+// vectors in fp32: what make_random_model builds for a named shape.
+double model_weight_bytes(const engine::ModelConfig& model, engine::WeightType type);
 
 // An upper estimate of what the reference engine allocates for one run of `model`: its working
 // buffers for `chunk` positions per forward call over a `context`-position run (attention

@@ -60,7 +60,7 @@ class MixedStore final : public RowStore, public PackedRows {
         code_bytes_((d * bits + 7) / 8),
         n_groups_((d + G_ - 1) / G_) {
     VQ_ASSERT(bits == 2 || bits == 4, "demote bits must be 2 or 4");
-    VQ_ASSERT(cap >= 1 && group >= 1, "demote cap and group must be >= 1");
+    VQ_ASSERT(cap >= 0 && group >= 1, "demote cap must be >= 0 and group >= 1");
   }
 
   std::int64_t size() const noexcept override { return static_cast<std::int64_t>(pos_.size()); }

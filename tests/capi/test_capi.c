@@ -480,6 +480,103 @@ static void test_threads(void) {
   vq_config_free(c);
 }
 
+/* Misuse the API can guard (issue 23): NULLs, wrong shapes, calls out of order, non-finite
+ * data, and the demote tier at its range edge. Each returns a status with a message, never
+ * aborts, and leaves the cache usable. */
+static void test_misuse(void) {
+  enum { H = 2, D = 4 };
+  vq_config* c = NULL;
+  vq_layer_cache* layer = NULL;
+  const vq_layer_shape shape = {H, D, 0, 0, 1};
+  float k[H * D], v[H * D], probs[H * 2];
+  vq_tensor keys = {NULL, VQ_DTYPE_F32, {1, H, 1, D}, {H * D, D, D, 1}};
+  vq_tensor values, wrong;
+  vq_attention att;
+  vq_step_view view;
+  vq_head_rows rows;
+  vq_cache_stats st;
+  int i, pos;
+  const float nan_value = (float)NAN, inf_value = (float)INFINITY;
+  keys.data = k;
+  values = keys;
+  values.data = v;
+  for (i = 0; i < H * D; ++i) k[i] = v[i] = 0.5f;
+
+  /* NULLs */
+  CHECK_EQ_I64(vq_config_parse(NULL, &c, NULL), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_config_parse("h2o", NULL, NULL), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_layer_cache_create(NULL, &shape, &layer, NULL), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_layer_begin_step(NULL, &keys, &values, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_config_parse("h2o:budget=8,n_sink=1,grace=1", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_cache_create(c, NULL, &layer, NULL), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_layer_cache_create(c, &shape, &layer, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, NULL, &values, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "keys") != NULL);
+
+  /* Out of order: end before begin, view before begin, begin twice. */
+  CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_ERR_INVALID_STATE);
+  CHECK_EQ_I64(vq_layer_view_head(layer, 0, 0, &rows), VQ_ERR_INVALID_STATE);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_OK);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_ERR_INVALID_STATE);
+
+  /* Wrong shapes: attention of the wrong size, keys of the wrong head count. */
+  att.data = probs;
+  att.batch = 1;
+  att.n_query_heads = H;
+  att.n_queries = 1;
+  att.n_rows = 2; /* the view has 1 row */
+  for (i = 0; i < H * 2; ++i) probs[i] = 1.0f;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_SHAPE_MISMATCH);
+  att.n_rows = 1;
+  att.data = NULL;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_INVALID_ARGUMENT);
+  att.data = probs;
+
+  /* Non-finite attention: refused, the step stays open, then a good one closes it. */
+  probs[1] = nan_value;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "is nan") != NULL);
+  CHECK_EQ_I64(vq_layer_step_open(layer), 1);
+  probs[1] = 1.0f;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_OK);
+
+  wrong = keys;
+  wrong.shape[1] = H + 1; /* more heads than the layer: a shape error, not a read past k */
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &wrong, &wrong, &view), VQ_ERR_SHAPE_MISMATCH);
+
+  /* Non-finite keys and values: refused before anything is stored. */
+  k[5] = nan_value;
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "keys element (b, h, s, d) = (0, 1, 0, 1) is nan") !=
+        NULL);
+  k[5] = 0.5f;
+  v[0] = -inf_value;
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "values element") != NULL);
+  CHECK(strstr(vq_layer_last_error(layer), "is -inf") != NULL);
+  v[0] = 0.5f;
+  CHECK_EQ_I64(vq_layer_stats(layer, &st), VQ_OK);
+  CHECK_EQ_I64(st.tokens_seen, 1);
+  CHECK_EQ_I64(vq_layer_step_open(layer), 0);
+  vq_layer_cache_free(layer);
+  vq_config_free(c);
+
+  /* demote_budget = 0, inside its documented range [-1, ...]: runs (the tier holds no row, every
+   * demoted row is dropped), where it used to abort at the first eviction. */
+  CHECK_EQ_I64(vq_config_parse("h2o:budget=8,n_sink=1,grace=1,demote=kivi2,demote_budget=0", &c,
+                               NULL),
+               VQ_OK);
+  CHECK_EQ_I64(vq_layer_cache_create(c, &shape, &layer, NULL), VQ_OK);
+  for (pos = 0; pos < 20; ++pos) {
+    CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_OK);
+    CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_OK);
+  }
+  CHECK_EQ_I64(vq_layer_stats(layer, &st), VQ_OK);
+  CHECK_EQ_I64(st.tokens_kept, 8);
+  vq_layer_cache_free(layer);
+  vq_config_free(c);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -488,6 +585,7 @@ int main(void) {
   test_strides_and_f16();
   test_attention_input();
   test_threads();
+  test_misuse();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -1,6 +1,8 @@
 // GGUF reader: parses and validates the header, metadata and tensor directory (see gguf.h).
 #include "engine/formats/gguf.h"
 
+#include "engine/formats/json_limits.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -69,7 +71,7 @@ std::string GgufValue::describe() const {
     return "array of " + std::to_string(array_size()) + " " + to_string(elem);
   }
   if (type == GgufType::kString) {
-    return "string '" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) + "'";
+    return "string '" + text_excerpt(s, 40) + "'";
   }
   if (is_float()) return std::string(to_string(type)) + " " + std::to_string(f);
   if (type == GgufType::kBool) return i ? "bool true" : "bool false";
@@ -173,9 +175,11 @@ class GgufParser {
     for (std::uint64_t k = 0; k < n_kv; ++k) {
       const std::string where = "metadata pair " + std::to_string(k);
       std::string key = str("the key of " + where);
-      const std::uint32_t type = u32("the value type of '" + key + "'");
-      GgufValue v = value(type, "'" + key + "'", 0);
-      if (g.kv_index_.count(key)) fail("duplicate metadata key '" + key + "'");
+      // Keys and names come from the file: printed escaped (control bytes, NUL) and cut short.
+      const std::string shown = text_excerpt(key, 80);
+      const std::uint32_t type = u32("the value type of '" + shown + "'");
+      GgufValue v = value(type, "'" + shown + "'", 0);
+      if (g.kv_index_.count(key)) fail("duplicate metadata key '" + shown + "'");
       g.kv_index_[key] = g.kv_.size();
       g.kv_.emplace_back(std::move(key), std::move(v));
     }
@@ -192,7 +196,7 @@ class GgufParser {
     for (std::uint64_t k = 0; k < n_tensors; ++k) {
       GgufTensor t;
       t.name = str("the name of tensor " + std::to_string(k));
-      const std::string tn = "tensor '" + t.name + "'";
+      const std::string tn = "tensor '" + text_excerpt(t.name, 80) + "'";
       const std::uint32_t n_dims = u32("the dimension count of " + tn);
       if (n_dims < 1 || n_dims > 4) {
         fail(tn + " must have 1 to 4 dimensions, found " + std::to_string(n_dims));
@@ -228,7 +232,7 @@ class GgufParser {
         fail(tn + " data offset " + std::to_string(t.offset) + " is not a multiple of the " +
              "alignment " + std::to_string(g.alignment_));
       }
-      if (g.tensor_index_.count(t.name)) fail("duplicate tensor name '" + t.name + "'");
+      if (g.tensor_index_.count(t.name)) fail("duplicate tensor name '" + text_excerpt(t.name, 80) + "'");
       g.tensor_index_[t.name] = g.tensors_.size();
       g.tensors_.push_back(std::move(t));
     }
@@ -245,7 +249,7 @@ class GgufParser {
     for (GgufTensor& t : g.tensors_) {
       const auto bytes = static_cast<std::uint64_t>(t.n_bytes);
       if (t.offset > data_size || bytes > data_size - t.offset) {
-        fail("tensor '" + t.name + "' (" + type_info(t.type).name + " " + t.shape_text() + ", " +
+        fail("tensor '" + text_excerpt(t.name, 80) + "' (" + type_info(t.type).name + " " + t.shape_text() + ", " +
              std::to_string(bytes) + " bytes at data offset " + std::to_string(t.offset) +
              ") ends past the end of the file: the data section has " + std::to_string(data_size) +
              " bytes");
@@ -259,9 +263,10 @@ class GgufParser {
       const GgufTensor& a = *by_offset[k - 1];
       const GgufTensor& b = *by_offset[k];
       if (a.offset + static_cast<std::uint64_t>(a.n_bytes) > b.offset) {
-        fail("tensors '" + a.name + "' (data offsets " + std::to_string(a.offset) + " to " +
-             std::to_string(a.offset + static_cast<std::uint64_t>(a.n_bytes)) + ") and '" + b.name +
-             "' (from " + std::to_string(b.offset) + ") overlap");
+        fail("tensors '" + text_excerpt(a.name, 80) + "' (data offsets " +
+             std::to_string(a.offset) + " to " +
+             std::to_string(a.offset + static_cast<std::uint64_t>(a.n_bytes)) + ") and '" +
+             text_excerpt(b.name, 80) + "' (from " + std::to_string(b.offset) + ") overlap");
       }
     }
     return g;
@@ -458,11 +463,13 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const noexcept 
 
 namespace {
 [[noreturn]] void missing(const std::string& path, const std::string& key, const char* what) {
-  file_error(path, std::string("missing metadata key '") + key + "' (expected " + what + ")");
+  file_error(path, std::string("missing metadata key '") + text_excerpt(key, 80) +
+                       "' (expected " + what + ")");
 }
 [[noreturn]] void wrong(const std::string& path, const std::string& key, const char* what,
                         const GgufValue& v) {
-  file_error(path, "metadata key '" + key + "' must be " + what + ", found " + v.describe());
+  file_error(path, "metadata key '" + text_excerpt(key, 80) + "' must be " + what + ", found " +
+                       v.describe());
 }
 }  // namespace
 

@@ -59,6 +59,14 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
         std::to_string(o.prefill));
   }
   const std::int64_t P = T - 1, V = c.vocab_size;
+  // Every id is checked before the run: the NLL reads token t + 1 before it is forwarded.
+  for (std::int64_t i = 0; i < T; ++i) {
+    const std::int32_t id = tokens[static_cast<std::size_t>(i)];
+    if (id < 0 || id >= V) {
+      bad("token " + std::to_string(i) + " is id " + std::to_string(id) +
+          ", outside the model's vocabulary [0, " + std::to_string(V) + ")");
+    }
+  }
   if (o.reference != nullptr && static_cast<std::int64_t>(o.reference->logits.size()) != P * V) {
     bad("the reference run kept no logits for these " + std::to_string(T) + " tokens");
   }
@@ -88,6 +96,13 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
                      "[evaluate] " + method.spec() + ": logits at position " + std::to_string(pos));
       }
       run.nll[i] = log_sum_exp(row, V) - static_cast<double>(row[tokens[i + 1]]);
+      if (!std::isfinite(run.nll[i])) {
+        throw Error(ErrorCode::kFileError,
+                    "'" + model.path() + "': the NLL at position " + std::to_string(pos) +
+                        " is not finite (logits beyond float range?); the model's weights "
+                        "(e.g. a norm tensor) look broken",
+                    model.path());
+      }
       run.top1[i] = argmax(row, V);
       if (o.reference != nullptr)
         run.kl[i] = kl_divergence(o.reference->logits.data() + pos * V, row, V);
@@ -102,6 +117,18 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
     kept_weighted += rows / static_cast<double>(c.n_layers * c.n_kv_heads) * static_cast<double>(S);
     t += S;
     if (o.progress) o.progress(t, P);
+  }
+  // exp(mean NLL) overflows a double past ~709 nats per token (uniform guessing over the
+  // vocabulary is ln V, about 10): a perplexity of inf would be reported as a result.
+  double nll_sum = 0.0;
+  for (const double x : run.nll) nll_sum += x;
+  if (!std::isfinite(std::exp(nll_sum / static_cast<double>(P)))) {
+    throw Error(ErrorCode::kFileError,
+                "'" + model.path() + "': the mean NLL is " +
+                    std::to_string(nll_sum / static_cast<double>(P)) +
+                    " nats per token, so the perplexity is not finite; the model's weights (e.g. a "
+                    "norm tensor) look broken",
+                model.path());
   }
   run.n_forward = P;
   run.kept_tokens_mean = kept_weighted / static_cast<double>(P);

@@ -14,6 +14,7 @@
 // Model "gpt2" (byte-level BPE): see gguf_bpe_tokenizer.cpp.
 #include "engine/tokenizers/gguf_tokenizer.h"
 
+#include <cmath>
 #include <optional>
 #include <unordered_map>
 
@@ -161,6 +162,15 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
                                std::to_string(n) + " (one per token)");
     }
     v.scores.assign(s.floats.begin(), s.floats.end());
+    // Merge priorities compare scores: a NaN (or infinite) score makes the order undefined.
+    // (tokenizer.bin and convert refuse the same.)
+    for (std::size_t i = 0; i < v.scores.size(); ++i) {
+      if (!std::isfinite(v.scores[i])) {
+        file_error(g.path(), "metadata 'tokenizer.ggml.scores' entry " + std::to_string(i) +
+                                 " is " + (std::isnan(v.scores[i]) ? "nan" : "infinite") +
+                                 "; scores must be finite");
+      }
+    }
   }
   if (g.find("tokenizer.ggml.token_type")) {
     const GgufValue& t = g.get_array("tokenizer.ggml.token_type", "integer");
