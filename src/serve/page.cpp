@@ -41,11 +41,11 @@ function gauge(v){if(!v||!v.session)return;let g=document.getElementById('g-'+v.
 if(!g){g=document.createElement('div');g.className='gauge';g.id='g-'+v.session;
 g.innerHTML='<span class="label"></span><div class="bar"><div class="fill"></div></div>';
 document.getElementById('gauges').append(g);}
-const pct=v.kv_full_bytes>0?Math.min(100,100*v.kv_bytes/v.kv_full_bytes):0;
+const pct=v.kv_full_bytes>0?100*v.kv_bytes/v.kv_full_bytes:0;
 g.dataset.kvBytes=v.kv_bytes;g.dataset.kvFullBytes=v.kv_full_bytes;
 g.querySelector('.label').textContent='session '+v.session+': K/V '+fmt(v.kv_bytes)+
 ' held of '+fmt(v.kv_full_bytes)+' full cache ('+pct.toFixed(0)+'%)';
-g.querySelector('.fill').style.width=pct+'%';}
+g.querySelector('.fill').style.width=Math.min(100,pct)+'%';}
 async function send(text){messages.push({role:'user',content:text});add('user',text);
 const out=add('assistant','');const body={messages:messages.slice(),stream:true};
 for(const k of ['max_tokens','seed'])if(q.get(k))body[k]=parseInt(q.get(k));

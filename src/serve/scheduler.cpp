@@ -393,6 +393,7 @@ void Scheduler::loop() {
         Active& a = **it;
         ++it;
         if (a.job->cancelled()) {
+          ++counters_.requests_cancelled;
           end_active(a, "", unavailable("the client disconnected", 0));
         } else if (abort_active_) {
           end_active(a, "abort", std::nullopt);

@@ -132,6 +132,7 @@ struct Metrics {
   double tokens_per_second = 0;   // generated tokens/s over the last ~10 s
   std::int64_t footprint_exceeded = 0;  // steps after which a session held more than reserved
   std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
+  std::int64_t requests_cancelled = 0;  // ended because the client went away
   std::int64_t peak_kv_resident = 0;    // the most resident bytes all sessions held at once
 };
 

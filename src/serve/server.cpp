@@ -80,6 +80,8 @@ std::string metrics_text(const Metrics& m) {
   gauge("veloxquant_batch_steps_total", "Batched forward steps", m.steps, "counter");
   gauge("veloxquant_requests_rejected_total", "Requests answered 503 (queue full, timeout, "
         "shutdown)", m.requests_rejected, "counter");
+  gauge("veloxquant_requests_cancelled_total", "Requests ended because the client went away",
+        m.requests_cancelled, "counter");
   gauge("veloxquant_sessions_evicted_total", "Idle sessions dropped to make room",
         m.sessions_evicted, "counter");
   gauge("veloxquant_sessions_reused_total", "Requests that continued a live session's cache",
