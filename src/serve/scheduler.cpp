@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/model/transformer.h"
@@ -342,7 +343,11 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
     }
     if (s->chat && reason != "abort") {
       s->history = a.job->req.messages;
-      s->history.push_back(Message{"assistant", a.text});
+      // The reply as the client received it: JSON carries invalid UTF-8 (a byte token cut from
+      // its sequence) as U+FFFD, so the next turn's copy of it matches this one.
+      const std::string sent =
+          nlohmann::json(a.text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      s->history.push_back(Message{"assistant", nlohmann::json::parse(sent).get<std::string>()});
       s->busy = false;
       s->last_used = Clock::now();
       for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
