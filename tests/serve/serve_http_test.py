@@ -72,6 +72,15 @@ def main():
         check(st == 200 and len(greedy) > 20 and j["usage"]["completion_tokens"] == 20,
               "chat completion: 20 tokens")
 
+        # The next turn of that conversation continues the session's cache.
+        turn2 = msgs + [{"role": "assistant", "content": greedy}, {"role": "user", "content": "Then"}]
+        st, _, body = srv.request("POST", chat, {"messages": turn2, "max_tokens": 5, "temperature": 0}, key)
+        j2 = json.loads(body) if st == 200 else {}
+        check(st == 200 and j2["veloxquant"]["session"] == j["veloxquant"]["session"]
+              and j2["usage"]["prompt_tokens_details"]["cached_tokens"] == j["usage"]["prompt_tokens"] + 19,
+              "the second turn continues the session (%s cached)" %
+              j2.get("usage", {}).get("prompt_tokens_details"))
+
         # One streamed alone, then eight at once (one of them the same request): same text.
         req = {"messages": msgs, "max_tokens": 40, "temperature": 0.9, "seed": 5, "stream": True}
         st, ev = srv.stream(chat, req, key)
