@@ -231,9 +231,14 @@ TEST(Scheduler, SessionsStayWithinTheirMeasuredFootprint) {
   const auto& c = stories().config();
   auto o = small_options();
   const std::int64_t full_rows = c.n_layers * c.n_kv_heads * o.max_context * c.head_dim * 2 * 2;
-  EXPECT_GE(serve::session_footprint(CacheConfig("full"), engine::model_shape(c), o.max_context,
-                                     o.chunk),
-            full_rows);
+  const std::int64_t full_fp = serve::session_footprint(CacheConfig("full"), engine::model_shape(c),
+                                                        o.max_context, o.chunk);
+  EXPECT_GE(full_fp, full_rows);
+  // With a limit the measurement stops once past it: above the limit, below the whole footprint.
+  const std::int64_t capped = serve::session_footprint(
+      CacheConfig("full"), engine::model_shape(c), o.max_context, o.chunk, full_rows / 4);
+  EXPECT_GT(capped, full_rows / 4);
+  EXPECT_LT(capped, full_fp);
   Rig rig(o);
   std::vector<std::shared_ptr<serve::Job>> jobs;
   for (const std::string m : {"full", "h2o:budget=64", "kivi:bit_width_inlier=2,group_size=32,residual_length=32",

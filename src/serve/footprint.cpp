@@ -14,7 +14,7 @@ namespace {
 // returns the largest resident_bytes after a step.
 template <class NextStep>
 std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64_t max_positions,
-                  std::int64_t chunk, NextStep next_step) {
+                  std::int64_t chunk, std::int64_t limit, NextStep next_step) {
   ModelCache cache = KVCacheBuilder::for_model(method, shape);
   const std::int64_t Hkv = shape.n_kv_heads, D = shape.head_dim, Hq = shape.n_query_heads;
   std::vector<float> k(static_cast<std::size_t>(chunk * Hkv * D));
@@ -46,6 +46,7 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
     }
     pos += S;
     best = std::max(best, cache.stats().resident_bytes);
+    if (limit > 0 && best > limit) break;
   }
   return best;
 }
@@ -53,17 +54,19 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
 }  // namespace
 
 std::int64_t session_footprint(const CacheConfig& method, const ModelShape& shape,
-                               std::int64_t max_positions, std::int64_t chunk) {
+                               std::int64_t max_positions, std::int64_t chunk,
+                               std::int64_t limit) {
   if (max_positions < 1 || chunk < 1 || chunk > max_positions) {
     throw Error(ErrorCode::kInvalidArgument,
                 "[serve] footprint: need max_positions >= 1 and chunk in [1, max_positions], got " +
                     std::to_string(max_positions) + " and " + std::to_string(chunk));
   }
   // Prefill only; one chunk then decode; turns of two chunks and `chunk` decode steps.
-  const std::int64_t a = peak(method, shape, max_positions, chunk, [&](std::int64_t) { return chunk; });
-  const std::int64_t b = peak(method, shape, max_positions, chunk,
+  const std::int64_t a = peak(method, shape, max_positions, chunk, limit, [&](std::int64_t) { return chunk; });
+  if (limit > 0 && a > limit) return a;
+  const std::int64_t b = peak(method, shape, max_positions, chunk, limit,
                               [&](std::int64_t pos) { return pos == 0 ? chunk : 1; });
-  const std::int64_t c = peak(method, shape, max_positions, chunk, [&](std::int64_t pos) {
+  const std::int64_t c = peak(method, shape, max_positions, chunk, limit, [&](std::int64_t pos) {
     return pos % (3 * chunk) < 2 * chunk ? chunk : std::int64_t{1};
   });
   return std::max({a, b, c});

@@ -20,9 +20,12 @@
 
 namespace vq::serve {
 
-// Throws Error(kInvalidArgument) for max_positions < 1 or chunk outside [1, max_positions];
-// the config's own errors for a method that does not fit the shape.
+// `limit` > 0 stops the measurement as soon as the cache holds more than `limit` bytes (so
+// measuring never holds much more than the server's --kv-memory) and returns what it held then,
+// a value above `limit`. Throws Error(kInvalidArgument) for max_positions < 1 or chunk outside
+// [1, max_positions]; the config's own errors for a method that does not fit the shape.
 std::int64_t session_footprint(const CacheConfig& method, const ModelShape& shape,
-                               std::int64_t max_positions, std::int64_t chunk);
+                               std::int64_t max_positions, std::int64_t chunk,
+                               std::int64_t limit = 0);
 
 }  // namespace vq::serve

@@ -173,8 +173,14 @@ std::int64_t Scheduler::footprint(const CacheConfig& method) {
   std::lock_guard lock(fp_m_);
   const auto it = footprints_.find(spec);
   if (it != footprints_.end()) return it->second;
+  if (footprints_.size() >= kMaxMethods) {
+    throw ServeError{400, "invalid_request_error",
+                     "this server has measured " + std::to_string(kMaxMethods) +
+                         " method specs already; use one of those (or restart it)",
+                     "veloxquant.method", 0};
+  }
   const std::int64_t bytes = session_footprint(method, engine::model_shape(model_->config()),
-                                               o_.max_context, o_.chunk);
+                                               o_.max_context, o_.chunk, o_.kv_memory);
   footprints_[spec] = bytes;
   return bytes;
 }
@@ -182,8 +188,8 @@ std::int64_t Scheduler::footprint(const CacheConfig& method) {
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
   const std::int64_t need = footprint(job->req.method);
   if (need > o_.kv_memory) {
-    throw bad_request("a session of method '" + job->req.method.spec() + "' may hold up to " +
-                          std::to_string(need) + " bytes of K/V cache (--max-context " +
+    throw bad_request("a session of method '" + job->req.method.spec() + "' may hold " +
+                          std::to_string(need) + " bytes or more of K/V cache (--max-context " +
                           std::to_string(o_.max_context) + "), more than --kv-memory " +
                           std::to_string(o_.kv_memory) + " allows",
                       "veloxquant.method");

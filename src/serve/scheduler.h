@@ -150,8 +150,11 @@ class Scheduler {
   // --kv-memory, 503 (Retry-After) when the queue is full or the server is draining.
   void submit(const std::shared_ptr<Job>& job);
 
-  // The reservation a session of `method` takes (computed once per method spec).
+  // The reservation a session of `method` takes (measured once per method spec, at most
+  // kMaxMethods specs; past --kv-memory the measurement stops and returns a value above it).
+  // Throws ServeError 400 for a spec past kMaxMethods.
   std::int64_t footprint(const CacheConfig& method);
+  static constexpr std::size_t kMaxMethods = 32;
 
   // Stops admitting (queued jobs fail with 503), lets active jobs finish, then returns once
   // none is active or `grace` has passed (the rest then end with finish_reason "abort").

@@ -139,8 +139,8 @@ int run_server(const ServeOptions& o) {
   if (need > o.kv_memory) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--kv-memory " + std::to_string(o.kv_memory) + " holds no session of --method " +
-                    method.spec() + ": one may hold up to " + std::to_string(need) +
-                    " bytes at --max-context " + std::to_string(so.max_context));
+                    method.spec() + ": one may hold " + std::to_string(need) +
+                    " bytes or more at --max-context " + std::to_string(so.max_context));
   }
   const std::string model_name = std::filesystem::path(model.path()).filename().string();
   std::fprintf(stderr,
