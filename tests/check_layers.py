@@ -30,6 +30,7 @@ LAYERS = [
     (4.3, "engine/tokenizers", ["src/engine/tokenizers/"]),
     (4.4, "engine/run", ["src/engine/run/"]),
     (5, "eval", ["src/eval/"]),
+    (5.5, "serve", ["src/serve/"]),
     (6, "front ends", ["src/capi/", "tools/", "python/src/", "include/veloxquant/veloxquant.h",
                        "include/veloxquant/veloxquant_c.h"]),
 ]

@@ -20,6 +20,7 @@ void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_make_model_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 // --threads N on a command (0, the default: every core the process may use), and applying it
 // to the engine (throws Error(kInvalidArgument) for N < 0).

@@ -102,6 +102,7 @@ class Transformer {
   const Model& model() const noexcept { return *model_; }
 
  private:
+  friend class BatchForward;  // engine/model/batch_forward.h: one sequence's attention at a time
   // Runs the layer's attention over the cache's view (the cache step stays open) and returns
   // the probabilities [B=1, Hq, S, R], valid until the next call; forward() closes the step.
   AttentionRef attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache);

@@ -1,0 +1,227 @@
+#include "serve/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/formats/gguf.h"
+#include "veloxquant/errors.h"
+
+namespace vq::serve {
+
+namespace {
+[[noreturn]] void invalid(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, msg);
+}
+bool has(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+}  // namespace
+
+const char* to_string(TemplateKind kind) noexcept {
+  switch (kind) {
+    case TemplateKind::kPlain: return "plain";
+    case TemplateKind::kLlama2: return "llama2";
+    case TemplateKind::kMistral: return "mistral";
+    case TemplateKind::kLlama3: return "llama3";
+    case TemplateKind::kChatML: return "chatml";
+  }
+  return "?";
+}
+
+TemplateKind parse_template_name(const std::string& name) {
+  for (TemplateKind k : {TemplateKind::kPlain, TemplateKind::kLlama2, TemplateKind::kMistral,
+                         TemplateKind::kLlama3, TemplateKind::kChatML}) {
+    if (name == to_string(k)) return k;
+  }
+  invalid("--chat-template must be one of plain, llama2, mistral, llama3, chatml; got '" + name +
+          "'");
+}
+
+TemplateKind detect_template(const std::string& t) {
+  if (t.empty()) return TemplateKind::kPlain;
+  if (has(t, "<|start_header_id|>")) return TemplateKind::kLlama3;
+  if (has(t, "<|im_start|>")) return TemplateKind::kChatML;
+  if (has(t, "[INST]")) return has(t, "<<SYS>>") ? TemplateKind::kLlama2 : TemplateKind::kMistral;
+  std::string head = t.substr(0, 120);
+  for (char& ch : head) {
+    if (ch == '\n') ch = ' ';
+  }
+  invalid("the model's chat template is none this server can render (it recognises Llama 2 "
+          "'[INST]' + '<<SYS>>', Mistral '[INST]', Llama 3 '<|start_header_id|>', ChatML "
+          "'<|im_start|>'); it begins: \"" + head +
+          "\". Force one with --chat-template plain|llama2|mistral|llama3|chatml");
+}
+
+std::string model_chat_template(const std::string& model_path, const std::string& model_dir,
+                                const std::string& format) {
+  if (format == "gguf") {
+    const engine::GgufFile f = engine::GgufFile::open(model_path);
+    const engine::GgufValue* v = f.find("tokenizer.chat_template");
+    return v == nullptr ? std::string() : v->s;
+  }
+  if (format != "hf") return {};
+  const std::filesystem::path p = std::filesystem::path(model_dir) / "tokenizer_config.json";
+  std::ifstream in(p);
+  if (!in) return {};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kFileError, p.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  const auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const auto& e : *it) {
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+          e["template"].is_string())
+        return e["template"].get<std::string>();
+    }
+  }
+  throw Error(ErrorCode::kFileError, p.string() +
+                                         ": chat_template must be a string or a list holding "
+                                         "{\"name\": \"default\", \"template\": ...}");
+}
+
+ChatTemplate::ChatTemplate(TemplateKind kind, const engine::Tokenizer& tokenizer,
+                           std::int32_t bos_id, std::int32_t eos_id)
+    : kind_(kind), tok_(&tokenizer) {
+  auto lookup = [&](const std::string& marker) {
+    for (std::int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+      if (tokenizer.token_text(id) == marker) return id;
+    }
+    invalid("the " + std::string(to_string(kind)) + " chat template needs the token '" + marker +
+            "', which is not in the tokenizer's vocabulary (" + tokenizer.path() + ")");
+  };
+  switch (kind) {
+    case TemplateKind::kPlain:
+      bos_ = bos_id;
+      break;
+    case TemplateKind::kLlama2:
+    case TemplateKind::kMistral:
+      if (bos_id < 0 || eos_id < 0) invalid("the [INST] chat templates need BOS and EOS tokens");
+      bos_ = bos_id;
+      end_of_turn_ = eos_id;
+      markers_["<s>"] = bos_id;
+      markers_["</s>"] = eos_id;
+      break;
+    case TemplateKind::kLlama3:
+      bos_ = bos_id;
+      for (const char* m : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+        markers_[m] = lookup(m);
+      end_of_turn_ = markers_["<|eot_id|>"];
+      break;
+    case TemplateKind::kChatML:
+      for (const char* m : {"<|im_start|>", "<|im_end|>"}) markers_[m] = lookup(m);
+      end_of_turn_ = markers_["<|im_end|>"];
+      break;
+  }
+}
+
+std::string ChatTemplate::render(const std::vector<Message>& m, std::size_t first) const {
+  if (m.empty() || first >= m.size()) invalid("messages: the conversation is empty");
+  std::string system;
+  std::size_t first_user = m.size();
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::string& r = m[i].role;
+    if (r != "system" && r != "user" && r != "assistant") {
+      invalid("messages[" + std::to_string(i) + "].role must be system, user or assistant, got '" +
+              r + "'");
+    }
+    if (r == "system") {
+      if (i != 0) invalid("messages[" + std::to_string(i) + "]: a system message must come first");
+      system = m[i].content;
+    }
+    if (r == "user" && first_user == m.size()) first_user = i;
+  }
+  std::string out;
+  for (std::size_t i = first; i < m.size(); ++i) {
+    const Message& msg = m[i];
+    switch (kind_) {
+      case TemplateKind::kPlain:
+        if (i > 0) out += "\n";
+        out += msg.content;
+        break;
+      case TemplateKind::kLlama2:
+        if (msg.role == "system") break;
+        if (msg.role == "user") {
+          if (i != first_user) out += "<s>";
+          out += "[INST] ";
+          if (i == first_user && !system.empty())
+            out += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+          out += msg.content + " [/INST]";
+        } else {
+          out += " " + msg.content + " </s>";
+        }
+        break;
+      case TemplateKind::kMistral:
+        if (msg.role == "system") break;
+        if (msg.role == "user") {
+          out += "[INST] ";
+          if (i == first_user && !system.empty()) out += system + "\n\n";
+          out += msg.content + " [/INST]";
+        } else {
+          out += msg.content + "</s>";
+        }
+        break;
+      case TemplateKind::kLlama3:
+        out += "<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n" + msg.content +
+               "<|eot_id|>";
+        break;
+      case TemplateKind::kChatML:
+        out += "<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n";
+        break;
+    }
+  }
+  if (kind_ == TemplateKind::kLlama3) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (kind_ == TemplateKind::kChatML) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+std::string ChatTemplate::close_after_end() const {
+  return kind_ == TemplateKind::kChatML ? "\n" : "";
+}
+
+std::string ChatTemplate::close_without_end() const {
+  switch (kind_) {
+    case TemplateKind::kPlain: return "";
+    case TemplateKind::kLlama2: return " </s>";
+    case TemplateKind::kMistral: return "</s>";
+    case TemplateKind::kLlama3: return "<|eot_id|>";
+    case TemplateKind::kChatML: return "<|im_end|>\n";
+  }
+  return "";
+}
+
+std::vector<std::int32_t> ChatTemplate::tokenize(const std::string& text, bool start) const {
+  std::vector<std::int32_t> ids;
+  if (start && bos_ >= 0) ids.push_back(bos_);
+  std::size_t at = 0;
+  auto encode = [&](std::size_t end) {
+    if (end > at) {
+      const auto part = tok_->encode(std::string_view(text).substr(at, end - at), false);
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+  };
+  while (at < text.size()) {
+    std::size_t best = std::string::npos;
+    const std::pair<const std::string, std::int32_t>* hit = nullptr;
+    for (const auto& mk : markers_) {
+      const std::size_t p = text.find(mk.first, at);
+      if (p < best || (p == best && hit != nullptr && mk.first.size() > hit->first.size())) {
+        best = p;
+        hit = &mk;
+      }
+    }
+    if (hit == nullptr || best == std::string::npos) {
+      encode(text.size());
+      break;
+    }
+    encode(best);
+    ids.push_back(hit->second);
+    at = best + hit->first.size();
+  }
+  return ids;
+}
+
+}  // namespace vq::serve

@@ -1,0 +1,75 @@
+#include "serve/footprint.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "veloxquant/errors.h"
+
+namespace vq::serve {
+
+namespace {
+
+// Drives one cache through steps of the sizes `next_step(pos)` gives until max_positions and
+// returns the largest resident_bytes after a step.
+template <class NextStep>
+std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64_t max_positions,
+                  std::int64_t chunk, std::int64_t limit, NextStep next_step) {
+  ModelCache cache = KVCacheBuilder::for_model(method, shape);
+  const std::int64_t Hkv = shape.n_kv_heads, D = shape.head_dim, Hq = shape.n_query_heads;
+  std::vector<float> k(static_cast<std::size_t>(chunk * Hkv * D));
+  std::vector<float> v(k.size());
+  std::vector<float> probs;
+  std::uint32_t state = 12345u;
+  auto fill = [&](std::vector<float>& x, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      state = state * 1664525u + 1013904223u;  // a fixed LCG: same rows every run
+      x[static_cast<std::size_t>(i)] =
+          static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
+    }
+  };
+  std::int64_t best = cache.stats().resident_bytes;
+  std::int64_t pos = 0;
+  while (pos < max_positions) {
+    const std::int64_t S = std::min(next_step(pos), max_positions - pos);
+    fill(k, S * Hkv * D);
+    fill(v, S * Hkv * D);
+    TensorRef kref = TensorRef::f32(k.data(), 1, Hkv, S, D);
+    TensorRef vref = TensorRef::f32(v.data(), 1, Hkv, S, D);
+    for (std::int64_t l = 0; l < shape.n_layers; ++l) {
+      const StepView view = cache.layer(l).begin_step(kref, vref);
+      const std::int64_t R = view.n_rows();
+      probs.assign(static_cast<std::size_t>(Hq * S * R), 1.0f / static_cast<float>(R));
+      const AttentionRef a{probs.data(), 1, Hq, S, R};
+      cache.observe_layer_similarity(l, 0.9);
+      cache.layer(l).end_step(&a);
+    }
+    pos += S;
+    best = std::max(best, cache.stats().resident_bytes);
+    if (limit > 0 && best > limit) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::int64_t session_footprint(const CacheConfig& method, const ModelShape& shape,
+                               std::int64_t max_positions, std::int64_t chunk,
+                               std::int64_t limit) {
+  if (max_positions < 1 || chunk < 1 || chunk > max_positions) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[serve] footprint: need max_positions >= 1 and chunk in [1, max_positions], got " +
+                    std::to_string(max_positions) + " and " + std::to_string(chunk));
+  }
+  // Prefill only; one chunk then decode; turns of two chunks and `chunk` decode steps.
+  const std::int64_t a = peak(method, shape, max_positions, chunk, limit, [&](std::int64_t) { return chunk; });
+  if (limit > 0 && a > limit) return a;
+  const std::int64_t b = peak(method, shape, max_positions, chunk, limit,
+                              [&](std::int64_t pos) { return pos == 0 ? chunk : 1; });
+  const std::int64_t c = peak(method, shape, max_positions, chunk, limit, [&](std::int64_t pos) {
+    return pos % (3 * chunk) < 2 * chunk ? chunk : std::int64_t{1};
+  });
+  return std::max({a, b, c});
+}
+
+}  // namespace vq::serve

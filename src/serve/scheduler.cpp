@@ -1,0 +1,586 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/model/transformer.h"
+#include "serve/footprint.h"
+#include "veloxquant/builder.h"
+#include "veloxquant/errors.h"
+
+namespace vq::serve {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+ServeError bad_request(std::string msg, std::string param = "",
+                       std::string type = "invalid_request_error") {
+  return ServeError{400, std::move(type), std::move(msg), std::move(param), 0};
+}
+ServeError unavailable(std::string msg, int retry_after) {
+  return ServeError{503, "server_error", std::move(msg), "", retry_after};
+}
+
+// Bytes at the end of `s` that begin an unfinished UTF-8 sequence (held back when streaming).
+std::size_t incomplete_utf8_tail(const std::string& s) {
+  const std::size_t n = s.size();
+  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    std::size_t need = 1;
+    if ((c & 0xE0) == 0xC0) need = 2;
+    else if ((c & 0xF0) == 0xE0) need = 3;
+    else if ((c & 0xF8) == 0xF0) need = 4;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+}  // namespace
+
+// ---- Job ----------------------------------------------------------------------------------
+
+Job::Snapshot Job::take(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(m_);
+  cv_.wait_for(lock, timeout, [&] { return news_ || done_; });
+  Snapshot s;
+  s.text.swap(pending_);
+  news_ = false;
+  s.admitted = admitted_;
+  s.done = done_;
+  s.finish_reason = finish_reason_;
+  s.error = error_;
+  s.prompt_tokens = prompt_tokens_;
+  s.cached_tokens = cached_tokens_;
+  s.completion_tokens = completion_tokens_;
+  s.session = session_;
+  s.kv_resident = kv_resident_;
+  s.kv_full = kv_full_;
+  s.kv_reserved = kv_reserved_;
+  return s;
+}
+
+void Job::push(const std::string& text) {
+  if (text.empty()) return;
+  {
+    std::lock_guard lock(m_);
+    pending_ += text;
+    news_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Job::finish(const std::string& reason) {
+  {
+    std::lock_guard lock(m_);
+    admitted_ = true;
+    done_ = true;
+    finish_reason_ = reason;
+  }
+  cv_.notify_all();
+}
+
+void Job::fail(ServeError e) {
+  {
+    std::lock_guard lock(m_);
+    admitted_ = true;
+    done_ = true;
+    error_ = std::move(e);
+  }
+  cv_.notify_all();
+}
+
+void Job::set_admitted() {
+  {
+    std::lock_guard lock(m_);
+    admitted_ = true;
+    news_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- Sessions and active requests ---------------------------------------------------------
+
+struct Scheduler::Session {
+  std::string id;
+  CacheConfig method;
+  std::string spec;
+  ModelCache cache;
+  bool chat = true;
+  std::vector<Message> history;    // the conversation so far; its last, the reply generated
+  std::vector<std::int32_t> tail;  // sampled, not yet fed: run before the next turn's tokens
+  bool ended_with_eot = false;     // the reply ended with the template's end-of-turn token
+  std::int64_t reserved = 0;
+  std::int64_t resident = 0, full = 0;
+  bool busy = false;
+  Clock::time_point last_used = Clock::now();
+};
+
+struct Scheduler::Active {
+  std::shared_ptr<Job> job;
+  Session* s = nullptr;
+  std::vector<std::int32_t> feed;  // tokens to run before sampling
+  std::size_t fed = 0;
+  std::optional<engine::Sampler> sampler;
+  std::int32_t prev = -1, last = -1;  // the token before `last`; `last`: next to run (decode)
+  std::int64_t generated = 0;
+  std::string text;         // the reply so far
+  std::size_t emitted = 0;  // bytes of `text` given to the job
+  std::size_t max_stop = 0;
+};
+
+// ---- Scheduler ----------------------------------------------------------------------------
+
+Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokenizer,
+                     const ChatTemplate& chat, SchedulerOptions options)
+    : model_(&model),
+      tok_(&tokenizer),
+      chat_(&chat),
+      o_(std::move(options)),
+      stop_token_(model.config().format == "llama2c" ? 1 : model.config().eos_id),
+      forward_(model, std::max<std::int64_t>(1, o_.step_tokens),
+               std::clamp<std::int64_t>(o_.chunk, 1, std::max<std::int64_t>(1, o_.step_tokens)),
+               std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len)) {
+  const auto& c = model.config();
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
+  if (o_.max_context < 2 || o_.max_context > c.seq_len)
+    bad("--max-context must be in [2, " + std::to_string(c.seq_len) +
+        "] (the model's context), got " + std::to_string(o_.max_context));
+  if (o_.chunk < 1 || o_.chunk > o_.step_tokens || o_.chunk > o_.max_context)
+    bad("--prefill-chunk must be in [1, min(--step-tokens, --max-context)], got " +
+        std::to_string(o_.chunk));
+  if (o_.kv_memory < 1) bad("--kv-memory must be positive");
+  if (o_.max_sessions < 1) bad("--max-sessions must be >= 1");
+  if (o_.max_queue < 0) bad("--max-queue must be >= 0");
+  counters_.kv_memory = o_.kv_memory;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(m_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& a : active_) a->job->fail(unavailable("the server is shutting down", 1));
+  for (auto& j : queue_) j->fail(unavailable("the server is shutting down", 1));
+}
+
+std::int64_t Scheduler::footprint(const CacheConfig& method) {
+  const std::string spec = method.spec(true);
+  std::lock_guard lock(fp_m_);
+  const auto it = footprints_.find(spec);
+  if (it != footprints_.end()) return it->second;
+  if (footprints_.size() >= kMaxMethods) {
+    throw ServeError{400, "invalid_request_error",
+                     "this server has measured " + std::to_string(kMaxMethods) +
+                         " method specs already; use one of those (or restart it)",
+                     "veloxquant.method", 0};
+  }
+  const std::int64_t bytes = session_footprint(method, engine::model_shape(model_->config()),
+                                               o_.max_context, o_.chunk, o_.kv_memory);
+  footprints_[spec] = bytes;
+  return bytes;
+}
+
+void Scheduler::submit(const std::shared_ptr<Job>& job) {
+  const std::int64_t need = footprint(job->req.method);
+  if (need > o_.kv_memory) {
+    throw bad_request("a session of method '" + job->req.method.spec() + "' may hold " +
+                          std::to_string(need) + " bytes or more of K/V cache (--max-context " +
+                          std::to_string(o_.max_context) + "), more than --kv-memory " +
+                          std::to_string(o_.kv_memory) + " allows",
+                      "veloxquant.method");
+  }
+  {
+    std::lock_guard lock(m_);
+    if (draining_ || stopping_) {
+      ++counters_.requests_rejected;
+      throw unavailable("the server is shutting down", 1);
+    }
+    if (static_cast<std::int64_t>(queue_.size()) >= o_.max_queue) {
+      ++counters_.requests_rejected;
+      throw unavailable("too many requests are waiting for K/V memory (queue of " +
+                            std::to_string(o_.max_queue) + " full); retry later",
+                        1);
+    }
+    queue_.push_back(job);
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::drop_session_locked(Session* s) {
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->get() == s) {
+      reserved_ -= s->reserved;
+      sessions_.erase(it);
+      return;
+    }
+  }
+}
+
+bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
+  const GenRequest& r = job->req;
+  const std::string spec = r.method.spec(true);
+  auto a = std::make_unique<Active>();
+  a->job = job;
+  std::int64_t cached = 0;
+  try {
+    if (r.chat) {
+      for (auto& sp : sessions_) {
+        Session& s = *sp;
+        if (s.busy || !s.chat || s.spec != spec || s.history.size() >= r.messages.size()) continue;
+        if (!std::equal(s.history.begin(), s.history.end(), r.messages.begin())) continue;
+        std::vector<std::int32_t> feed = s.tail;
+        const std::string text =
+            (s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end()) +
+            chat_->render(r.messages, s.history.size());
+        const auto ids = chat_->tokenize(text, false);
+        feed.insert(feed.end(), ids.begin(), ids.end());
+        if (s.cache.layer(0).tokens_seen() + static_cast<std::int64_t>(feed.size()) + 1 >
+            o_.max_context) {
+          break;  // the conversation no longer fits: a new session says so below
+        }
+        a->s = &s;
+        a->feed = std::move(feed);
+        cached = s.cache.layer(0).tokens_seen();
+        ++counters_.sessions_reused;
+        break;
+      }
+    }
+    if (a->s == nullptr) {
+      std::vector<std::int32_t> feed;
+      if (r.chat) {
+        feed = chat_->tokenize(chat_->render(r.messages, 0), true);
+      } else {
+        feed = tok_->encode(r.prompt, true);
+      }
+      if (feed.empty()) {
+        if (model_->config().bos_id < 0)
+          throw bad_request("the prompt is empty and the model has no BOS token", "prompt");
+        feed.push_back(model_->config().bos_id);
+      }
+      if (static_cast<std::int64_t>(feed.size()) + 1 > o_.max_context) {
+        throw ServeError{400, "invalid_request_error",
+                         "the prompt has " + std::to_string(feed.size()) +
+                             " tokens; with one to generate that passes --max-context " +
+                             std::to_string(o_.max_context),
+                         r.chat ? "messages" : "prompt", 0};
+      }
+      const std::int64_t need = footprint(r.method);
+      auto fits = [&] {
+        return reserved_ + need <= o_.kv_memory &&
+               static_cast<std::int64_t>(sessions_.size()) < o_.max_sessions;
+      };
+      if (!fits()) {
+        // Would dropping every idle session make room? Then drop them LRU-first until it fits.
+        std::int64_t idle_bytes = 0, idle_n = 0;
+        for (auto& s : sessions_) {
+          if (!s->busy) {
+            idle_bytes += s->reserved;
+            ++idle_n;
+          }
+        }
+        if (reserved_ - idle_bytes + need > o_.kv_memory ||
+            static_cast<std::int64_t>(sessions_.size()) - idle_n >= o_.max_sessions)
+          return false;  // wait in the queue
+        while (!fits()) {
+          auto it = sessions_.end();
+          do {
+            --it;
+          } while ((*it)->busy);
+          reserved_ -= (*it)->reserved;
+          sessions_.erase(it);
+          ++counters_.sessions_evicted;
+        }
+      }
+      auto s = std::make_unique<Session>(Session{std::to_string(next_session_++), r.method, spec,
+                                                 KVCacheBuilder::for_model(
+                                                     r.method, engine::model_shape(model_->config())),
+                                                 r.chat, {}, {}, false, need, 0, 0, false,
+                                                 Clock::now()});
+      s->id = "s" + s->id;
+      reserved_ += need;
+      a->s = s.get();
+      a->feed = std::move(feed);
+      sessions_.push_front(std::move(s));
+    }
+  } catch (const ServeError& e) {
+    job->fail(e);
+    return true;
+  } catch (const Error& e) {
+    job->fail(bad_request(e.what()));
+    return true;
+  }
+  Session& s = *a->s;
+  s.busy = true;
+  s.tail.clear();
+  s.last_used = Clock::now();
+  a->sampler.emplace(model_->config().vocab_size, r.temperature, r.top_p, r.seed);
+  for (const auto& st : r.stop) a->max_stop = std::max(a->max_stop, st.size());
+  a->prev = a->feed.back();
+  {
+    std::lock_guard lock(job->m_);
+    job->prompt_tokens_ = cached + static_cast<std::int64_t>(a->feed.size());
+    job->cached_tokens_ = cached;
+    job->session_ = s.id;
+    job->kv_reserved_ = s.reserved;
+  }
+  job->set_admitted();
+  active_.push_back(std::move(a));
+  return true;
+}
+
+void Scheduler::end_active(Active& a, const std::string& reason, std::optional<ServeError> err) {
+  Session* s = a.s;
+  if (err) {
+    a.job->fail(*err);
+    drop_session_locked(s);
+  } else {
+    if (a.emitted < a.text.size()) a.job->push(a.text.substr(a.emitted));
+    a.emitted = a.text.size();
+    {
+      std::lock_guard lock(a.job->m_);
+      a.job->completion_tokens_ = a.generated;
+      a.job->kv_resident_ = s->resident;
+      a.job->kv_full_ = s->full;
+    }
+    if (s->chat && reason != "abort") {
+      s->history = a.job->req.messages;
+      // The reply as the client received it: JSON carries invalid UTF-8 (a byte token cut from
+      // its sequence) as U+FFFD, so the next turn's copy of it matches this one.
+      const std::string sent =
+          nlohmann::json(a.text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      s->history.push_back(Message{"assistant", nlohmann::json::parse(sent).get<std::string>()});
+      s->busy = false;
+      s->last_used = Clock::now();
+      for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+        if (it->get() == s) {
+          sessions_.splice(sessions_.begin(), sessions_, it);
+          break;
+        }
+      }
+    } else {
+      drop_session_locked(s);
+    }
+    a.job->finish(reason);
+  }
+  for (auto it = active_.begin(); it != active_.end(); ++it) {
+    if (it->get() == &a) {
+      active_.erase(it);
+      break;
+    }
+  }
+}
+
+void Scheduler::loop() {
+  std::vector<Active*> run;
+  for (;;) {
+    {
+      std::unique_lock lock(m_);
+      if (stopping_) return;
+      // The queue: drop cancelled jobs, time out old ones, admit in order while they fit.
+      const auto now = Clock::now();
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        const double waited = std::chrono::duration<double>(now - (*it)->queued_at_).count();
+        if ((*it)->cancelled()) {
+          it = queue_.erase(it);
+        } else if (draining_ || waited > o_.queue_timeout_s) {
+          (*it)->fail(unavailable(draining_ ? "the server is shutting down"
+                                            : "no K/V memory came free within the queue timeout (" +
+                                                  std::to_string(o_.queue_timeout_s) + " s)",
+                                  1));
+          ++counters_.requests_rejected;
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      while (!queue_.empty() && admit_locked(queue_.front())) queue_.pop_front();
+      // Cancelled (client gone) and aborted (shutdown past its grace) requests end here.
+      for (auto it = active_.begin(); it != active_.end();) {
+        Active& a = **it;
+        ++it;
+        if (a.job->cancelled()) {
+          ++counters_.requests_cancelled;
+          end_active(a, "", unavailable("the client disconnected", 0));
+        } else if (abort_active_) {
+          end_active(a, "abort", std::nullopt);
+        }
+      }
+      if (active_.empty()) {
+        cv_.notify_all();  // drain() waits for this
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      // This step's sessions: in admission order from a rotating start, while the step's token
+      // budget lasts (each takes its own fixed-size chunk, so its tokens do not depend on who
+      // else runs).
+      run.clear();
+      std::vector<Active*> all;
+      for (auto& a : active_) all.push_back(a.get());
+      std::int64_t tokens = 0;
+      const std::size_t n = all.size();
+      for (std::size_t k = 0; k < n; ++k) {
+        Active* a = all[(rr_ + k) % n];
+        const std::int64_t want =
+            a->fed < a->feed.size()
+                ? std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed))
+                : 1;
+        if (tokens + want > o_.step_tokens) continue;
+        tokens += want;
+        run.push_back(a);
+      }
+      rr_ = (rr_ + 1) % std::max<std::size_t>(1, n);
+    }
+    step(run);
+  }
+}
+
+void Scheduler::step(std::vector<Active*>& run) {
+  const auto& c = model_->config();
+  std::vector<engine::BatchItem> items;
+  items.reserve(run.size());
+  for (Active* a : run) {
+    engine::BatchItem it;
+    it.cache = &a->s->cache;
+    if (a->fed < a->feed.size()) {
+      it.n = std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed));
+      it.tokens = a->feed.data() + a->fed;
+      it.want_logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size();
+    } else {
+      it.n = 1;
+      it.tokens = &a->last;
+      it.want_logits = true;
+    }
+    items.push_back(it);
+  }
+  std::optional<std::string> failure;
+  try {
+    forward_.forward(items);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  std::lock_guard lock(m_);
+  if (failure) {
+    for (Active* a : run)
+      end_active(*a, "", ServeError{500, "server_error", "the forward step failed: " + *failure, "", 0});
+    return;
+  }
+  ++counters_.steps;
+  std::int64_t generated = 0;
+  std::vector<float> work(static_cast<std::size_t>(c.vocab_size));
+  for (std::size_t i = 0; i < run.size(); ++i) {
+    Active& a = *run[i];
+    Session& s = *a.s;
+    if (a.fed < a.feed.size()) {
+      a.fed += static_cast<std::size_t>(items[i].n);
+      counters_.tokens_prefilled += items[i].n;
+    }
+    const CacheStats st = s.cache.stats();
+    s.resident = st.resident_bytes;
+    s.full = st.full_bytes;
+    if (s.resident > s.reserved) {
+      ++counters_.footprint_exceeded;
+      std::fprintf(stderr, "serve: session %s (%s) holds %lld resident bytes, above its %lld\n",
+                   s.id.c_str(), s.spec.c_str(), static_cast<long long>(s.resident),
+                   static_cast<long long>(s.reserved));
+    }
+    {
+      std::lock_guard jl(a.job->m_);
+      a.job->kv_resident_ = s.resident;
+      a.job->kv_full_ = s.full;
+    }
+    if (!items[i].want_logits) continue;
+    const float* logits = forward_.logits(i);
+    std::copy(logits, logits + c.vocab_size, work.begin());
+    const std::int32_t next = a.sampler->sample(work.data());
+    const std::int64_t seen = s.cache.layer(0).tokens_seen();
+    if (next == stop_token_ || next == chat_->end_of_turn()) {
+      s.ended_with_eot = s.chat && next == chat_->end_of_turn();
+      if (s.ended_with_eot) s.tail = {next};
+      end_active(a, "stop", std::nullopt);
+      continue;
+    }
+    ++a.generated;
+    ++generated;
+    a.text += tok_->piece(a.prev, next);
+    a.prev = next;
+    a.last = next;
+    s.ended_with_eot = false;
+    // Stop strings: the reply ends before the first one; text that could begin one is held.
+    std::size_t cut = std::string::npos;
+    for (const std::string& sw : a.job->req.stop) {
+      const std::size_t from = a.emitted > sw.size() ? a.emitted - sw.size() : 0;
+      const std::size_t p = a.text.find(sw, from);
+      if (p != std::string::npos) cut = std::min(cut, p);
+    }
+    if (cut != std::string::npos) {
+      a.text.resize(std::max(cut, a.emitted));
+      s.tail = {next};
+      end_active(a, "stop", std::nullopt);
+      continue;
+    }
+    if (a.generated >= a.job->req.max_tokens || seen >= o_.max_context) {
+      s.tail = {next};
+      end_active(a, "length", std::nullopt);
+      continue;
+    }
+    std::size_t safe = a.text.size() - incomplete_utf8_tail(a.text);
+    if (a.max_stop > 1) safe = a.text.size() > a.max_stop - 1 ? std::min(safe, a.text.size() - (a.max_stop - 1)) : 0;
+    if (safe > a.emitted) {
+      a.job->push(a.text.substr(a.emitted, safe - a.emitted));
+      a.emitted = safe;
+    }
+    {
+      std::lock_guard jl(a.job->m_);
+      a.job->completion_tokens_ = a.generated;
+    }
+  }
+  counters_.tokens_generated += generated;
+  const auto now = Clock::now();
+  rate_.emplace_back(now, generated);
+  while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(10)) rate_.pop_front();
+  std::int64_t resident = 0;
+  for (auto& sp : sessions_) resident += sp->resident;
+  counters_.peak_kv_resident = std::max(counters_.peak_kv_resident, resident);
+}
+
+void Scheduler::drain(std::chrono::milliseconds grace) {
+  std::unique_lock lock(m_);
+  draining_ = true;
+  cv_.notify_all();
+  const auto until = Clock::now() + grace;
+  while (!active_.empty() || !queue_.empty()) {
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout) {
+      abort_active_ = true;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(5), [&] { return active_.empty() && queue_.empty(); });
+      return;
+    }
+  }
+}
+
+Metrics Scheduler::metrics() {
+  std::lock_guard lock(m_);
+  Metrics m = counters_;
+  for (auto& s : sessions_) {
+    (s->busy ? m.sessions_active : m.sessions_idle) += 1;
+    m.kv_resident += s->resident;
+    m.kv_full += s->full;
+  }
+  m.kv_reserved = reserved_;
+  m.queued = static_cast<std::int64_t>(queue_.size());
+  std::int64_t tok = 0;
+  for (auto& r : rate_) tok += r.second;
+  if (!rate_.empty()) {
+    const double span =
+        std::max(1.0, std::chrono::duration<double>(Clock::now() - rate_.front().first).count());
+    m.tokens_per_second = static_cast<double>(tok) / span;
+  }
+  return m;
+}
+
+}  // namespace vq::serve

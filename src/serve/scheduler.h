@@ -1,0 +1,198 @@
+// The server's engine side: sessions (a conversation and its compressed cache), memory
+// admission, and the scheduler thread that runs every active request's prefill chunks and
+// decode steps together as batched forward steps (engine/model/batch_forward.h).
+//
+// Sessions. A chat request whose messages extend a live idle session's conversation exactly
+// (the session's messages, its last the reply it generated, are a strict prefix of the request's,
+// and the method is the same) continues that session: only the new messages are tokenized and
+// run, over the cache as it is (compression is irreversible, so nothing else can reuse it).
+// Otherwise a new session starts. A completion request always gets a new session, dropped at its
+// end. A request that fails, is cancelled (client gone) or is cut short by shutdown frees its
+// session.
+//
+// Memory as a contract. Each session holds a reservation of its method's footprint
+// (serve/footprint.h) from admission until it is dropped; the reservations together never
+// exceed --kv-memory, so neither do the caches' resident bytes. A new session that does not fit
+// first drops idle sessions, least recently used first; if it still does not fit (or
+// --max-sessions are live) the request waits in a bounded queue (FIFO); a full queue answers 503
+// at once, and a request that waits longer than the queue timeout gets 503 with Retry-After.
+//
+// Determinism. A session's prefill is cut into chunks of `chunk` tokens (the last shorter) and
+// decodes one token a step whatever else runs; its sampler is seeded by the request; so its
+// tokens are bit-identical to running it alone (tests/test_serve.cpp).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/model/batch_forward.h"
+#include "engine/model/model.h"
+#include "engine/run/sampler.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "serve/chat_template.h"
+#include "veloxquant/config.h"
+
+namespace vq::serve {
+
+// An error with the HTTP status and OpenAI error type it is answered with.
+struct ServeError {
+  int status = 500;
+  std::string type = "server_error";  // invalid_request_error, server_error, ...
+  std::string message;
+  std::string param;    // the request field at fault ("" = none)
+  int retry_after = 0;  // seconds, for 503 (0 = no header)
+};
+
+struct SchedulerOptions {
+  std::int64_t kv_memory = 0;       // bytes all sessions' reservations may hold together
+  std::int64_t max_sessions = 64;   // live sessions (active + idle)
+  std::int64_t max_context = 4096;  // positions a session may hold (<= the model's seq_len)
+  std::int64_t chunk = 32;          // prefill tokens per session per step
+  std::int64_t step_tokens = 256;   // tokens per batched step, all sessions together
+  std::int64_t max_queue = 64;      // requests waiting for admission
+  double queue_timeout_s = 30.0;    // longest wait in the queue before 503
+  CacheConfig default_method = CacheConfig("full");
+};
+
+// What a request asks for (parsed and validated by serve/openai.h).
+struct GenRequest {
+  bool chat = true;
+  std::vector<Message> messages;  // chat
+  std::string prompt;             // completion
+  std::int64_t max_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::uint64_t seed = 42;
+  std::vector<std::string> stop;
+  CacheConfig method = CacheConfig("full");
+};
+
+// One request in flight: written by the scheduler, read by the HTTP thread that waits on it.
+class Job {
+ public:
+  explicit Job(GenRequest r) : req(std::move(r)) {}
+  const GenRequest req;
+
+  // Output so far (text pieces in order), taken by the reader.
+  struct Snapshot {
+    std::string text;              // new text since the last take
+    bool admitted = false;         // left the queue (or failed there)
+    bool done = false;             // finished (normally or with an error)
+    std::string finish_reason;     // "stop", "length" (when done without error)
+    std::optional<ServeError> error;
+    std::int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    std::string session;           // the session's id
+    std::int64_t kv_resident = 0, kv_full = 0, kv_reserved = 0;
+  };
+  // Waits up to `timeout` for news (text, admission, end) and takes what is new.
+  Snapshot take(std::chrono::milliseconds timeout);
+  // The reader is gone (client disconnected): the scheduler ends the job and frees its session.
+  void cancel() noexcept { cancelled_ = true; }
+  bool cancelled() const noexcept { return cancelled_; }
+
+ private:
+  friend class Scheduler;
+  void push(const std::string& text);
+  void finish(const std::string& reason);
+  void fail(ServeError e);
+  void set_admitted();
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::string pending_;
+  bool admitted_ = false, done_ = false, news_ = false;
+  std::string finish_reason_;
+  std::optional<ServeError> error_;
+  std::atomic<bool> cancelled_{false};
+  // Statistics, written under m_.
+  std::int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
+  std::string session_;
+  std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0;
+  std::chrono::steady_clock::time_point queued_at_ = std::chrono::steady_clock::now();
+};
+
+struct Metrics {
+  std::int64_t sessions_active = 0, sessions_idle = 0, queued = 0;
+  std::int64_t kv_resident = 0;   // sum of live sessions' resident_bytes
+  std::int64_t kv_full = 0;       // what a full fp16 cache would hold for their tokens
+  std::int64_t kv_reserved = 0;   // sum of reservations
+  std::int64_t kv_memory = 0;     // --kv-memory
+  std::int64_t tokens_generated = 0, tokens_prefilled = 0, steps = 0;
+  double tokens_per_second = 0;   // generated tokens/s over the last ~10 s
+  std::int64_t footprint_exceeded = 0;  // steps after which a session held more than reserved
+  std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
+  std::int64_t requests_cancelled = 0;  // ended because the client went away
+  std::int64_t peak_kv_resident = 0;    // the most resident bytes all sessions held at once
+};
+
+class Scheduler {
+ public:
+  // The model and tokenizer must outlive the scheduler. Throws Error(kInvalidArgument) for
+  // options that cannot work (max_context past seq_len, chunk < 1, ...). Starts the thread.
+  Scheduler(const engine::Model& model, const engine::Tokenizer& tokenizer,
+            const ChatTemplate& chat, SchedulerOptions options);
+  ~Scheduler();  // stops the thread; unfinished jobs fail with 503
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a job. Throws ServeError: 400 when the method's footprint can never fit
+  // --kv-memory, 503 (Retry-After) when the queue is full or the server is draining.
+  void submit(const std::shared_ptr<Job>& job);
+
+  // The reservation a session of `method` takes (measured once per method spec, at most
+  // kMaxMethods specs; past --kv-memory the measurement stops and returns a value above it).
+  // Throws ServeError 400 for a spec past kMaxMethods.
+  std::int64_t footprint(const CacheConfig& method);
+  static constexpr std::size_t kMaxMethods = 32;
+
+  // Stops admitting (queued jobs fail with 503), lets active jobs finish, then returns once
+  // none is active or `grace` has passed (the rest then end with finish_reason "abort").
+  void drain(std::chrono::milliseconds grace);
+
+  Metrics metrics();
+  const SchedulerOptions& options() const noexcept { return o_; }
+
+ private:
+  struct Session;
+  struct Active;
+  void loop();
+  bool admit_locked(const std::shared_ptr<Job>& job);  // true: admitted (or failed)
+  void step(std::vector<Active*>& run);
+  void drop_session_locked(Session* s);
+  void end_active(Active& a, const std::string& reason, std::optional<ServeError> err);
+
+  const engine::Model* model_;
+  const engine::Tokenizer* tok_;
+  const ChatTemplate* chat_;
+  SchedulerOptions o_;
+  std::int32_t stop_token_;  // the model's own stop token (generate.h's rule)
+  engine::BatchForward forward_;
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::list<std::unique_ptr<Session>> sessions_;  // front = most recently used
+  std::list<std::unique_ptr<Active>> active_;     // in admission order
+  std::mutex fp_m_;  // guards footprints_ (computed outside m_: a probe takes a while)
+  std::map<std::string, std::int64_t> footprints_;
+  std::int64_t reserved_ = 0;
+  std::int64_t next_session_ = 1;
+  std::size_t rr_ = 0;  // round-robin start when a step cannot take every session
+  bool draining_ = false, stopping_ = false, abort_active_ = false;
+  Metrics counters_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::int64_t>> rate_;  // tokens
+  std::thread thread_;
+};
+
+}  // namespace vq::serve

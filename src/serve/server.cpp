@@ -1,0 +1,347 @@
+#include "serve/server.h"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "engine/model/model.h"
+#include "engine/model/transformer.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "serve/chat_template.h"
+#include "serve/openai.h"
+#include "veloxquant/errors.h"
+
+namespace vq::serve {
+
+namespace {
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+void send_error(httplib::Response& res, const ServeError& e) {
+  res.status = e.status;
+  if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
+  res.set_content(error_json(e), "application/json");
+}
+
+const char* reason_of(int status) {
+  switch (status) {
+    case 400: return "bad request";
+    case 401: return "missing or wrong API key";
+    case 404: return "no such endpoint";
+    case 405: return "method not allowed on this endpoint";
+    case 413: return "the request body is larger than --max-body";
+    case 414: return "the request URI is too long";
+    default: return "request failed";
+  }
+}
+
+std::int64_t process_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  std::int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string metrics_text(const Metrics& m) {
+  std::ostringstream o;
+  auto gauge = [&](const char* name, const char* help, auto value, const char* type = "gauge") {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << " " << value << "\n";
+  };
+  o << "# HELP veloxquant_sessions Live sessions (a conversation and its cache) by state\n"
+       "# TYPE veloxquant_sessions gauge\n"
+    << "veloxquant_sessions{state=\"active\"} " << m.sessions_active << "\n"
+    << "veloxquant_sessions{state=\"idle\"} " << m.sessions_idle << "\n";
+  gauge("veloxquant_queued_requests", "Requests waiting for K/V memory", m.queued);
+  gauge("veloxquant_tokens_per_second", "Generated tokens per second over the last 10 s",
+        m.tokens_per_second);
+  gauge("veloxquant_kv_resident_bytes", "K/V cache bytes the live sessions hold (resident_bytes)",
+        m.kv_resident);
+  gauge("veloxquant_kv_full_bytes",
+        "Bytes a full fp16 cache would hold for the same sessions' tokens", m.kv_full);
+  gauge("veloxquant_kv_reserved_bytes", "Sum of the live sessions' footprint reservations",
+        m.kv_reserved);
+  gauge("veloxquant_kv_memory_bytes", "The --kv-memory limit", m.kv_memory);
+  gauge("veloxquant_kv_peak_resident_bytes", "Most K/V bytes all sessions held at once",
+        m.peak_kv_resident);
+  gauge("veloxquant_process_resident_bytes", "The process's resident set size",
+        process_rss_bytes());
+  gauge("veloxquant_generated_tokens_total", "Tokens generated", m.tokens_generated, "counter");
+  gauge("veloxquant_prefill_tokens_total", "Prompt tokens run", m.tokens_prefilled, "counter");
+  gauge("veloxquant_batch_steps_total", "Batched forward steps", m.steps, "counter");
+  gauge("veloxquant_requests_rejected_total", "Requests answered 503 (queue full, timeout, "
+        "shutdown)", m.requests_rejected, "counter");
+  gauge("veloxquant_requests_cancelled_total", "Requests ended because the client went away",
+        m.requests_cancelled, "counter");
+  gauge("veloxquant_sessions_evicted_total", "Idle sessions dropped to make room",
+        m.sessions_evicted, "counter");
+  gauge("veloxquant_sessions_reused_total", "Requests that continued a live session's cache",
+        m.sessions_reused, "counter");
+  gauge("veloxquant_kv_footprint_exceeded_total",
+        "Steps after which a session held more than its reservation (should stay 0)",
+        m.footprint_exceeded, "counter");
+  return o.str();
+}
+
+struct StreamState {
+  std::shared_ptr<Job> job;
+  std::string id, model;
+  std::int64_t created = 0;
+  bool chat = true, include_usage = false, first = true;
+  std::string carry;  // text taken while waiting for admission
+};
+}  // namespace
+
+int run_server(const ServeOptions& o) {
+  // Signals go to one thread (sigtimedwait below); block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+
+  const CacheConfig method = CacheConfig::parse(o.method);
+  const engine::Model model = engine::Model::load(o.model);
+  const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
+  const engine::ModelConfig& mc = model.config();
+  const TemplateKind kind =
+      o.chat_template.empty()
+          ? detect_template(model_chat_template(model.path(), model.directory(), mc.format))
+          : parse_template_name(o.chat_template);
+  const ChatTemplate chat(kind, *tokenizer, mc.bos_id, mc.eos_id);
+
+  SchedulerOptions so;
+  so.kv_memory = o.kv_memory;
+  so.max_sessions = o.max_sessions;
+  so.max_context = o.max_context == 0 ? std::min<std::int64_t>(4096, mc.seq_len) : o.max_context;
+  so.chunk = o.chunk;
+  so.step_tokens = o.step_tokens;
+  so.max_queue = o.max_queue;
+  so.queue_timeout_s = o.queue_timeout_s;
+  so.default_method = method;
+  if (so.max_context > mc.seq_len) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--max-context " + std::to_string(so.max_context) + " is past the model's context (" +
+                    std::to_string(mc.seq_len) + " positions in " + model.path() + ")");
+  }
+  Scheduler sched(model, *tokenizer, chat, so);
+  const std::int64_t need = sched.footprint(method);
+  if (need > o.kv_memory) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--kv-memory " + std::to_string(o.kv_memory) + " holds no session of --method " +
+                    method.spec() + ": one may hold " + std::to_string(need) +
+                    " bytes or more at --max-context " + std::to_string(so.max_context));
+  }
+  const std::string model_name = std::filesystem::path(model.path()).filename().string();
+  std::fprintf(stderr,
+               "veloxquant serve: %s (%lld layers, context %lld), template %s, method %s: a "
+               "session reserves %lld bytes; --kv-memory %lld holds %lld\n",
+               model.path().c_str(), static_cast<long long>(mc.n_layers),
+               static_cast<long long>(so.max_context), to_string(kind), method.spec().c_str(),
+               static_cast<long long>(need), static_cast<long long>(o.kv_memory),
+               static_cast<long long>(o.kv_memory / need));
+
+  httplib::Server svr;
+  const int pool = o.http_threads > 0
+                       ? o.http_threads
+                       : static_cast<int>(std::min<std::int64_t>(256, 2 * o.max_sessions + 8));
+  svr.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<size_t>(pool)); };
+  svr.set_payload_max_length(static_cast<size_t>(o.max_body));
+  svr.set_read_timeout(5, 0);
+  svr.set_write_timeout(5, 0);
+  svr.set_keep_alive_timeout(5);
+  std::atomic<bool> draining{false};
+  std::atomic<int> inflight{0};
+  std::atomic<std::int64_t> next_id{1};
+
+  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.body.empty()) {
+      res.set_content(error_json(ServeError{res.status,
+                                            res.status >= 500 ? "server_error"
+                                                              : "invalid_request_error",
+                                            reason_of(res.status), "", 0}),
+                      "application/json");
+    }
+  });
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.get_header_value("Authorization") != "Bearer " + o.api_key) {
+      send_error(res, ServeError{401, "invalid_request_error",
+                                 "missing or wrong API key (send Authorization: Bearer KEY)", "", 0});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  auto generate = [&](bool chat_endpoint) {
+    return [&, chat_endpoint](const httplib::Request& req, httplib::Response& res) {
+      if (draining) {
+        send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
+        return;
+      }
+      ParsedRequest p;
+      try {
+        p = parse_request(req.body, chat_endpoint, method, so.max_context);
+      } catch (const ServeError& e) {
+        send_error(res, e);
+        return;
+      }
+      auto job = std::make_shared<Job>(p.gen);
+      try {
+        sched.submit(job);
+      } catch (const ServeError& e) {
+        send_error(res, e);
+        return;
+      } catch (const Error& e) {
+        send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
+        return;
+      }
+      // Wait for admission (or a failure there) before answering: errors keep their status.
+      std::string carry;
+      Job::Snapshot snap;
+      for (;;) {
+        snap = job->take(100ms);
+        carry += snap.text;
+        if (snap.admitted || snap.done) break;
+      }
+      if (snap.error) {
+        send_error(res, *snap.error);
+        return;
+      }
+      const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
+      const std::string id = (chat_endpoint ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+      if (!p.stream) {
+        while (!snap.done) {
+          snap = job->take(200ms);
+          carry += snap.text;
+        }
+        if (snap.error) {
+          send_error(res, *snap.error);
+          return;
+        }
+        res.set_content(dump(completion_json(id, chat_endpoint, model_name, created, carry, snap)),
+                        "application/json");
+        return;
+      }
+      auto st = std::make_shared<StreamState>();
+      st->job = job;
+      st->id = id;
+      st->model = model_name;
+      st->created = created;
+      st->chat = chat_endpoint;
+      st->include_usage = p.include_usage;
+      st->carry = std::move(carry);
+      ++inflight;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [st](size_t, httplib::DataSink& sink) {
+            auto send = [&](const std::string& data) {
+              const std::string line = "data: " + data + "\n\n";
+              return sink.write(line.data(), line.size());
+            };
+            Job::Snapshot s = st->job->take(st->carry.empty() ? 100ms : 0ms);
+            const std::string text = st->carry + s.text;
+            st->carry.clear();
+            bool ok = true;
+            if (!text.empty() || st->first) {
+              ok = send(dump(chunk_json(st->id, st->chat, st->model, st->created, text, nullptr, s,
+                                        st->first)));
+              st->first = false;
+            }
+            if (ok && s.done) {
+              if (s.error) {
+                ok = send(error_json(*s.error));
+              } else {
+                json last = chunk_json(st->id, st->chat, st->model, st->created, "",
+                                       s.finish_reason.c_str(), s, false);
+                last["usage"] = {{"prompt_tokens", s.prompt_tokens},
+                                 {"completion_tokens", s.completion_tokens},
+                                 {"total_tokens", s.prompt_tokens + s.completion_tokens},
+                                 {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
+                ok = send(dump(last));
+              }
+              ok = ok && send("[DONE]");
+              if (ok) sink.done();
+            }
+            if (!ok) {
+              st->job->cancel();
+              return false;
+            }
+            return true;
+          },
+          [st, &inflight](bool success) {
+            if (!success) st->job->cancel();
+            --inflight;
+          });
+    };
+  };
+  svr.Post("/v1/chat/completions", generate(true));
+  svr.Post("/v1/completions", generate(false));
+  svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    json j = {{"object", "list"},
+              {"data", json::array({{{"id", model_name},
+                                     {"object", "model"},
+                                     {"created", 0},
+                                     {"owned_by", "veloxquant"}}})}};
+    res.set_content(dump(j), "application/json");
+  });
+  svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    if (draining) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(sched.metrics()), "text/plain; version=0.0.4");
+  });
+  svr.Get("/", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(chat_page_html(), "text/html; charset=utf-8");
+  });
+
+  int port = o.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    if (port < 0) throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + " (any port)");
+  } else if (!svr.bind_to_port(o.host, port)) {
+    throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + ":" + std::to_string(port) +
+                                         " (in use, or not an address of this machine)");
+  }
+  std::printf("veloxquant serve: listening on http://%s:%d\n", o.host.c_str(), port);
+  std::fflush(stdout);
+
+  std::atomic<bool> quit{false};
+  std::thread signals([&] {
+    const timespec tick{0, 200 * 1000 * 1000};
+    while (!quit) {
+      const int sig = sigtimedwait(&sigs, nullptr, &tick);
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      std::fprintf(stderr, "veloxquant serve: signal %d: finishing requests in flight\n", sig);
+      draining = true;
+      sched.drain(std::chrono::milliseconds(static_cast<std::int64_t>(o.shutdown_grace_s * 1000)));
+      // Let the streams write their last events (bounded).
+      for (int i = 0; i < 100 && inflight > 0; ++i) std::this_thread::sleep_for(50ms);
+      svr.stop();
+      return;
+    }
+  });
+  const bool ok = svr.listen_after_bind();
+  quit = true;
+  signals.join();
+  std::fprintf(stderr, "veloxquant serve: stopped\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace vq::serve

@@ -1,0 +1,46 @@
+// `veloxquant serve`: an OpenAI-compatible HTTP server over the scheduler (serve/scheduler.h),
+// on cpp-httplib (Debian libcpp-httplib-dev).
+//
+//   POST /v1/chat/completions, POST /v1/completions   (stream: true -> server-sent events
+//                                                     ending in "data: [DONE]")
+//   GET  /v1/models, GET /health, GET /metrics (Prometheus text), GET / (the chat page)
+//
+// Errors are OpenAI's {"error": {...}} with the HTTP status (400 invalid request, 401 missing
+// or wrong API key, 404, 405, 413 body over --max-body, 503 + Retry-After when no memory comes
+// free or while shutting down, 500 on an engine failure). SIGTERM or SIGINT: stop admitting
+// (new requests 503), let requests in flight finish within --shutdown-grace (streams then end
+// with finish_reason "abort" and [DONE]), close the listener and return.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "serve/scheduler.h"
+
+namespace vq::serve {
+
+struct ServeOptions {
+  std::string model, tokenizer, method = "full", chat_template;  // "" = from the model
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (the one chosen is printed)
+  std::string api_key;
+  std::int64_t kv_memory = std::int64_t{1} << 30;
+  std::int64_t max_sessions = 64;
+  std::int64_t max_context = 0;  // 0: min(4096, the model's seq_len)
+  std::int64_t chunk = 32;
+  std::int64_t step_tokens = 256;
+  std::int64_t max_queue = 64;
+  double queue_timeout_s = 30.0;
+  std::int64_t max_body = 1 << 20;
+  double shutdown_grace_s = 10.0;
+  int http_threads = 0;  // 0: 2 * max_sessions + 8, at most 256
+};
+
+// Loads the model, serves until SIGTERM/SIGINT, returns the process exit code. Prints
+// "veloxquant serve: listening on http://HOST:PORT" to stdout once the socket is bound.
+int run_server(const ServeOptions& options);
+
+// The chat page (plain HTML and JavaScript, no framework).
+const char* chat_page_html() noexcept;
+
+}  // namespace vq::serve

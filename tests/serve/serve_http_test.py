@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""`veloxquant serve` over HTTP on 127.0.0.1 (bounded in count and time): endpoints, OpenAI
+errors with their statuses, streaming, batched streams equal to one alone, a client that
+disconnects mid-stream, a flood of idle and garbage connections, and SIGTERM mid-generation.
+
+Usage: serve_http_test.py VELOXQUANT_BINARY PROJECT_ROOT"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import Server, stream_text  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def error_of(body):
+    try:
+        return json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def main():
+    binary, root = sys.argv[1], sys.argv[2]
+    model = os.path.join(root, "data", "stories260K.bin")
+    key = {"Authorization": "Bearer k3y"}
+    srv = Server(binary, model, "--kv-memory", "16M", "--max-body", "4096", "--api-key", "k3y",
+                 "--threads", "1", "--shutdown-grace", "0.2")
+    try:
+        chat = "/v1/chat/completions"
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        st, _, body = srv.request("GET", "/health")
+        check(st == 200 and json.loads(body)["status"] == "ok", "GET /health is ok")
+        st, _, body = srv.request("GET", "/v1/models", headers=key)
+        check(st == 200 and json.loads(body)["data"][0]["id"] == "stories260K.bin", "GET /v1/models")
+        st, _, body = srv.request("POST", chat, {"messages": msgs})
+        check(st == 401 and "API key" in error_of(body).get("message", ""), "no API key: 401")
+        st, _, body = srv.request("POST", chat, "{\"messages\": [", key)
+        check(st == 400 and "not valid JSON" in error_of(body).get("message", ""),
+              "malformed JSON: 400 (%s)" % error_of(body).get("message", body)[:60])
+        st, _, body = srv.request("POST", chat, json.dumps({"messages": msgs, "pad": "x" * 8000}), key)
+        check(st == 413 and error_of(body).get("message"), "oversized body: 413 with a message")
+        st, _, body = srv.request("POST", chat, {"messages": msgs, "frobnicate": 1}, key)
+        check(st == 400 and error_of(body).get("param") == "frobnicate", "unknown field: 400")
+        for field, value in (("temperature", 5), ("max_tokens", "ten"), ("top_p", -0.1),
+                             ("seed", 0), ("stop", [1])):
+            st, _, body = srv.request("POST", chat, {"messages": msgs, field: value}, key)
+            check(st == 400 and error_of(body).get("param") == field,
+                  "invalid %s: 400 naming it" % field)
+        st, _, body = srv.request("POST", chat, {"messages": msgs, "veloxquant": {"method": "h2o:budget=-3"}}, key)
+        check(st == 400 and error_of(body).get("param") == "veloxquant.method", "invalid method: 400")
+        st, _, body = srv.request("GET", "/nope", headers=key)
+        check(st == 404 and error_of(body).get("message"), "unknown path: 404 with a message")
+
+        st, _, body = srv.request("POST", chat, {"messages": msgs, "max_tokens": 20, "temperature": 0}, key)
+        j = json.loads(body) if st == 200 else {}
+        greedy = j.get("choices", [{}])[0].get("message", {}).get("content", "")
+        check(st == 200 and len(greedy) > 20 and j["usage"]["completion_tokens"] == 20,
+              "chat completion: 20 tokens")
+
+        # The next turn of that conversation continues the session's cache.
+        turn2 = msgs + [{"role": "assistant", "content": greedy}, {"role": "user", "content": "Then"}]
+        st, _, body = srv.request("POST", chat, {"messages": turn2, "max_tokens": 5, "temperature": 0}, key)
+        j2 = json.loads(body) if st == 200 else {}
+        check(st == 200 and j2["veloxquant"]["session"] == j["veloxquant"]["session"]
+              and j2["usage"]["prompt_tokens_details"]["cached_tokens"] == j["usage"]["prompt_tokens"] + 19,
+              "the second turn continues the session (%s cached)" %
+              j2.get("usage", {}).get("prompt_tokens_details"))
+
+        # One streamed alone, then eight at once (one of them the same request): same text.
+        req = {"messages": msgs, "max_tokens": 40, "temperature": 0.9, "seed": 5, "stream": True}
+        st, ev = srv.stream(chat, req, key)
+        alone, finish, done = stream_text(ev)
+        check(st == 200 and done and finish == "length" and alone, "stream ends with [DONE]")
+        results = {}
+
+        def run(i):
+            r = dict(req, seed=5 if i == 0 else 100 + i,
+                     veloxquant={"method": "full" if i % 2 == 0 else "h2o:budget=16"})
+            results[i] = srv.stream(chat, r, key)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        ok = all(i in results and results[i][0] == 200 and stream_text(results[i][1])[2] for i in range(8))
+        check(ok, "eight concurrent streams all end with [DONE]")
+        check(ok and stream_text(results[0][1])[0] == alone,
+              "a stream's text in a batch of eight equals its text alone")
+
+        # A flood: 100 idle connections and 20 sending garbage; the server keeps answering.
+        socks = []
+        for i in range(120):
+            try:
+                c = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+                if i >= 100:
+                    c.sendall(b"GARBAGE \x00\xff\r\n\r\n")
+                socks.append(c)
+            except OSError:
+                break
+        t0 = time.time()
+        st, _, body = srv.request("POST", chat, {"messages": msgs, "max_tokens": 20, "temperature": 0},
+                                  key, timeout=30)
+        check(st == 200 and json.loads(body)["choices"][0]["message"]["content"] == greedy,
+              "served during a flood of %d connections (%.1f s), same text" % (len(socks), time.time() - t0))
+        for c in socks:
+            c.close()
+
+        m = srv.metrics()
+        check(m["veloxquant_kv_footprint_exceeded_total"] == 0, "no session above its footprint")
+        check(m["veloxquant_kv_peak_resident_bytes"] <= m["veloxquant_kv_memory_bytes"],
+              "peak K/V bytes within --kv-memory")
+
+    finally:
+        srv.stop()
+
+    # A slower model for what must happen mid-generation: llama-110m's shape with 2 layers and
+    # random weights (make-model), the llama vocabulary from data/.
+    tmp = tempfile.mkdtemp(prefix="vq_serve_test_")
+    try:
+        subprocess.run([binary, "make-model", "--shape", "llama-110m", "--layers", "2", "--out",
+                        tmp], check=True, capture_output=True, timeout=60)
+        srv = Server(binary, tmp, "--tokenizer", os.path.join(root, "data", "ggml-vocab-llama-spm.gguf"),
+                     "--kv-memory", "256M", "--max-context", "1024", "--threads", "1",
+                     "--shutdown-grace", "0.5", "--api-key", "k3y")
+        try:
+            chat = "/v1/chat/completions"
+            # A client that goes away mid-stream: its session is freed, others keep being served.
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            b = json.dumps({"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 900,
+                            "stream": True}).encode()
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+            got = b""
+            while b"data: " not in got and len(got) < 65536:
+                more = s.recv(4096)
+                if not more:
+                    break
+                got += more
+            s.close()
+            check(b"data: " in got, "disconnecting client got its first event")
+            m0 = srv.metrics()["veloxquant_requests_cancelled_total"]
+            active = None
+            for _ in range(50):
+                m = srv.metrics()
+                active = m.get('veloxquant_sessions{state="active"}')
+                if active == 0:
+                    break
+                time.sleep(0.1)
+            check(active == 0, "the disconnected client's session is freed")
+            check(srv.metrics()["veloxquant_requests_cancelled_total"] == m0 + 1,
+                  "the request was ended as cancelled mid-generation")
+            st, _, body = srv.request("POST", chat, {"messages": msgs, "max_tokens": 5}, key)
+            check(st == 200, "the next request is served")
+
+            # SIGTERM mid-generation: the stream ends cleanly with [DONE], the process exits 0.
+            events = []
+
+            def long_stream():
+                events.extend(srv.stream(chat, {"messages": [{"role": "user", "content": "Tom"}],
+                                                "max_tokens": 900, "temperature": 1.0, "stream": True},
+                                         key)[1])
+
+            t = threading.Thread(target=long_stream)
+            t.start()
+            time.sleep(0.3)
+            srv.proc.send_signal(signal.SIGTERM)
+            t.join(30)
+            _, finish, done = stream_text(events)
+            check(done and finish == "abort" and len(events) > 3,
+                  "SIGTERM mid-stream: the stream ends with finish_reason %s and [DONE]" % finish)
+            rc = srv.proc.wait(timeout=30)
+            check(rc == 0, "the server exits 0 after SIGTERM (rc %s)" % rc)
+
+        finally:
+            srv.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print("%d failed: %s" % (len(failures), "; ".join(failures)))
+        return 1
+    print("all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

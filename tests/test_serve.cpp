@@ -1,0 +1,389 @@
+// The server's engine side: the batched forward against Transformer::forward (bit for bit), the
+// scheduler's tokens against run.c's reference and against themselves alone vs batched, session
+// reuse, the measured footprint against real sessions, admission and the queue, chat templates
+// and request parsing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/model/batch_forward.h"
+#include "engine/model/transformer.h"
+#include "engine/run/generate.h"
+#include "engine/tokenizers/tokenizer.h"
+#include "engine_test_util.h"
+#include "serve/chat_template.h"
+#include "serve/footprint.h"
+#include "serve/openai.h"
+#include "serve/scheduler.h"
+
+namespace vq {
+namespace {
+
+using namespace std::chrono_literals;
+
+const engine::Model& stories() {
+  static const engine::Model m = engine::Model::load(test::data("stories260K.bin"));
+  return m;
+}
+const engine::Tokenizer& stories_tok() {
+  static const auto t = engine::load_tokenizer("", stories());
+  return *t;
+}
+
+// ---- Batched forward -------------------------------------------------------------------------
+
+TEST(BatchForward, EachSequenceMatchesTransformerForwardBitForBit) {
+  const engine::Model& m = stories();
+  const engine::ModelConfig& c = m.config();
+  const ModelShape shape = engine::model_shape(c);
+  // Three sequences with different methods (plain rows, an evicting method, packed KIVI rows)
+  // and different step sizes, run together; each alone through Transformer::forward.
+  const std::vector<std::string> specs = {"full", "h2o:budget=12", "kivi:bit_width_inlier=4,group_size=32,residual_length=32"};
+  std::vector<std::vector<std::int32_t>> tokens(3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::int32_t t = 0; t < 60; ++t)
+      tokens[i].push_back(static_cast<std::int32_t>((t * 37 + 11 * i + 5) % c.vocab_size));
+  }
+  // Per step the tokens each sequence takes (a prefill chunk, then single decode tokens).
+  const std::vector<std::vector<std::int64_t>> steps = {
+      {7, 16, 3}, {1, 1, 16}, {1, 1, 1}, {5, 1, 1}, {1, 9, 1}, {1, 1, 1}};
+  std::vector<ModelCache> batched, alone;
+  for (const auto& s : specs) {
+    batched.push_back(KVCacheBuilder::for_model(CacheConfig::parse(s), shape));
+    alone.push_back(KVCacheBuilder::for_model(CacheConfig::parse(s), shape));
+  }
+  engine::BatchForward bf(m, 64, 16, 128);
+  engine::Transformer tf(m, 16, 128);
+  std::vector<std::int64_t> at(3, 0);
+  for (const auto& step : steps) {
+    std::vector<engine::BatchItem> items;
+    for (std::size_t i = 0; i < 3; ++i) {
+      items.push_back({tokens[i].data() + at[i], step[i], &batched[i], true});
+    }
+    bf.forward(items);
+    for (std::size_t i = 0; i < 3; ++i) {
+      const float* want = tf.forward(tokens[i].data() + at[i], step[i], alone[i], engine::Logits::kLast);
+      ASSERT_EQ(std::memcmp(want, bf.logits(i), sizeof(float) * static_cast<std::size_t>(c.vocab_size)), 0)
+          << specs[i] << " at position " << at[i];
+      at[i] += step[i];
+      EXPECT_EQ(batched[i].stats().resident_bytes, alone[i].stats().resident_bytes) << specs[i];
+    }
+  }
+}
+
+TEST(BatchForward, RefusesBadSteps) {
+  engine::BatchForward bf(stories(), 8, 4, 64);
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(stories().config()));
+  const std::int32_t toks[5] = {1, 2, 3, 4, 5};
+  std::vector<engine::BatchItem> too_long = {{toks, 5, &cache, true}};
+  EXPECT_THROW(bf.forward(too_long), Error);
+  std::vector<engine::BatchItem> twice = {{toks, 1, &cache, true}, {toks, 1, &cache, true}};
+  EXPECT_THROW(bf.forward(twice), Error);
+  EXPECT_THROW(bf.forward({}), Error);
+  EXPECT_EQ(cache.layer(0).tokens_seen(), 0);  // refused before any cache step began
+}
+
+// ---- Scheduler -------------------------------------------------------------------------------
+
+struct Rig {
+  serve::ChatTemplate chat{serve::TemplateKind::kPlain, stories_tok(), stories().config().bos_id,
+                           stories().config().eos_id};
+  std::unique_ptr<serve::Scheduler> sched;
+  explicit Rig(serve::SchedulerOptions o) {
+    sched = std::make_unique<serve::Scheduler>(stories(), stories_tok(), chat, std::move(o));
+  }
+};
+
+serve::SchedulerOptions small_options() {
+  serve::SchedulerOptions o;
+  o.kv_memory = 64 << 20;
+  o.max_context = 512;
+  o.chunk = 16;
+  o.step_tokens = 128;
+  return o;
+}
+
+serve::GenRequest completion(const std::string& prompt, std::int64_t max_tokens, float temp,
+                             std::uint64_t seed, const std::string& method = "full") {
+  serve::GenRequest r;
+  r.chat = false;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.temperature = temp;
+  r.top_p = 0.9f;
+  r.seed = seed;
+  r.method = CacheConfig::parse(method);
+  return r;
+}
+
+// Waits (bounded) for a job's end and returns its text and last snapshot.
+std::pair<std::string, serve::Job::Snapshot> finish(const std::shared_ptr<serve::Job>& job) {
+  std::string text;
+  serve::Job::Snapshot s;
+  for (int i = 0; i < 600 && !s.done; ++i) {
+    s = job->take(100ms);
+    text += s.text;
+  }
+  EXPECT_TRUE(s.done) << "the job did not finish within 60 s";
+  return {text, s};
+}
+
+TEST(Scheduler, GreedyCompletionReproducesRunC) {
+  // run.c -t 0 -i "Once upon a time" -n 256 (an independent implementation): the server's
+  // completion is its stdout after the prompt, for the tokens asked.
+  Rig rig(small_options());
+  auto job = std::make_shared<serve::Job>(completion("Once upon a time", 60, 0.0f, 42));
+  rig.sched->submit(job);
+  const auto [text, s] = finish(job);
+  EXPECT_EQ(s.finish_reason, "length");
+  EXPECT_EQ(s.completion_tokens, 60);
+  EXPECT_EQ(s.prompt_tokens, 5);
+  const std::string ref =
+      test::read_all(test::data("reference/stories260K_runc_t0_OnceUponATime_n256.stdout.txt"));
+  ASSERT_EQ(ref.rfind("Once upon a time", 0), 0u);
+  EXPECT_EQ(text, ref.substr(16, text.size()));
+  EXPECT_GT(text.size(), 150u);
+}
+
+TEST(Scheduler, TokensAreTheSameAloneAndInABatch) {
+  // Sampled (t = 0.9, top-p 0.9) with an evicting method and prompts longer than a chunk:
+  // each request's text alone, then all four at once; and the full method against generate().
+  const std::vector<serve::GenRequest> reqs = {
+      completion("Once upon a time", 40, 0.9f, 7, "h2o:budget=24"),
+      completion("Lily and Tom went to the park to play with a big red ball and a small dog", 50,
+                 0.9f, 11, "full"),
+      completion("The cat", 30, 0.9f, 13, "streaming_llm:budget=20"),
+      completion("One day, a little bird flew over the house and saw a boy who was sad", 45, 0.9f,
+                 17, "h2o:budget=24")};
+  std::vector<std::string> alone;
+  {
+    Rig rig(small_options());
+    for (const auto& r : reqs) {
+      auto job = std::make_shared<serve::Job>(r);
+      rig.sched->submit(job);
+      alone.push_back(finish(job).first);
+    }
+  }
+  Rig rig(small_options());
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (const auto& r : reqs) {
+    jobs.push_back(std::make_shared<serve::Job>(r));
+    rig.sched->submit(jobs.back());
+  }
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(finish(jobs[i]).first, alone[i]) << "request " << i;
+    EXPECT_FALSE(alone[i].empty());
+  }
+  EXPECT_GT(rig.sched->metrics().steps, 0);
+  // The full method's request against the one-shot generator (its prompt is one prefill step
+  // there, several chunks here: a cache keeping every row gives the same logits either way).
+  engine::GenerateOptions g;
+  g.prompt = reqs[1].prompt;
+  g.temperature = 0.9f;
+  g.top_p = 0.9f;
+  g.seed = 11;
+  g.steps = 200;
+  const auto r = engine::generate(stories(), stories_tok(), g);
+  std::string want;
+  for (std::size_t i = static_cast<std::size_t>(r.n_prompt);
+       i < r.ids.size() && i < static_cast<std::size_t>(r.n_prompt + 50); ++i)
+    want += stories_tok().piece(r.ids[i - 1], r.ids[i]);
+  EXPECT_EQ(alone[1], want);
+}
+
+TEST(Scheduler, AChatThatExtendsASessionContinuesItsCache) {
+  Rig rig(small_options());
+  serve::GenRequest r;
+  r.messages = {{"user", "Once upon a time"}};
+  r.max_tokens = 20;
+  r.temperature = 0;
+  auto j1 = std::make_shared<serve::Job>(r);
+  rig.sched->submit(j1);
+  const auto [t1, s1] = finish(j1);
+  r.messages.push_back({"assistant", t1});
+  r.messages.push_back({"user", "The end."});
+  auto j2 = std::make_shared<serve::Job>(r);
+  rig.sched->submit(j2);
+  const auto [t2, s2] = finish(j2);
+  EXPECT_EQ(s2.session, s1.session);
+  // The first turn's prompt and the 19 tokens it fed (the 20th was sampled, fed now).
+  EXPECT_EQ(s2.cached_tokens, s1.prompt_tokens + 19);
+  EXPECT_LT(s2.prompt_tokens - s2.cached_tokens, 10);
+  // A conversation that does not extend it (edited reply) gets a new session.
+  r.messages[1].content += "!";
+  auto j3 = std::make_shared<serve::Job>(r);
+  rig.sched->submit(j3);
+  const auto s3 = finish(j3).second;
+  EXPECT_NE(s3.session, s1.session);
+  EXPECT_EQ(s3.cached_tokens, 0);
+  EXPECT_EQ(rig.sched->metrics().sessions_reused, 1);
+}
+
+TEST(Scheduler, SessionsStayWithinTheirMeasuredFootprint) {
+  // Long conversations (to the context's end) with several methods; the footprint is an upper
+  // bound on what each session's cache reports, and the plain full cache's bound is at least the
+  // fp16 bytes of every row (layers x heads x positions x head_dim x K,V x 2 bytes).
+  const auto& c = stories().config();
+  auto o = small_options();
+  const std::int64_t full_rows = c.n_layers * c.n_kv_heads * o.max_context * c.head_dim * 2 * 2;
+  const std::int64_t full_fp = serve::session_footprint(CacheConfig("full"), engine::model_shape(c),
+                                                        o.max_context, o.chunk);
+  EXPECT_GE(full_fp, full_rows);
+  // With a limit the measurement stops once past it: above the limit, below the whole footprint.
+  const std::int64_t capped = serve::session_footprint(
+      CacheConfig("full"), engine::model_shape(c), o.max_context, o.chunk, full_rows / 4);
+  EXPECT_GT(capped, full_rows / 4);
+  EXPECT_LT(capped, full_fp);
+  Rig rig(o);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (const std::string m : {"full", "h2o:budget=64", "kivi:bit_width_inlier=2,group_size=32,residual_length=32",
+                              "tova:budget=40", "snapkv:budget=48"}) {
+    std::string prompt;
+    for (int i = 0; i < 30; ++i) prompt += "Tom had a ball and a dog. ";
+    jobs.push_back(std::make_shared<serve::Job>(completion(prompt, 511, 1.0f, 3, m)));
+    rig.sched->submit(jobs.back());
+  }
+  for (auto& j : jobs) {
+    const auto s = finish(j).second;
+    EXPECT_FALSE(s.error.has_value());
+    EXPECT_LE(s.kv_resident, s.kv_reserved) << j->req.method.spec();
+  }
+  const serve::Metrics m = rig.sched->metrics();
+  EXPECT_EQ(m.footprint_exceeded, 0);
+  EXPECT_LE(m.peak_kv_resident, o.kv_memory);
+}
+
+TEST(Scheduler, AdmissionWaitsForMemoryThenRejectsWithRetryAfter) {
+  auto o = small_options();
+  const std::int64_t one =
+      serve::session_footprint(CacheConfig("full"), engine::model_shape(stories().config()),
+                               o.max_context, o.chunk);
+  o.kv_memory = 2 * one;  // two full sessions
+  o.max_queue = 1;
+  Rig rig(o);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(std::make_shared<serve::Job>(completion("Once", 300, 1.0f, 5 + i)));
+    rig.sched->submit(jobs.back());
+    serve::Job::Snapshot s;
+    for (int k = 0; k < 100 && !s.admitted; ++k) s = jobs.back()->take(50ms);
+    ASSERT_TRUE(s.admitted);
+  }
+  auto third = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
+  rig.sched->submit(third);  // waits: no memory
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(rig.sched->metrics().queued, 1);
+  EXPECT_EQ(rig.sched->metrics().kv_reserved, 2 * one);
+  auto fourth = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
+  try {
+    rig.sched->submit(fourth);
+    ADD_FAILURE() << "a full queue must refuse";
+  } catch (const serve::ServeError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.retry_after, 1);
+  }
+  // A method whose footprint can never fit is refused at once with 400.
+  auto big = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
+  serve::SchedulerOptions tiny = small_options();
+  tiny.kv_memory = one / 2;
+  Rig rig2(tiny);
+  try {
+    rig2.sched->submit(big);
+    ADD_FAILURE() << "a footprint over --kv-memory must be refused";
+  } catch (const serve::ServeError& e) {
+    EXPECT_EQ(e.status, 400);
+  }
+  jobs[0]->cancel();  // the client went away: its session is freed and the third gets in
+  const auto s3 = finish(third).second;
+  EXPECT_FALSE(s3.error.has_value());
+  EXPECT_EQ(s3.completion_tokens, 5);
+  finish(jobs[1]);
+  EXPECT_LE(rig.sched->metrics().kv_reserved, 2 * one);
+}
+
+// ---- Chat templates and requests -------------------------------------------------------------
+
+TEST(ChatTemplates, RecognisedByTheirMarkers) {
+  using serve::TemplateKind;
+  EXPECT_EQ(serve::detect_template(""), TemplateKind::kPlain);
+  EXPECT_EQ(serve::detect_template("{% for m in messages %}<|im_start|>{{ m.role }}"),
+            TemplateKind::kChatML);
+  EXPECT_EQ(serve::detect_template("{{ '<|start_header_id|>' + message['role'] }}"),
+            TemplateKind::kLlama3);
+  EXPECT_EQ(serve::detect_template("[INST] <<SYS>>\\n' + system + '\\n<</SYS>>"),
+            TemplateKind::kLlama2);
+  EXPECT_EQ(serve::detect_template("{{ '[INST] ' + message['content'] + ' [/INST]' }}"),
+            TemplateKind::kMistral);
+  EXPECT_THROW(serve::detect_template("{{ '<start_of_turn>' + role }}"), Error);
+  EXPECT_THROW(serve::parse_template_name("jinja"), Error);
+}
+
+TEST(ChatTemplates, RenderTheDocumentedText) {
+  // Templates that need no marker tokens of their own, rendered against the formats written out
+  // in chat_template.h (Llama 2's from Meta's reference code, Mistral's from its tokenizer docs).
+  const auto& c = stories().config();
+  const std::vector<serve::Message> conv = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
+  serve::ChatTemplate l2(serve::TemplateKind::kLlama2, stories_tok(), c.bos_id, c.eos_id);
+  EXPECT_EQ(l2.render(conv, 0),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]");
+  EXPECT_EQ(l2.render(conv, 3), "<s>[INST] Bye [/INST]");
+  serve::ChatTemplate mi(serve::TemplateKind::kMistral, stories_tok(), c.bos_id, c.eos_id);
+  EXPECT_EQ(mi.render(conv, 0), "[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]");
+  serve::ChatTemplate pl(serve::TemplateKind::kPlain, stories_tok(), c.bos_id, c.eos_id);
+  EXPECT_EQ(pl.render({{"user", "a"}, {"assistant", "b"}, {"user", "c"}}, 0), "a\nb\nc");
+  // The markers become their tokens: BOS and EOS around the text's own pieces.
+  const auto ids = l2.tokenize("</s><s>[INST]", true);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids[0], c.bos_id);
+  EXPECT_EQ(ids[1], c.eos_id);
+  EXPECT_EQ(ids[2], c.bos_id);
+  EXPECT_THROW(l2.render({{"user", "a"}, {"system", "late"}}, 0), Error);
+  EXPECT_THROW(l2.render({{"robot", "a"}}, 0), Error);
+  // ChatML needs <|im_start|>, which stories260K's vocabulary lacks: a clear refusal.
+  EXPECT_THROW(serve::ChatTemplate(serve::TemplateKind::kChatML, stories_tok(), c.bos_id, c.eos_id),
+               Error);
+}
+
+TEST(OpenAIRequests, ParsedOrRefusedWithTheField) {
+  const CacheConfig def("full");
+  const auto p = serve::parse_request(
+      R"({"model":"x","messages":[{"role":"user","content":"hi"}],"max_tokens":7,"temperature":0.5,"top_p":0.8,"seed":3,"stop":["\n"],"stream":true,"veloxquant":{"method":"h2o:budget=512"}})",
+      true, def, 100);
+  EXPECT_TRUE(p.stream);
+  EXPECT_EQ(p.gen.max_tokens, 7);
+  EXPECT_EQ(p.gen.seed, 3u);
+  EXPECT_EQ(p.gen.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(p.gen.method.method(), "h2o");
+  auto refused = [&](const std::string& body, const std::string& param) {
+    try {
+      serve::parse_request(body, true, def, 100);
+      ADD_FAILURE() << body;
+    } catch (const serve::ServeError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << body << ": " << e.message;
+    }
+  };
+  const std::string msg = R"("messages":[{"role":"user","content":"hi"}])";
+  refused("{not json", "");
+  refused("[1]", "");
+  refused("{" + msg + R"(,"frobnicate":1})", "frobnicate");
+  refused("{" + msg + R"(,"max_tokens":0})", "max_tokens");
+  refused("{" + msg + R"(,"max_tokens":101})", "max_tokens");
+  refused("{" + msg + R"(,"temperature":-1})", "temperature");
+  refused("{" + msg + R"(,"top_p":"high"})", "top_p");
+  refused("{" + msg + R"(,"seed":0})", "seed");
+  refused("{" + msg + R"(,"n":2})", "n");
+  refused("{" + msg + R"(,"veloxquant":{"method":"nosuch"}})", "veloxquant.method");
+  refused(R"({"messages":[]})", "messages");
+  refused(R"({"messages":[{"role":"robot","content":"x"}]})", "messages[0].role");
+  refused(R"({"max_tokens":5})", "messages");
+}
+
+}  // namespace
+}  // namespace vq
