@@ -211,6 +211,19 @@ VQ_AVX2 inline __m256 load8(const std::uint8_t* row, std::int64_t c) noexcept {
   }
 }
 
+// A whole q4_0 block (32 channels, 16 bytes) at once: x[w] = channels [8w, 8w + 8) as exact
+// floats (code - 8), the same numbers load8<kQ4_0> gives chunk by chunk.
+VQ_AVX2 inline void load_q4_block(const std::uint8_t* block, __m256 x[4]) noexcept {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+  const __m128i m = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), eight);                     // ch 0..15
+  const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), eight);  // ch 16..31
+  x[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  x[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  x[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  x[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
 // Rows [r0, r1) fetched ahead of their use (a prefetch past the end cannot fault).
 VQ_AVX2 inline void prefetch_rows(const RowSet& s, std::int64_t r0, std::int64_t r1) noexcept {
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -265,6 +278,17 @@ VQ_AVX2 void token_scores_avx2(const RowSet& s, std::int64_t D, const float* q, 
           const __m256 qv = _mm256_loadu_ps(qj + c);
           for (int k = 0; k < 8; ++k)
             acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(qv, load8<F>(rows + k * s.row_bytes, c)));
+        }
+      } else if constexpr (F == Fmt::kQ4_0) {  // group = block = 32 channels
+        for (std::int64_t g = 0; g < n_groups; ++g) {
+          for (int k = 0; k < 8; ++k) {
+            __m256 x[4];
+            load_q4_block(rows + k * s.row_bytes + 16 * g, x);
+            __m256 t = _mm256_setzero_ps();
+            for (int w = 0; w < 4; ++w)
+              t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_loadu_ps(qj + 32 * g + 8 * w), x[w]));
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_set1_ps(sc[k * n_groups + g]), t));
+          }
         }
       } else {
         for (std::int64_t g = 0; g < n_groups; ++g) {
@@ -442,6 +466,7 @@ VQ_AVX2 void token_values_avx2(const RowSet& s, std::int64_t first, std::int64_t
 bool avx2_shape(const RowSet& s, std::int64_t D) noexcept {
   if (D % 8 != 0 || D > 256) return false;
   if (is_plain(s.fmt)) return true;
+  if (s.fmt == Fmt::kQ4_0 && s.group != 32) return false;
   return s.group % 8 == 0 && (D + s.group - 1) / s.group <= kMaxGroups;
 }
 #endif  // VQ_ATTN_X86
