@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/compute/ops.h"
+#include "store/packed_attention.h"
 #include "store/store.h"
 
 namespace {
@@ -86,6 +87,8 @@ void BM_AttentionPerRow(benchmark::State& state) {
       k.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     }
   }
+  state.SetLabel(std::string("packed kernels: ") +
+                 vq::detail::attn::to_string(vq::detail::attn::best_isa()));
   const double n = static_cast<double>(state.iterations()) * static_cast<double>(rows * H);
   for (const Kind& k : kinds) {
     state.counters[k.name + "_ns_row"] = k.seconds / n * 1e9;

@@ -1,8 +1,9 @@
 // The fused attention kernels on packed rows (src/store/packed_attention.h): every SIMD family
-// bit-identical to the scalar definition, on every format, masked rows, odd row counts, partial
+// this CPU runs (AVX2, AVX-512) bit-identical to the scalar definition, on every format, masked rows, odd row counts, partial
 // sum offsets and group sizes; the scalar definition within rounding of attention computed in
 // double from the dequantized rows (an independent derivation); ggml's q8_0 / q4_0 blocks
 // against codes and scales worked out by hand; the q8_0 / q4_0 store's bytes and fused reads.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -163,7 +164,6 @@ std::vector<Shape> shapes() {
 // definition bit for bit: token_scores, token_values + finish_values.
 TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
   std::mt19937 rng(4242);
-  const bool avx2 = detail::attn::isa_supported(Isa::kAvx2);
   for (const Shape& sh : shapes()) {
     for (std::int64_t n : {0, 1, 7, 8, 13, 37, 70}) {
       for (std::int64_t n_q : {1, 3, 6}) {
@@ -220,20 +220,26 @@ TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
                 << what << " value " << j << "," << c;
           }
         }
-        if (!avx2) continue;
-        detail::attn::token_scores(Isa::kAvx2, rows.set, sh.D, q.data(), n_q, pos, s1.data(), ld);
-        for (std::size_t i = 0; i < s0.size(); ++i)
-          ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i])) << what << " avx2 score " << i;
-        detail::attn::token_values(Isa::kAvx2, rows.set, first, sh.D, p.data(), n_q, ld, pos,
-                                   A1.data(), Z1.data(), zs);
-        detail::attn::finish_values(A1.data(), asym ? Z1.data() : nullptr, zs, rows.set.group, n_q,
-                                    sh.D, o1.data());
-        for (std::size_t i = 0; i < A0.size(); ++i)
-          ASSERT_EQ(bits_of(A0[i]), bits_of(A1[i])) << what << " avx2 partial sum " << i;
-        for (std::size_t i = 0; i < Z0.size(); ++i)
-          ASSERT_EQ(bits_of(Z0[i]), bits_of(Z1[i])) << what << " avx2 zero sum " << i;
-        for (std::size_t i = 0; i < o0.size(); ++i)
-          ASSERT_EQ(bits_of(o0[i]), bits_of(o1[i])) << what << " avx2 value " << i;
+        for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+          if (!detail::attn::isa_supported(isa)) continue;
+          const std::string w = what + " " + detail::attn::to_string(isa);
+          std::fill(s1.begin(), s1.end(), 7.0f);
+          std::fill(A1.begin(), A1.end(), 0.0f);
+          std::fill(Z1.begin(), Z1.end(), 0.0f);
+          detail::attn::token_scores(isa, rows.set, sh.D, q.data(), n_q, pos, s1.data(), ld);
+          for (std::size_t i = 0; i < s0.size(); ++i)
+            ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i])) << w << " score " << i;
+          detail::attn::token_values(isa, rows.set, first, sh.D, p.data(), n_q, ld, pos,
+                                     A1.data(), Z1.data(), zs);
+          detail::attn::finish_values(A1.data(), asym ? Z1.data() : nullptr, zs, rows.set.group,
+                                      n_q, sh.D, o1.data());
+          for (std::size_t i = 0; i < A0.size(); ++i)
+            ASSERT_EQ(bits_of(A0[i]), bits_of(A1[i])) << w << " partial sum " << i;
+          for (std::size_t i = 0; i < Z0.size(); ++i)
+            ASSERT_EQ(bits_of(Z0[i]), bits_of(Z1[i])) << w << " zero sum " << i;
+          for (std::size_t i = 0; i < o0.size(); ++i)
+            ASSERT_EQ(bits_of(o0[i]), bits_of(o1[i])) << w << " value " << i;
+        }
       }
     }
   }
@@ -242,7 +248,6 @@ TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
 // KIVI's key groups: the query folded into per-channel scales.
 TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
   std::mt19937 rng(99);
-  const bool avx2 = detail::attn::isa_supported(Isa::kAvx2);
   for (Fmt fmt : {Fmt::kU2, Fmt::kU4}) {
     for (std::int64_t D : {3, 8, 64, 72, 128, 256}) {
       for (std::int64_t n : {1, 5, 8, 32, 45}) {
@@ -278,11 +283,15 @@ TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
             ASSERT_NEAR(got, ref, 2e-6 * (mag + 1.0) * std::sqrt(D)) << what;
           }
         }
-        if (!avx2) continue;
-        detail::attn::channel_scores(Isa::kAvx2, rows.set, scale.data(), zero.data(), D, q.data(),
-                                     n_q, pos, s1.data(), n);
-        for (std::size_t i = 0; i < s0.size(); ++i)
-          ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i])) << what << " avx2 score " << i;
+        for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+          if (!detail::attn::isa_supported(isa)) continue;
+          std::fill(s1.begin(), s1.end(), 7.0f);
+          detail::attn::channel_scores(isa, rows.set, scale.data(), zero.data(), D, q.data(), n_q,
+                                       pos, s1.data(), n);
+          for (std::size_t i = 0; i < s0.size(); ++i)
+            ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i]))
+                << what << " " << detail::attn::to_string(isa) << " score " << i;
+        }
       }
     }
   }

@@ -5,8 +5,9 @@
 // (mixed_store.cpp: per token) and ggml's q8_0 / q4_0 blocks (block_store.cpp: per token), and
 // their plain (fp16 / fp32) rows, read with the same sums.
 //
-// Each kernel has one scalar definition, below, in a fixed order; the SIMD family (AVX2, chosen
-// at run time) computes the same additions in the same order and is bit-identical to it
+// Each kernel has one scalar definition, below, in a fixed order; each SIMD family (chosen at
+// run time: AVX2, or the same kernels built for AVX-512) computes the same additions in the
+// same order and is bit-identical to it
 // (tests/test_packed_attention.cpp). "dot" is kernels::dot's order: lane l (0..7) sums the terms
 // c = l, l+8, ... in increasing c from +0, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
 //
@@ -23,9 +24,11 @@
 
 namespace vq::detail::attn {
 
-enum class Isa { kScalar, kAvx2 };
+// kAvx512: the AVX2 kernels' 8-lane operations compiled for AVX-512 VL/BW/DQ (32 vector
+// registers, EVEX forms); the same operations in the same order, so the same bits.
+enum class Isa { kScalar, kAvx2, kAvx512 };
 const char* to_string(Isa isa) noexcept;
-// Whether this CPU runs `isa` (kAvx2: AVX2 and F16C, asked of the CPU, not the compiler).
+// Whether this CPU runs `isa` (asked of the CPU and the OS, not of the compiler).
 bool isa_supported(Isa isa) noexcept;
 // The fastest supported family (fixed for the process, so results never depend on a thread).
 Isa best_isa() noexcept;
