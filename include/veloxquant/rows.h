@@ -24,8 +24,9 @@ struct LayerShape {
 };
 
 // Rows held packed (a quantized cache's codes, scales and zeros, plus its unquantized tail),
-// read as fp32 by dequantizing on the fly. Owned by the cache; valid as long as the HeadRows
-// that points to it.
+// read as fp32 by dequantizing on the fly, or attended straight from the codes
+// (attend_scores / attend_values). Owned by the cache; valid as long as the HeadRows that points
+// to it.
 class VQ_API PackedRows {
  public:
   // The row's key / value, dequantized: out [head_dim].

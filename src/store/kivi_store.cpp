@@ -33,7 +33,9 @@
 //    per-row bookkeeping besides the positions.
 //  - bytes() = codes + scales + zeros + tail (the payload, kept_bytes); resident_bytes() adds the
 //    positions and the key groups' first rows and counts every container by its capacity. No
-//    dequantized copy is kept: readers dequantize rows on the fly (PackedRows).
+//    dequantized copy is kept: attention reads the codes (attend_scores / attend_values, the
+//    query or probability folded into the scales, packed_attention.h); other readers dequantize
+//    rows on the fly (PackedRows).
 //  - Capacity: the tails and the positions grow as the plain store's rows do (so while every
 //    row is in the tail the store holds exactly what the plain store holds), the key tail's
 //    growth capped at residual_length + G rows and the value tail's at residual_length + 1;

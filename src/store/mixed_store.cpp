@@ -31,7 +31,8 @@
 //    same tokens fed one at a time. A demoted row is never promoted back to fp16.
 //  - bytes() = fp16 rows + codes + scales + zeros (kept_bytes); resident_bytes() adds positions
 //    and the tier's scores, every container by capacity. No dequantized copy is kept: rows() of
-//    a store holding demoted rows is packed (PackedRows, dispatching per row).
+//    a store holding demoted rows is packed (PackedRows, dispatching per row; attention reads the
+//    tier's codes, packed_attention.h).
 #include <algorithm>
 #include <array>
 #include <cmath>
