@@ -96,7 +96,7 @@ TEST(Spec, BadValuesNameTheFieldAndWhatIsAllowed) {
   expect_error([] { CacheConfig::parse("h2o:budget=99999999999"); }, ErrorCode::kInvalidConfig,
                {"h2o_budget must be in [1, 16777216], got 99999999999"});
   expect_error([] { CacheConfig::parse("full:kv_dtype=bf16"); }, ErrorCode::kInvalidSpec,
-               {"kv_dtype", "{f16, f32}", "'bf16'"});
+               {"kv_dtype", "{f16, f32, q8_0, q4_0}", "'bf16'"});
 }
 
 TEST(Spec, SyntaxErrors) {

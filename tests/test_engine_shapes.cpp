@@ -88,7 +88,11 @@ TEST(EngineShapes, LogitsAreBitIdenticalForEveryThreadCount) {
   const int saved = engine::threads();
   for (const WeightType type : {WeightType::kBF16, WeightType::kQ8_0}) {
     const Model m = engine::make_random_model("llama-110m", {1, type, 2});
-    for (const std::string method : {"full", "h2o:h2o_budget=40"}) {
+    // Packed rows too (the fused attention on codes): KIVI with a short fp16 tail (rows are
+    // quantized within the 72-token prompt), the demote= tier, ggml's q8_0 / q4_0 blocks.
+    for (const std::string method :
+         {"full", "h2o:h2o_budget=40", "kivi:residual_length=16", "h2o:h2o_budget=40,demote=kivi2",
+          "full:kv_dtype=q8_0", "h2o:h2o_budget=40,kv_dtype=q4_0"}) {
       engine::set_threads(1);
       const std::vector<float> want = logits_of(m, method);
       double mag = 0;

@@ -116,6 +116,27 @@ TEST(Memory, QuantizedCacheHoldsLessThanTheFp16PayloadOnceRowsAreQuantized) {
   EXPECT_LT(held_by("kivi", kv, 1024).heap, full_fp16 * 4 / 10);
 }
 
+// ggml's KV types: resident bytes are the heap held (counting allocator), and the payload is
+// exactly the rows' codes and fp16 scales: per row and head, keys and values alike, q8_0 64 code
+// bytes + 2 scales x 2 bytes = 68, q4_0 32 + 4 = 36 (so 1024 rows x 4 heads x 2 halves:
+// 557056 and 294912 bytes, 53% and 28% of the fp16 payload's 1048576).
+TEST(Memory, GgmlKvTypesHoldTheirBlocksExactly) {
+  const test::KV kv(1, 4, 1024, 64, 14);
+  for (const char* spec : {"full:kv_dtype=q8_0", "full:kv_dtype=q4_0",
+                           "h2o:budget=256,kv_dtype=q8_0", "cam:budget=256,kv_dtype=q4_0"}) {
+    const Held h = held_by(spec, kv, 1024);
+    EXPECT_LE(h.stats.resident_bytes, h.heap) << spec;
+    EXPECT_LE(h.heap - h.stats.resident_bytes, kFixedOverhead) << spec;
+    EXPECT_GE(h.stats.resident_bytes, h.stats.kept_bytes) << spec;
+    const std::int64_t per_row = std::string(spec).find("q8_0") != std::string::npos ? 68 : 36;
+    std::int64_t rows = 0;
+    for (const std::int64_t k : h.stats.tokens_kept_per_head) rows += k;
+    EXPECT_EQ(h.stats.kept_bytes, rows * per_row * 2) << spec;
+  }
+  EXPECT_EQ(held_by("full:kv_dtype=q8_0", kv, 1024).stats.kept_bytes, 557056);
+  EXPECT_EQ(held_by("full:kv_dtype=q4_0", kv, 1024).stats.kept_bytes, 294912);
+}
+
 TEST(Memory, EverythingInTheFp16ResidualCostsTheFp16Payload) {
   // 128 tokens = residual_length: no row is quantized yet, the payload is the fp16 rows
   // themselves (kept == full), and the cache holds at least that.

@@ -11,10 +11,11 @@
 #    converts them to one GGUF file per weight type (`veloxquant convert --type`), with Llama 2's
 #    SentencePiece vocabulary (data/ggml-vocab-llama-spm.gguf, 32000 ids) so llama.cpp loads it.
 #    Files are kept in build/peers/ and reused.
-# 3. Per weight type, context N and thread count T: REPS rounds of three processes, alternating
-#    (A B C A B C ...): llama.cpp with an f16 KV cache, llama.cpp with a q8_0 KV cache (both
+# 3. Per weight type, context N and thread count T: REPS rounds of four processes, alternating
+#    (A B C D A B C D ...): llama.cpp with an f16, a q8_0 and a q4_0 KV cache (-ctk/-ctv; all
 #    bench/peers/llamacpp/llamacpp_driver.c `bench`), and `veloxquant bench decode` with every
-#    method (the full cache, fp16 storage, and the compressed ones at --budget). Each process
+#    method (the full cache, fp16 storage, the compressed ones at --budget, and the full cache
+#    in ggml's q8_0 / q4_0 blocks, kv_dtype=, the same KV types as llama.cpp's). Each process
 #    loads the file, prefills N real tokens through its own forward (llama.cpp: batches of 512;
 #    VeloxQuant: --prefill-real, chunks of 64, the methods compressing as the prompt arrives),
 #    runs 2 untimed and STEPS timed greedy decode steps on T threads, and reports its median
@@ -36,7 +37,7 @@ threads=1,2
 reps=3
 steps=16
 budget=512
-methods=(full streaming_llm h2o kivi)
+methods=(full streaming_llm h2o kivi full:kv_dtype=q8_0 full:kv_dtype=q4_0)
 out=results/decode/peers.json
 keep_samples=
 while [ $# -gt 0 ]; do
@@ -106,7 +107,7 @@ for w in ${weights//,/ }; do
   for n in ${contexts//,/ }; do
     for t in ${threads//,/ }; do
       for r in $(seq 1 "$reps"); do
-        for kv in f16 q8_0; do
+        for kv in f16 q8_0 q4_0; do
           line=$("$driver" bench "$gguf" "$n" "$t" "$kv" "$steps" 2) || { echo "run_llamacpp: llama.cpp bench failed" >&2; exit 1; }
           ms=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' <<<"$line")
           pf=$(sed -n 's/.*prefill \([0-9.]*\) s.*/\1/p' <<<"$line")

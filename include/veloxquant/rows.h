@@ -24,8 +24,9 @@ struct LayerShape {
 };
 
 // Rows held packed (a quantized cache's codes, scales and zeros, plus its unquantized tail),
-// read as fp32 by dequantizing on the fly. Owned by the cache; valid as long as the HeadRows
-// that points to it.
+// read as fp32 by dequantizing on the fly, or attended straight from the codes
+// (attend_scores / attend_values). Owned by the cache; valid as long as the HeadRows that points
+// to it.
 class VQ_API PackedRows {
  public:
   // The row's key / value, dequantized: out [head_dim].
@@ -43,6 +44,20 @@ class VQ_API PackedRows {
   // its end.
   virtual void load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,
                          float* values) const noexcept;
+
+  // Attention read straight from the packed codes (the engine's path: no row is dequantized),
+  // over every row held, for n_q queries q_j = q + j * head_dim (fp32):
+  //   attend_scores: scores[j * ld + r] = q_j . key_r as the store's fused formula computes it
+  //   (the scale and zero folded into the query; docs/quantized-cache.md), -inf where row r's
+  //   position is > pos;
+  //   attend_values: out[j * head_dim + d] = sum over rows r with position <= pos of
+  //   probs[j * ld + r] * value_r[d] (the probability folded into the scale), in a fixed order;
+  //   scratch: at least 8 * n_q * head_dim floats, the caller's.
+  // Results depend only on the inputs (never on threads or the instruction set in use).
+  virtual void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
+                             std::int64_t ld) const noexcept = 0;
+  virtual void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld,
+                             std::int64_t pos, float* out, float* scratch) const noexcept = 0;
 
  protected:
   ~PackedRows() = default;

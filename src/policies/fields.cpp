@@ -54,8 +54,10 @@ FieldSpec enum_field(std::string name, std::string def, std::vector<std::string>
 void add_common_fields(std::vector<FieldSpec>& fields) {
   fields.push_back(int_field("seed", 42, 0, 9007199254740991,
                              "RNG seed; layer i of a model uses seed + i"));
-  fields.push_back(enum_field("kv_dtype", "f16", {"f16", "f32"},
-                              "storage type of kept K/V rows (scoring is fp32 either way)"));
+  fields.push_back(enum_field("kv_dtype", "f16", {"f16", "f32", "q8_0", "q4_0"},
+                              "storage type of kept K/V rows (scoring is fp32 either way); "
+                              "q8_0 / q4_0: ggml's blocks of 32 channels with an fp16 scale, "
+                              "as llama.cpp's KV cache types (head_dim a multiple of 32)"));
 }
 
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
@@ -153,6 +155,22 @@ void check_demote(const CacheConfig& c) {
                         " are exclusive (a demoted row is kept, so merging it too would count "
                         "it twice): set " +
                         p + "_merge=drop");
+  }
+}
+
+void check_kv_dtype(const CacheConfig& c) {
+  const std::string& t = c.get_enum("kv_dtype");
+  if (t != "q8_0" && t != "q4_0") return;
+  const std::string k = "kv_dtype=" + t;
+  if (c.method() == "kivi") {
+    config_error(c, k + " and kivi are exclusive (kivi packs rows its own way, with its newest "
+                        "rows in kv_dtype f16 or f32): give kv_dtype=f16 or f32");
+  }
+  for (const char* f : {"quantize", "demote"}) {
+    if (c.has(f) && c.get_enum(f) != "none") {
+      config_error(c, k + " and " + f + "=" + c.get_enum(f) +
+                          " are exclusive (both choose how rows are packed): give one");
+    }
   }
 }
 

@@ -45,6 +45,8 @@ void add_demote_fields(std::vector<FieldSpec>& fields);
 // Guards: demote needs a token budget, excludes quantize= and a merge disposition; with
 // demote=none, demote_budget and demote_group have no effect. Called by CacheConfig::validate().
 void check_demote(const CacheConfig& config);
+// kv_dtype=q8_0|q4_0 packs every row itself: exclusive with kivi, quantize= and demote=.
+void check_kv_dtype(const CacheConfig& config);
 // The recent window (newest rows protected from eviction): <prefix>_<grace_name>, default -1 =
 // derived from the budget, and <prefix>_recent_ratio (its share when derived):
 //   window = floor(recent_ratio * (budget - n_sink - reserve + 1))

@@ -24,7 +24,11 @@ std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t hea
                             config.get_int("demote_group"), demote_cap(config), config.kv_dtype(),
                             head_dim);
   }
-  if (bits == 0) return make_plain_store(config.kv_dtype(), head_dim);
+  if (bits == 0) {
+    const std::string& t = config.get_enum("kv_dtype");
+    if (t == "q8_0" || t == "q4_0") return make_block_store(t == "q4_0", head_dim);
+    return make_plain_store(config.kv_dtype(), head_dim);
+  }
   return make_kivi_store(bits, config.get_int("kivi_group_size"), config.get_int("residual_length"),
                          config.kv_dtype(), head_dim);
 }

@@ -14,8 +14,8 @@ namespace vq::detail {
 // budget when demote_budget is -1 (the default).
 std::int64_t demote_cap(const CacheConfig& config);
 
-// KIVI when the method is kivi or quantize != none, mixed precision when demote != none, plain
-// rows of kv_dtype otherwise.
+// KIVI when the method is kivi or quantize != none, mixed precision when demote != none, ggml's
+// blocks with kv_dtype=q8_0|q4_0, plain rows of kv_dtype otherwise.
 std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t head_dim);
 
 }  // namespace vq::detail

@@ -33,7 +33,9 @@
 //    per-row bookkeeping besides the positions.
 //  - bytes() = codes + scales + zeros + tail (the payload, kept_bytes); resident_bytes() adds the
 //    positions and the key groups' first rows and counts every container by its capacity. No
-//    dequantized copy is kept: readers dequantize rows on the fly (PackedRows).
+//    dequantized copy is kept: attention reads the codes (attend_scores / attend_values, the
+//    query or probability folded into the scales, packed_attention.h); other readers dequantize
+//    rows on the fly (PackedRows).
 //  - Capacity: the tails and the positions grow as the plain store's rows do (so while every
 //    row is in the tail the store holds exactly what the plain store holds), the key tail's
 //    growth capped at residual_length + G rows and the value tail's at residual_length + 1;
@@ -55,6 +57,7 @@
 
 #include "base/kernels.h"
 #include "store/lowbit_params.h"
+#include "store/packed_attention.h"
 #include "store/packed_codes.h"
 #include "store/store.h"
 #include "veloxquant/errors.h"
@@ -165,6 +168,49 @@ class KiviStore final : public RowStore, public PackedRows {
                  float* values) const noexcept override {
     if (keys != nullptr) load_keys(r0, r1, stride, keys);
     if (values != nullptr) load_values(r0, r1, stride, values);
+  }
+
+  // Fused attention (packed_attention.h): quantized keys a key group at a time, the query folded
+  // into the group's per-channel scales (channel_scores); quantized values per token, the
+  // probability folded into each value group's scale and the zeros summed apart
+  // (token_values); the tail rows as plain rows, in the same sums.
+  void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
+                     std::int64_t ld) const noexcept override {
+    const attn::Isa isa = attn::best_isa();
+    attn::RowSet k;
+    k.fmt = bits_ == 2 ? attn::Fmt::kU2 : attn::Fmt::kU4;
+    k.row_bytes = row_bytes_;
+    const auto n_groups = static_cast<std::int64_t>(gstart_.size());
+    for (std::int64_t g = 0; g < n_groups; ++g) {
+      const std::int64_t a = group_begin(g), b = group_end(g);
+      k.data = kcodes_.data() + a * row_bytes_;
+      k.positions = pos_.data() + a;
+      k.n = b - a;
+      attn::channel_scores(isa, k, kscale_.data() + g * D_, kzero_.data() + g * D_, D_, q, n_q,
+                           pos, scores + a, ld);
+    }
+    attn::token_scores(isa, tail_set(tk_, kq_, kbase_), D_, q, n_q, pos, scores + kq_, ld);
+  }
+  void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
+                     float* out, float* scratch) const noexcept override {
+    const attn::Isa isa = attn::best_isa();
+    float* A = scratch;                // [n_q][4][D]
+    float* Z = scratch + n_q * 4 * D_;  // [n_q][4][n_vgroups]
+    std::fill(scratch, scratch + n_q * 4 * (D_ + n_vgroups_), 0.0f);
+    attn::RowSet v;
+    v.fmt = bits_ == 2 ? attn::Fmt::kU2 : attn::Fmt::kU4;
+    v.data = vcodes_.data();
+    v.row_bytes = row_bytes_;
+    v.scale = vscale_.data();
+    v.zero = vzero_.data();
+    v.param_stride = n_vgroups_;
+    v.group = G_;
+    v.positions = pos_.data();
+    v.n = vq_;
+    attn::token_values(isa, v, 0, D_, probs, n_q, ld, pos, A, Z, n_vgroups_);
+    attn::token_values(isa, tail_set(tv_, vq_, vbase_), vq_, D_, probs + vq_, n_q, ld, pos, A,
+                       nullptr, 0);
+    attn::finish_values(A, vq_ > 0 ? Z : nullptr, n_vgroups_, G_, n_q, D_, out);
   }
 
  private:
@@ -586,6 +632,18 @@ class KiviStore final : public RowStore, public PackedRows {
     return g + 1 < static_cast<std::int64_t>(gstart_.size())
                ? gstart_[static_cast<std::size_t>(g + 1)]
                : kq_;
+  }
+
+  // Rows [first, size()) of a tail buffer whose slot 0 is row `base`, as plain rows.
+  attn::RowSet tail_set(const std::vector<std::uint8_t>& buf, std::int64_t first,
+                        std::int64_t base) const noexcept {
+    attn::RowSet t;
+    t.fmt = tail_dtype_ == DType::kF32 ? attn::Fmt::kF32 : attn::Fmt::kF16;
+    t.data = buf.data() + static_cast<std::size_t>(first - base) * tail_row_bytes_;
+    t.row_bytes = static_cast<std::int64_t>(tail_row_bytes_);
+    t.positions = pos_.data() + first;
+    t.n = size() - first;
+    return t;
   }
 
   void* tail_row(std::vector<std::uint8_t>& buf, std::int64_t t) noexcept {

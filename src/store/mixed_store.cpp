@@ -31,8 +31,10 @@
 //    same tokens fed one at a time. A demoted row is never promoted back to fp16.
 //  - bytes() = fp16 rows + codes + scales + zeros (kept_bytes); resident_bytes() adds positions
 //    and the tier's scores, every container by capacity. No dequantized copy is kept: rows() of
-//    a store holding demoted rows is packed (PackedRows, dispatching per row).
+//    a store holding demoted rows is packed (PackedRows, dispatching per row; attention reads the
+//    tier's codes, packed_attention.h).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -40,6 +42,7 @@
 
 #include "base/kernels.h"
 #include "store/lowbit_params.h"
+#include "store/packed_attention.h"
 #include "store/packed_codes.h"
 #include "store/store.h"
 #include "veloxquant/errors.h"
@@ -128,6 +131,31 @@ class MixedStore final : public RowStore, public PackedRows {
   float value_at(std::int64_t i, std::int64_t d) const noexcept override {
     return element(fv_, vc_, vs_, vz_, i, d);
   }
+  // Fused attention (packed_attention.h), three runs of rows: the fp16 rows before the tier,
+  // the tier (per token: the query / probability folded into each group's scale, the zeros
+  // summed apart), the fp16 rows after it.
+  void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
+                     std::int64_t ld) const noexcept override {
+    const attn::Isa isa = attn::best_isa();
+    for (const Run& run : runs(true)) {
+      attn::token_scores(isa, run.rows, D_, q, n_q, pos, scores + run.first, ld);
+    }
+  }
+  void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
+                     float* out, float* scratch) const noexcept override {
+    const attn::Isa isa = attn::best_isa();
+    float* A = scratch;                // [n_q][4][D]
+    float* Z = scratch + n_q * 4 * D_;  // [n_q][4][n_groups]
+    std::fill(scratch, scratch + n_q * 4 * (D_ + n_groups_), 0.0f);
+    for (const Run& run : runs(false)) {
+      attn::token_values(isa, run.rows, run.first, D_, probs + run.first, n_q, ld, pos, A,
+                         run.rows.fmt == attn::Fmt::kU2 || run.rows.fmt == attn::Fmt::kU4 ? Z
+                                                                                         : nullptr,
+                         n_groups_);
+    }
+    attn::finish_values(A, n_demoted_ > 0 ? Z : nullptr, n_groups_, G_, n_q, D_, out);
+  }
+
   void read_key(std::int64_t i, float* out) const noexcept override { load_key(i, out); }
   void read_value(std::int64_t i, float* out) const noexcept override { load_value(i, out); }
   void write_key(std::int64_t i, const float* in) noexcept override {
@@ -267,6 +295,39 @@ class MixedStore final : public RowStore, public PackedRows {
     std::int64_t row;  // physical fp16 row
     float score;       // the method's score when it demoted the row
   };
+
+  struct Run {
+    std::int64_t first;  // physical index of the run's first row
+    attn::RowSet rows;
+  };
+  // The rows in physical order as three runs (keys or values).
+  std::array<Run, 3> runs(bool keys) const noexcept {
+    const attn::Fmt plain = dtype_ == DType::kF32 ? attn::Fmt::kF32 : attn::Fmt::kF16;
+    const std::uint8_t* fp = keys ? fk_.data() : fv_.data();
+    std::array<Run, 3> r{};
+    r[0].first = 0;
+    r[0].rows.fmt = plain;
+    r[0].rows.data = fp;
+    r[0].rows.row_bytes = row_size_;
+    r[0].rows.positions = pos_.data();
+    r[0].rows.n = n_front_;
+    r[1].first = n_front_;
+    r[1].rows.fmt = bits_ == 2 ? attn::Fmt::kU2 : attn::Fmt::kU4;
+    r[1].rows.data = keys ? kc_.data() : vc_.data();
+    r[1].rows.row_bytes = code_bytes_;
+    r[1].rows.scale = keys ? ks_.data() : vs_.data();
+    r[1].rows.zero = keys ? kz_.data() : vz_.data();
+    r[1].rows.param_stride = n_groups_;
+    r[1].rows.group = G_;
+    r[1].rows.positions = pos_.data() + n_front_;
+    r[1].rows.n = n_demoted_;
+    r[2].first = n_front_ + n_demoted_;
+    r[2].rows = r[0].rows;
+    r[2].rows.data = fp + n_front_ * row_size_;
+    r[2].rows.positions = pos_.data() + r[2].first;
+    r[2].rows.n = size() - r[2].first;
+    return r;
+  }
 
   std::int64_t n_fp16_slots() const noexcept {
     return static_cast<std::int64_t>(fk_.size()) / row_size_;

@@ -101,4 +101,9 @@ std::unique_ptr<RowStore> make_kivi_store(int bits, std::int64_t group_size,
 std::unique_ptr<RowStore> make_mixed_store(int bits, std::int64_t group_size, std::int64_t cap,
                                            DType fp16_dtype, std::int64_t head_dim);
 
+// ggml's q8_0 / q4_0 KV types (kv_dtype=q8_0|q4_0): every row quantized per token in blocks of
+// 32 channels with an fp16 scale (see block_store.cpp). head_dim must be a multiple of 32
+// (Error kInvalidConfig otherwise).
+std::unique_ptr<RowStore> make_block_store(bool q4_0, std::int64_t head_dim);
+
 }  // namespace vq::detail

@@ -24,7 +24,7 @@
  *                                                          prefill time and the median and mean
  *                                                          step (flash attention: llama.cpp's
  *                                                          default, auto)
- * KV is the KV cache type: f32 (default for greedy/nll), f16 or q8_0. One thread unless given:
+ * KV is the KV cache type: f32 (default for greedy/nll), f16, q8_0 or q4_0. One thread unless given:
  * results are then independent of scheduling. Exit status 0 on success, 1 on errors (printed).
  * LLAMACPP_LIB_DIR names the folder of libllama and its CPU backend libraries (libggml-cpu-*.so).
  */
@@ -53,8 +53,9 @@ static int die(const char* what) {
 static enum ggml_type kv_type(const char* name) {
   if (strcmp(name, "f16") == 0) return GGML_TYPE_F16;
   if (strcmp(name, "q8_0") == 0) return GGML_TYPE_Q8_0;
+  if (strcmp(name, "q4_0") == 0) return GGML_TYPE_Q4_0;
   if (strcmp(name, "f32") == 0) return GGML_TYPE_F32;
-  fprintf(stderr, "llamacpp_driver: KV type must be f32, f16 or q8_0, got '%s'\n", name);
+  fprintf(stderr, "llamacpp_driver: KV type must be f32, f16, q8_0 or q4_0, got '%s'\n", name);
   exit(1);
 }
 
@@ -79,7 +80,7 @@ static struct llama_context* make_context_fa(struct llama_model* model, int n_ct
   cp.type_v = kv;
   /* Flash attention needs a quantized V cache; f32/f16 runs use the plain attention path. */
   cp.flash_attn_type = flash >= 0             ? (enum llama_flash_attn_type)flash
-                       : kv == GGML_TYPE_Q8_0 ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                       : kv == GGML_TYPE_Q8_0 || kv == GGML_TYPE_Q4_0 ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                                               : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.no_perf = 1;
   return llama_init_from_model(model, cp);

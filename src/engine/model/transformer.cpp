@@ -49,8 +49,7 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   att.resize(sz(c.n_heads * S * R));
   row.resize(sz(c.n_kv_heads * D));
   sums.resize(sz(c.n_heads * S * 4 * D));
-  packed_k.resize(sz(c.n_kv_heads));
-  packed_v.resize(sz(c.n_kv_heads));
+  packed_sums.resize(sz(c.n_heads * 8 * D));
   hb.resize(sz(S * c.hidden_dim));
   hb2.resize(sz(S * c.hidden_dim));
   logits.resize(sz(S * c.vocab_size));
@@ -194,37 +193,14 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
         }
         continue;
       }
-      // A quantized head is read a block of rows at a time into this head's scratch (small
-      // enough to stay in cache): the keys' blocks for the scores, then the values' blocks for
-      // the sums. Scores are per row and the value sums continue across blocks (blocks start at
-      // multiples of 4), so the result is the whole-head computation's, bit for bit.
-      constexpr std::int64_t kB = RunState::kPackedBlock;
-      std::vector<float>& kb = s_.packed_k[static_cast<std::size_t>(g)];
-      std::vector<float>& vb = s_.packed_v[static_cast<std::size_t>(g)];
-      if (kb.size() < static_cast<std::size_t>(kB * D)) {  // once per run
-        kb.resize(static_cast<std::size_t>(kB * D));
-        vb.resize(static_cast<std::size_t>(kB * D));
+      // A packed (quantized) head: scores and value sums read straight from its codes, the
+      // scales and zeros folded into the query and the probabilities (no row dequantized).
+      float* psums = s_.packed_sums.data() + g * G * 8 * D;
+      for (std::int64_t t = 0; t < S; ++t) {
+        hr.packed->attend_scores(q_of(t), G, pos0 + t, scores_of(t), S * R);
+        normalize(t);
+        hr.packed->attend_values(scores_of(t), G, S * R, pos0 + t, out_of(t), psums);
       }
-      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
-        const std::int64_t b1 = std::min(n, b0 + kB);
-        hr.packed->load_rows(b0, b1, D, kb.data(), nullptr);
-        for (std::int64_t t = 0; t < S; ++t) {
-          ops::attention_scores(q_of(t), G, D, kb.data(), DType::kF32, D, hr.positions + b0,
-                                b1 - b0, pos0 + t, scores_of(t) + b0, S * R, scratch);
-        }
-      }
-      for (std::int64_t t = 0; t < S; ++t) normalize(t);
-      std::fill(sums, sums + S * G * 4 * D, 0.0f);
-      for (std::int64_t b0 = 0; b0 < n; b0 += kB) {
-        const std::int64_t b1 = std::min(n, b0 + kB);
-        hr.packed->load_rows(b0, b1, D, nullptr, vb.data());
-        for (std::int64_t t = 0; t < S; ++t) {
-          ops::attention_values_add(scores_of(t) + b0, G, S * R, D, vb.data(), DType::kF32, D,
-                                    hr.positions + b0, b1 - b0, pos0 + t, sums + t * G * 4 * D);
-        }
-      }
-      for (std::int64_t t = 0; t < S; ++t)
-        ops::attention_values_finish(sums + t * G * 4 * D, G, D, out_of(t));
     }
   });
   laps.mark(times_.attention);

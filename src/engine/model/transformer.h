@@ -47,11 +47,8 @@ struct RunState {
   std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
   std::vector<float> row;           // [Hkv][D]         per KV head: a cached row as fp32
   std::vector<float> sums;          // [Hkv][S][G][4][D] attention_values' partial sums
-  // A packed (quantized) head's keys and values, dequantized kPackedBlock rows at a time (a
-  // block small enough to stay in cache): per KV head (each head is read by one thread)
-  // [Hkv][kPackedBlock * D]; empty until a quantized cache is read.
-  static constexpr std::int64_t kPackedBlock = 256;  // rows; a multiple of 4
-  std::vector<std::vector<float>> packed_k, packed_v;
+  std::vector<float> packed_sums;   // [Hkv][G][8][D]   a packed head's fused value sums
+                                    //                  (PackedRows::attend_values' scratch)
   std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
   std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
   std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)
