@@ -3,10 +3,11 @@
 // metadata ("<arch>.embedding_length", ...); tensors follow llama.cpp's names
 // (token_embd, blk.N.attn_q, ..., output_norm, output).
 //
-// Cost: every tensor that is not F32 is dequantized once, at load, into an fp32 buffer the
-// Model owns (F32 tensors are used in place from the mapping). A Q8_0 or Q4_K file therefore
-// takes about 4x (Q8_0) to 7x (Q4_K) its size in memory once loaded, and the load converts every
-// value once (on the order of a second per billion parameters on one core).
+// Cost: every weight matrix is used in place from the read-only mapping in its stored type
+// (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K; engine/weights.h and
+// engine/block_matmul.h have their kernels), so a model's resident memory is the file's
+// pages it touches plus the KV cache and scratch. Only 1-D norm vectors stored in another type
+// than F32, and an F32/F16/BF16 tensor at an offset its type cannot be read from, are copied.
 #include <filesystem>
 
 #include "engine/formats/gguf.h"
@@ -161,10 +162,9 @@ Model Model::load_gguf(const std::string& path) {
     dequantize(t->type, t->data, out, t->n_values);
     return out;
   };
-  // A 2-D tensor [rows][cols] (GGUF dims {cols, rows}) as a WeightMatrix: F32, F16, BF16 and
-  // Q8_0 are read in place from the mapping in their stored type (engine/weights.h has a matmul
-  // kernel for each); Q4_0, Q4_K and Q6_K are dequantized once at load into owned fp32 (4 bytes
-  // a weight instead of about 0.56-0.82: the cost the README states).
+  // A 2-D tensor [rows][cols] (GGUF dims {cols, rows}) as a WeightMatrix, read in place from
+  // the mapping in its stored type (engine/weights.h has a matmul kernel for each); only a
+  // misaligned F32/F16/BF16 tensor is converted into an owned fp32 copy.
   auto mat = [&](const std::string& name, std::int64_t cols, std::int64_t rows) -> WeightMatrix {
     const GgufTensor* t = find(name, {cols, rows});
     const std::string ty = lower(type_info(t->type).name);
@@ -190,15 +190,12 @@ Model Model::load_gguf(const std::string& path) {
           return m;
         }
         break;
-      case GgmlType::kQ8_0:
-        if (cols % kQ8_0BlockSize == 0) {
-          m.type = WeightType::kQ8_0;
-          m.data = t->data;
-          return m;
-        }
-        break;
       default:
-        break;
+        // Every block type is read in place, in its stored blocks (the reader checked that
+        // a row is a whole number of blocks).
+        m.type = weight_type_of(t->type);
+        m.data = t->data;
+        return m;
     }
     float* out = b.own(t->n_values);
     dequantize(t->type, t->data, out, t->n_values);

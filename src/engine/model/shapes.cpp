@@ -82,6 +82,8 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
         case WeightType::kQ8_0:
           quantize_row_q8_0(tmp.data(), reinterpret_cast<BlockQ8_0*>(row), cols);
           break;
+        default:  // refused by make_random_model before any matrix is made
+          break;
       }
     }
   });
@@ -137,6 +139,12 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
                                                  std::to_string(shape.config.n_layers) + "] for " +
                                                  name + ", got " + std::to_string(layers));
   }
+  if (o.type != WeightType::kF32 && o.type != WeightType::kF16 && o.type != WeightType::kBF16 &&
+      o.type != WeightType::kQ8_0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("[shape] random weights can be f32, f16, bf16 or q8_0, got ") +
+                    to_string(o.type) + " (quantize a written model with llama-quantize instead)");
+  }
   if (o.type == WeightType::kQ8_0 &&
       (shape.config.dim % kQ8_0BlockSize != 0 || shape.config.hidden_dim % kQ8_0BlockSize != 0 ||
        shape.config.q_dim() % kQ8_0BlockSize != 0)) {
@@ -185,7 +193,7 @@ const char* st_dtype(WeightType t) {
       return "F16";
     case WeightType::kBF16:
       return "BF16";
-    case WeightType::kQ8_0:
+    default:
       break;
   }
   return nullptr;
