@@ -39,7 +39,15 @@ struct ModelConfig {
   float norm_eps = 1e-5f;    // RMSNorm epsilon
   double rope_theta = 10000.0;
   RopeStyle rope = RopeStyle::kInterleaved;
+  // Frequency i of a head (i < head_dim / 2) is theta^(-2i/head_dim) * rope_freq_scale /
+  // rope_freq_factors[i] (llama.cpp's ggml_rope_ext with freq_factors, no YaRN):
+  //  - rope_freq_factors: Llama 3.x's per-frequency divisors (GGUF tensor rope_freqs.weight);
+  //    empty: all 1;
+  //  - rope_freq_scale: linear RoPE scaling, 1 / rope.scaling.factor; 1: none.
+  std::vector<float> rope_freq_factors;
+  double rope_freq_scale = 1.0;
   bool tied_classifier = true;  // the classifier is the token embedding
+  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2): LayerWeights::bq/bk/bv
   std::string weights_dtype;    // as stored: "f32", "f16", "bf16" (or "mixed")
   std::int32_t bos_id = 1;      // -1 when the checkpoint names none
   std::int32_t eos_id = 2;
@@ -52,6 +60,10 @@ struct ModelConfig {
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim] fp32
   WeightMatrix wq;                   // [q_dim][dim]
+  // Projection biases added after wq / wk / wv (Qwen2's q/k/v biases), fp32, or null: none.
+  const float* bq = nullptr;  // [q_dim]
+  const float* bk = nullptr;  // [kv_dim]
+  const float* bv = nullptr;  // [kv_dim]
   WeightMatrix wk;                   // [kv_dim][dim]
   WeightMatrix wv;                   // [kv_dim][dim]
   WeightMatrix wo;                   // [dim][q_dim]
