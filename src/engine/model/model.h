@@ -1,7 +1,8 @@
 // A Llama-architecture model: its configuration and its weights, loaded from a llama2.c
 // checkpoint or a Hugging Face Llama checkpoint (config.json + model.safetensors).
 //
-// Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0; engine/weights.h) and
+// Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0 and, from GGUF, the
+// block types Q4_0..Q6_K; engine/weights.h) and
 // are read in place from the read-only memory mapping; only a tensor at an offset its type
 // cannot be read from is copied (same type) into a buffer the Model owns. Norm vectors are
 // small and always fp32 (converted once when stored otherwise). Every pointer is valid for the
