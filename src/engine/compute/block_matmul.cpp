@@ -342,6 +342,94 @@ VQ_AVX2 inline __m256i byte_bits(__m256i v, int shift, int mask) noexcept {
   return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
 }
 
+// The 32 codes of a legacy block (Q4_0, Q4_1, Q5_0, Q5_1) in one register.
+template <WeightType T>
+VQ_AVX2 inline __m256i legacy_codes(const std::uint8_t* blk) noexcept {
+  constexpr bool k5 = T == WeightType::kQ5_0 || T == WeightType::kQ5_1;
+  constexpr bool kMin = has_min(T);
+  const std::uint8_t* qs = blk + (kMin ? 4 : 2) + (k5 ? 4 : 0);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F));
+  __m256i v = _mm256_set_m128i(hi, lo);
+  if constexpr (k5) v = _mm256_or_si256(v, bits_to_0x10(load_u32(blk + (kMin ? 4 : 2))));
+  if constexpr (!kMin) v = _mm256_sub_epi8(v, _mm256_set1_epi8(k5 ? 16 : 8));
+  return v;
+}
+
+// Legacy rows, eight blocks at a time in the eight lanes (block b in lane b % 8, as the
+// definition adds them): per group and token, the eight blocks' exact integer sums are reduced
+// into one vector (the Q8_0 kernels' hadd tree), then v = float(isum) * (d_w * d_x) [+ m_w * s_x]
+// per lane, added to the lane. A last, partial group has +0 in its missing lanes (codes, scales
+// and sums 0: v = +0), which leaves a lane unchanged (a lane is never -0).
+template <WeightType T>
+VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
+                              std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  constexpr bool kMin = has_min(T);
+  constexpr bool kSigned = signed_codes(T);
+  const std::int64_t nb = w.cols / 32;
+  const std::int64_t bytes = weight_block_bytes(T);
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint8_t* row = w.row(i);
+    for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
+      __m256 acc[kTile];
+      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
+      for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+        __m256i c[8];
+        alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < 8; ++k) {
+          if (k < cnt) {
+            const std::uint8_t* blk = row + (b0 + k) * bytes;
+            c[k] = legacy_codes<T>(blk);
+            dw[k] = load_half(blk);
+            if constexpr (kMin) mw[k] = load_half(blk + 2);
+          } else {
+            c[k] = _mm256_setzero_si256();
+          }
+        }
+        const __m256 dwv = _mm256_load_ps(dw);
+        for (int t = 0; t < nt; ++t) {
+          const std::int64_t s = s0 + t;
+          const std::int8_t* q = a.q + s * w.cols + b0 * 32;
+          __m256i v[8];
+          for (int k = 0; k < 8; ++k) {
+            v[k] = k < cnt ? _mm256_madd_epi16(
+                                 pairs16<kSigned>(c[k], _mm256_loadu_si256(
+                                                            reinterpret_cast<const __m256i*>(q + 32 * k))),
+                                 _mm256_set1_epi16(1))
+                           : _mm256_setzero_si256();
+          }
+          const __m256i h01 =
+              _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+          const __m256i h47 =
+              _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+          const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                                _mm256_permute2x128_si256(h01, h47, 0x31));
+          alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int k = 0; k < cnt; ++k) {
+            dx[k] = a.d[s * nb + b0 + k];
+            if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
+          }
+          __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
+          if constexpr (kMin) {
+            val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
+          }
+          acc[t] = _mm256_add_ps(acc[t], val);
+        }
+      }
+      for (int t = 0; t < nt; ++t) {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc[t]);
+        out[(s0 + t) * w.rows + i] = tree(lanes);
+      }
+    }
+  }
+}
+
 struct Avx2Family {
   template <WeightType T>
   VQ_AVX2 static void decode(const std::uint8_t* blk, Decoded* o) noexcept {
@@ -351,20 +439,11 @@ struct Avx2Family {
     auto load32 = [](const std::uint8_t* p) {
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     };
-    if constexpr (T == WeightType::kQ4_0 || T == WeightType::kQ4_1 || T == WeightType::kQ5_0 ||
-                  T == WeightType::kQ5_1) {
-      constexpr bool k5 = T == WeightType::kQ5_0 || T == WeightType::kQ5_1;
-      constexpr bool kMin = T == WeightType::kQ4_1 || T == WeightType::kQ5_1;
+    if constexpr (!is_k(T)) {
+      constexpr bool kMin = has_min(T);
       o->d = load_half(blk);
       o->dmin = kMin ? load_half(blk + 2) : 0.0f;
-      const std::uint8_t* qs = blk + (kMin ? 4 : 2) + (k5 ? 4 : 0);
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-      const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F));
-      __m256i v = _mm256_set_m128i(hi, lo);
-      if constexpr (k5) v = _mm256_or_si256(v, bits_to_0x10(load_u32(blk + (kMin ? 4 : 2))));
-      if constexpr (!kMin) v = _mm256_sub_epi8(v, _mm256_set1_epi8(k5 ? 16 : 8));
-      store(0, v);
+      store(0, legacy_codes<T>(blk));
     } else {
       // The scales are a few bytes a block: the scalar decoder's code.
       if constexpr (T == WeightType::kQ2_K) {
@@ -598,7 +677,18 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
                         std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_BLOCKS_X86
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
-    return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
+    switch (w.type) {
+      case WeightType::kQ4_0:
+        return rows_legacy_avx2<WeightType::kQ4_0>(out, a, w, S, begin, end);
+      case WeightType::kQ4_1:
+        return rows_legacy_avx2<WeightType::kQ4_1>(out, a, w, S, begin, end);
+      case WeightType::kQ5_0:
+        return rows_legacy_avx2<WeightType::kQ5_0>(out, a, w, S, begin, end);
+      case WeightType::kQ5_1:
+        return rows_legacy_avx2<WeightType::kQ5_1>(out, a, w, S, begin, end);
+      default:
+        return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
+    }
   }
 #else
   (void)isa;
