@@ -35,8 +35,10 @@
 //   operation rounds once (the build uses -ffp-contract=off).
 // The AVX2 family decodes the blocks and forms the integer sums with SIMD instructions (exact:
 // no sum can overflow its lane, see block_matmul.cpp) and runs the same scalar fp32 code, so it
-// gives the scalar definition's bits. Every weight block is decoded once per row and group of
-// up to four tokens and reused across them (prefill). kAvx2Vnni runs the AVX2 kernels here.
+// gives the scalar definition's bits (the legacy types' AVX2 kernel takes eight blocks at a time
+// into eight vector lanes, lane l = block b % 8, the same additions). Every weight block is
+// decoded once per row and group of up to four tokens and reused across them (prefill).
+// kAvx2Vnni runs the AVX2 kernels here.
 #pragma once
 
 #include <cstdint>
