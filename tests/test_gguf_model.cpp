@@ -3,6 +3,7 @@
 // loaded by the other loaders, and the errors of GGUF files that parse but do not describe a
 // usable model.
 #include <cmath>
+#include <limits>
 
 #include "engine/formats/gguf.h"
 #include "engine/run/gguf_convert.h"
@@ -10,6 +11,7 @@
 #include "engine/formats/gguf_writer.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
+#include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
 #include "engine_test_util.h"
 #include "veloxquant/builder.h"
@@ -219,10 +221,172 @@ TEST(GgufModel, UnusableModelsNameTheProblem) {
   expect(variant("llama.feed_forward_length", &ffn), "has shape [64, 172], expected [64, 100]");
   const auto bos = engine::GgufValue::u32(600);
   expect(variant("tokenizer.ggml.bos_token_id", &bos), "outside the vocabulary");
+  // Metadata checked against the tensors (stories260K has 5 layers) and every RoPE field
+  // applied or refused by name.
+  const auto four = engine::GgufValue::u32(4);
+  expect(variant("llama.block_count", &four),
+         "'llama.block_count' = 4 but the file has tensors for 5 layers");
+  const auto inf = engine::GgufValue::f32(std::numeric_limits<float>::infinity());
+  expect(variant("llama.rope.freq_base", &inf), "'llama.rope.freq_base' must be finite");
+  const auto factor = engine::GgufValue::f32(4.0f);
+  expect(variant("llama.rope.scaling.factor", &factor),
+         "'llama.rope.scaling.factor' = 4.000000 without 'llama.rope.scaling.type'");
+  const auto yarn = engine::GgufValue::str("yarn");
+  expect(variant("llama.rope.scaling.type", &yarn), "only 'none' and 'linear' RoPE scaling");
+  const auto linear = engine::GgufValue::str("linear");
+  expect(variant("llama.rope.scaling.type", &linear), "'llama.rope.scaling.factor' is missing");
+  const auto beta = engine::GgufValue::f32(32.0f);
+  expect(variant("llama.rope.scaling.yarn_beta_fast", &beta),
+         "'llama.rope.scaling.yarn_beta_fast' (float32 32.000000) is a RoPE setting this engine "
+         "does not implement");
+  {
+    // A tensor the model does not use (e.g. a Qwen3 q-norm) is refused, not ignored.
+    engine::GgufWriter w;
+    for (const auto& [k, v] : g.metadata()) w.set(k, v);
+    for (const engine::GgufTensor& t : g.tensors()) {
+      w.add_raw_tensor(t.name, t.dims, t.type, std::vector<std::uint8_t>(t.data, t.data + t.n_bytes));
+    }
+    const std::vector<float> qn(8, 1.0f);
+    w.add_tensor("blk.0.attn_q_norm.weight", {8}, GgmlType::kF32, qn.data());
+    w.write(dir / "bad.gguf");
+    expect(dir / "bad.gguf", "tensor 'blk.0.attn_q_norm.weight' ([8]) is not used");
+  }
   // A tokenizer array that does not match the token count.
   const auto scores = engine::GgufValue::f32_array({1.0f, 2.0f});
   const std::string p = variant("tokenizer.ggml.scores", &scores);
   EXPECT_THROW(engine::load_gguf_tokenizer(p), Error);
+}
+
+}  // namespace
+}  // namespace vq
+
+namespace vq {
+namespace {
+
+// stories260K converted to GGUF F32, rewritten with extra metadata / tensors.
+struct Rewriter {
+  test::TempDir dir{"gguf_rope"};
+  std::string good;
+  engine::GgufFile g;
+  Rewriter()
+      : good(dir / "good.gguf"),
+        g((engine::convert_to_gguf(Model::load(test::data("stories260K.bin")),
+                                   test::data("tok512.bin"), GgmlType::kF32, good),
+           engine::GgufFile::open(good))) {}
+  // Metadata keys renamed by `rename` (empty: dropped), extra keys, extra F32 tensors.
+  std::string write(const std::string& name,
+                    const std::vector<std::pair<std::string, engine::GgufValue>>& extra_kv,
+                    const std::vector<std::pair<std::string, std::vector<float>>>& extra_t,
+                    const std::string& arch = "llama") {
+    engine::GgufWriter w;
+    for (const auto& [k, v] : g.metadata()) {
+      if (k == "general.architecture") {
+        w.set(k, engine::GgufValue::str(arch));
+      } else if (k.rfind("llama.", 0) == 0) {
+        w.set(arch + k.substr(5), v);
+      } else {
+        w.set(k, v);
+      }
+    }
+    for (const auto& [k, v] : extra_kv) w.set(k, v);
+    for (const engine::GgufTensor& t : g.tensors()) {
+      w.add_raw_tensor(t.name, t.dims, t.type, std::vector<std::uint8_t>(t.data, t.data + t.n_bytes));
+    }
+    for (const auto& [n, v] : extra_t) {
+      w.add_tensor(n, {static_cast<std::int64_t>(v.size())}, GgmlType::kF32, v.data());
+    }
+    const std::string path = dir / name;
+    w.write(path);
+    return path;
+  }
+};
+
+TEST(GgufModel, RopeFrequencyFactorsAndLinearScalingAreApplied) {
+  // stories260K: head_dim 8, theta 10000. Expected angles pos * 10000^(-2i/8) * scale / f_i in
+  // double (the engine's fp32 tables agree to a few ulps of the angle).
+  Rewriter r;
+  const std::vector<float> f = {1.0f, 2.0f, 4.0f, 8.0f};
+  const Model a = Model::load(r.write("freqs.gguf", {}, {{"rope_freqs.weight", f}}));
+  ASSERT_EQ(a.config().rope_freq_factors, f);
+  const Model b = Model::load(r.write(
+      "linear.gguf",
+      {{"llama.rope.scaling.type", engine::GgufValue::str("linear")},
+       {"llama.rope.scaling.factor", engine::GgufValue::f32(4.0f)}},
+      {}));
+  EXPECT_EQ(b.config().rope_freq_scale, 0.25);
+  const Model plain = Model::load(r.good);
+  for (const auto& [m, which] : {std::pair<const Model*, int>{&a, 0}, {&b, 1}, {&plain, 2}}) {
+    const engine::Transformer t(*m, 1, 200);
+    for (const std::int64_t pos : {1, 37, 199}) {
+      for (int i = 0; i < 4; ++i) {
+        const double mul = which == 0 ? 1.0 / f[static_cast<std::size_t>(i)] : which == 1 ? 0.25 : 1.0;
+        const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * i / 8.0) * mul;
+        const float got = t.state().rope_cos[static_cast<std::size_t>(pos * 4 + i)];
+        EXPECT_NEAR(got, std::cos(angle), 2e-4 * std::max(1.0, angle)) << which << " " << pos << " " << i;
+      }
+    }
+  }
+  // Factors that are not finite and positive are refused by name.
+  try {
+    Model::load(r.write("badf.gguf", {}, {{"rope_freqs.weight", {1.0f, 0.0f, 1.0f, 1.0f}}}));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'rope_freqs.weight' value 1 must be finite and > 0"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(GgufModel, Qwen2BiasesAreApplied) {
+  // stories260K as a 'qwen2' file (rotate-half RoPE) with q/k/v biases. One token at position 0
+  // attends to itself alone with probability exactly 1, so its output is its value row:
+  // q/k biases leave the first token's logits bit for bit, a v bias changes them, and q/k
+  // biases change the second token's.
+  Rewriter r;
+  const std::vector<float> zq(64, 0.0f), zk(32, 0.0f);
+  std::vector<float> bq(64), bk(32), bv(32);
+  for (std::size_t i = 0; i < 64; ++i) bq[i] = 0.05f * static_cast<float>(i % 7) - 0.1f;
+  for (std::size_t i = 0; i < 32; ++i) bk[i] = 0.03f * static_cast<float>(i % 5) - 0.05f;
+  for (std::size_t i = 0; i < 32; ++i) bv[i] = 0.2f * static_cast<float>(i % 3) - 0.2f;
+  auto biases = [&](const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v) {
+    std::vector<std::pair<std::string, std::vector<float>>> t;
+    for (int l = 0; l < 5; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      t.push_back({p + "attn_q.bias", q});
+      t.push_back({p + "attn_k.bias", k});
+      t.push_back({p + "attn_v.bias", v});
+    }
+    return t;
+  };
+  const Model none = Model::load(r.write("none.gguf", {}, biases(zq, zk, zk), "qwen2"));
+  const Model qk = Model::load(r.write("qk.gguf", {}, biases(bq, bk, zk), "qwen2"));
+  const Model v = Model::load(r.write("v.gguf", {}, biases(zq, zk, bv), "qwen2"));
+  EXPECT_TRUE(qk.config().qkv_bias);
+  EXPECT_EQ(qk.config().rope, engine::RopeStyle::kRotateHalf);
+  EXPECT_EQ(qk.config().n_params(), none.config().n_params());
+  EXPECT_EQ(qk.config().n_params() - Model::load(r.good).config().n_params(), 5 * (64 + 32 + 32));
+  auto logits = [](const Model& m, int n) {
+    engine::Transformer t(m, 1, 8);
+    ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse("full:kv_dtype=f32"),
+                                                 engine::model_shape(m.config()));
+    const std::int32_t toks[] = {1, 300};
+    std::vector<float> out;
+    for (int i = 0; i < n; ++i) {
+      const float* lg = t.forward(toks + i, 1, cache);
+      out.assign(lg, lg + m.config().vocab_size);
+    }
+    return out;
+  };
+  EXPECT_EQ(logits(none, 1), logits(qk, 1));
+  EXPECT_NE(logits(none, 2), logits(qk, 2));
+  EXPECT_NE(logits(none, 1), logits(v, 1));
+}
+
+TEST(GgufModel, Qwen25ShapeHasThePublishedParameterCount) {
+  // Qwen2.5-0.5B: 494,032,768 parameters (its model card's 0.49B; q/k/v biases included, tied
+  // embedding).
+  EXPECT_EQ(engine::find_shape("qwen2.5-0.5b").config.n_params(), 494032768);
+  EXPECT_TRUE(engine::find_shape("qwen2.5-0.5b").qkv_bias);
 }
 
 }  // namespace

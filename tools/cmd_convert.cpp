@@ -77,7 +77,8 @@ void add_convert_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "convert",
       "Write a llama2.c or Hugging Face Llama checkpoint, with its tokenizer, as a GGUF file "
-      "(architecture llama) that llama.cpp and veloxquant can run");
+      "(architecture llama, or qwen2 for a model with q/k/v biases) that llama.cpp and "
+      "veloxquant can run");
   cmd->add_option("--from", o->from,
                   "Checkpoint: a llama2.c .bin, or a Hugging Face directory / model.safetensors "
                   "(a GGUF file is refused: it is GGUF already)")

@@ -11,9 +11,13 @@
  *   llamacpp_driver nll      MODEL.gguf TEXT_FILE N [KV]   per-token -ln p(next) of the first N
  *                                                          tokens (one line each), then the mean
  *   llamacpp_driver quantize MODEL.gguf OUT.gguf TYPE      llama.cpp's quantizer; TYPE q4_0,
- *                                                          q4_k_m, q6_k or q8_0 (tensors whose
- *                                                          rows do not fit fall back as
+ *                                                          q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m,
+ *                                                          q4_k_m, q5_k_m, q6_k or f16 (tensors
+ *                                                          whose rows do not fit fall back as
  *                                                          llama.cpp decides)
+ *   llamacpp_driver blocks   MODEL.gguf TYPE_ID N          the first N values of the first tensor
+ *                                                          of ggml type TYPE_ID: raw blocks and
+ *                                                          ggml's to_float, as hex
  *   llamacpp_driver dequant  MODEL.gguf                    per tensor "name type_id n_values hash":
  *                                                          ggml's to_float of every tensor,
  *                                                          hashed (FNV-1a 64 over the fp32 bits)
@@ -179,19 +183,65 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (strcmp(mode, "blocks") == 0 && argc >= 5) {
+    /* The first N values of the first tensor of type TYPE_ID: the raw blocks and ggml's
+     * to_float of them, both as hex (fixtures for tests/test_ggml_fixtures.cpp). */
+    struct gguf_init_params gp = {true, NULL};
+    struct gguf_context* g = gguf_init_from_file(argv[2], gp);
+    if (!g) return die("gguf_init_from_file failed");
+    long size = 0;
+    char* bytes = read_file(argv[2], &size);
+    if (!bytes) return die("cannot read the model file");
+    const int want = atoi(argv[3]);
+    const int64_t n = atoll(argv[4]);
+    const size_t base = gguf_get_data_offset(g);
+    for (int64_t t = 0; t < gguf_get_n_tensors(g); ++t) {
+      const enum ggml_type type = gguf_get_tensor_type(g, t);
+      if ((int)type != want) continue;
+      const struct ggml_type_traits* tr = ggml_get_type_traits(type);
+      if (n % tr->blck_size != 0 || (size_t)(n / tr->blck_size) * tr->type_size > gguf_get_tensor_size(g, t))
+        return die("N must be a multiple of the block size within the tensor");
+      const size_t nb = (size_t)(n / tr->blck_size) * tr->type_size;
+      const unsigned char* src = (const unsigned char*)bytes + base + gguf_get_tensor_offset(g, t);
+      float* out = malloc(sizeof(float) * (size_t)n);
+      tr->to_float(src, out, n);
+      printf("tensor %s\ntype %d %s\nvalues %lld\nblocks ", gguf_get_tensor_name(g, t), (int)type,
+             ggml_type_name(type), (long long)n);
+      for (size_t i = 0; i < nb; ++i) printf("%02x", src[i]);
+      printf("\nfloats ");
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        memcpy(&u, out + i, 4);
+        printf("%08x", u);
+      }
+      printf("\n");
+      free(out);
+      return 0;
+    }
+    return die("no tensor of that type");
+  }
   if (strcmp(mode, "quantize") == 0 && argc >= 5) {
     struct llama_model_quantize_params qp = llama_model_quantize_default_params();
     qp.nthread = 1;
-    if (strcmp(argv[4], "q4_0") == 0) {
-      qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_0;
-    } else if (strcmp(argv[4], "q4_k_m") == 0) {
-      qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M;
-    } else if (strcmp(argv[4], "q6_k") == 0) {
-      qp.ftype = LLAMA_FTYPE_MOSTLY_Q6_K;
-    } else if (strcmp(argv[4], "q8_0") == 0) {
-      qp.ftype = LLAMA_FTYPE_MOSTLY_Q8_0;
-    } else {
-      return die("quantize TYPE must be q4_0, q4_k_m, q6_k or q8_0");
+    static const struct {
+      const char* name;
+      enum llama_ftype ftype;
+    } kinds[] = {{"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0},     {"q4_1", LLAMA_FTYPE_MOSTLY_Q4_1},
+                 {"q5_0", LLAMA_FTYPE_MOSTLY_Q5_0},     {"q5_1", LLAMA_FTYPE_MOSTLY_Q5_1},
+                 {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},     {"q2_k", LLAMA_FTYPE_MOSTLY_Q2_K},
+                 {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+                 {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
+                 {"f16", LLAMA_FTYPE_MOSTLY_F16}};
+    int found = 0;
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); ++k) {
+      if (strcmp(argv[4], kinds[k].name) == 0) {
+        qp.ftype = kinds[k].ftype;
+        found = 1;
+      }
+    }
+    if (!found) {
+      return die("quantize TYPE must be q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, "
+                 "q5_k_m, q6_k or f16");
     }
     return llama_model_quantize(argv[2], argv[3], &qp) == 0 ? 0 : die("quantize failed");
   }

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/block_matmul.h"
 #include "engine/compute/parallel.h"
+#include "engine/compute/quants.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/types.h"
 
@@ -33,6 +35,24 @@ const char* to_string(WeightType type) noexcept {
       return "bf16";
     case WeightType::kQ8_0:
       return "q8_0";
+    case WeightType::kQ4_0:
+      return "q4_0";
+    case WeightType::kQ4_1:
+      return "q4_1";
+    case WeightType::kQ5_0:
+      return "q5_0";
+    case WeightType::kQ5_1:
+      return "q5_1";
+    case WeightType::kQ2_K:
+      return "q2_k";
+    case WeightType::kQ3_K:
+      return "q3_k";
+    case WeightType::kQ4_K:
+      return "q4_k";
+    case WeightType::kQ5_K:
+      return "q5_k";
+    case WeightType::kQ6_K:
+      return "q6_k";
   }
   return "?";
 }
@@ -138,6 +158,29 @@ void rows_q8q8_scalar(float* out, const std::int8_t* xq, const float* xd, const 
   for (std::int64_t i = begin; i < end; ++i) {
     for (std::int64_t s = 0; s < S; ++s)
       out[s * w.rows + i] = dot_q8q8_scalar(w.row(i), xq + s * w.cols, xd + s * nb, nb);
+  }
+}
+
+// A block type other than Q8_0 with fp32 activations: the row dequantized (ggml's values, exact)
+// a block at a time, in dot_scalar's order (blocks are multiples of 8 values, so lane l still
+// sums j = l, l+8, ... in increasing j). One code for every family.
+void rows_dequantized(float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                      std::int64_t begin, std::int64_t end) noexcept {
+  const std::int64_t B = weight_block_size(w.type), bytes = weight_block_bytes(w.type);
+  const std::int64_t nb = w.cols / B;
+  const GgmlType gt = ggml_type_of(w.type);
+  float vals[256];
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint8_t* row = w.row(i);
+    for (std::int64_t s = 0; s < S; ++s) {
+      const float* xs = x + s * w.cols;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        dequantize(gt, row + b * bytes, vals, B);
+        for (std::int64_t j = 0; j < B; ++j) acc[j % 8] += vals[j] * xs[b * B + j];
+      }
+      out[s * w.rows + i] = tree(acc);
+    }
   }
 }
 
@@ -299,6 +342,8 @@ void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std
         return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
       case WeightType::kQ8_0:
         return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
+      default:
+        return rows_dequantized(out, x, w, S, begin, end);
     }
   }
 #else
@@ -313,6 +358,8 @@ void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std
       return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
     case WeightType::kQ8_0:
       return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
+    default:
+      return rows_dequantized(out, x, w, S, begin, end);
   }
 }
 
@@ -381,30 +428,61 @@ void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t 
     }
   }
   const Isa isa = best_isa();
-  // Q8_0 weights with Q8_0 activations share one quantization of x, made here once per call.
-  bool quantize = false;
-  if (q8_0_activations() == Q8_0Activations::kQ8_0) {
-    for (const MatmulOut& o : outs) quantize = quantize || o.w->type == WeightType::kQ8_0;
+  // The activations each weight type reads, quantized here once per call for all the matrices
+  // that read them: Q8_0 codes (Q8_0 weights in kQ8_0 mode, Q4_0, Q5_0), Q8_1 (the same codes
+  // and scales plus s: Q4_1, Q5_1), Q8_K (the K-quants). F32/F16/BF16 read x itself.
+  bool need_q8 = false, need_s = false, need_k = false;
+  for (const MatmulOut& o : outs) {
+    const WeightType t = o.w->type;
+    if (t == WeightType::kQ8_0) {
+      need_q8 = need_q8 || q8_0_activations() == Q8_0Activations::kQ8_0;
+    } else if (is_block_type(t)) {
+      const ActType at = activation_type(t);
+      need_q8 = need_q8 || at != ActType::kQ8_K;
+      need_s = need_s || at == ActType::kQ8_1;
+      need_k = need_k || at == ActType::kQ8_K;
+    }
   }
-  const std::int8_t* q = nullptr;
-  const float* d = nullptr;
-  if (quantize) {
-    // Grows to the largest call, then is reused: no allocation per token.
-    thread_local std::vector<std::int8_t> xq;  // [S][cols] activation codes
-    thread_local std::vector<float> xd;        // [S][cols / 32] their scales
-    const auto n = static_cast<std::size_t>(S * cols);
+  // Grow to the largest call, then are reused: no allocation per token.
+  thread_local std::vector<std::int8_t> xq, kq;  // [S][cols] Q8_0/Q8_1 codes, Q8_K codes
+  thread_local std::vector<float> xd, xs, kd;    // [S][cols/32] d and s, [S][cols/256] Q8_K d
+  thread_local std::vector<std::int16_t> kbs;    // [S][cols/16] Q8_K group sums
+  const auto n = static_cast<std::size_t>(S * cols);
+  if (need_q8) {
     if (xq.size() < n) xq.resize(n);
-    if (xd.size() < n / kQ8_0BlockSize) xd.resize(n / kQ8_0BlockSize);
-    quantize_activations_q8_0(x, S * cols, xq.data(), xd.data());
-    q = xq.data();
-    d = xd.data();
+    if (xd.size() < n / 32) xd.resize(n / 32);
+    if (need_s && xs.size() < n / 32) xs.resize(n / 32);
+    quantize_activations_q8_1(x, S * cols, xq.data(), xd.data(), need_s ? xs.data() : nullptr);
   }
-  // Rows [begin, end) of matrix m, by one thread, exactly as matmul_rows / matmul_rows_q8_0
-  // compute them.
+  if (need_k) {
+    if (cols % 256 != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[engine] K-quant matrices need cols a multiple of 256, got " +
+                      std::to_string(cols));
+    }
+    if (kq.size() < n) kq.resize(n);
+    if (kd.size() < n / 256) kd.resize(n / 256);
+    if (kbs.size() < n / 16) kbs.resize(n / 16);
+    quantize_activations_q8_k(x, S * cols, kq.data(), kd.data(), kbs.data());
+  }
+  const std::int8_t* q = need_q8 ? xq.data() : nullptr;
+  const float* d = need_q8 ? xd.data() : nullptr;
+  const bool quantize = need_q8;
+  BlockActs acts_q8{ActType::kQ8_0, cols, q, d, need_s ? xs.data() : nullptr, nullptr};
+  BlockActs acts_k{ActType::kQ8_K, cols, need_k ? kq.data() : nullptr,
+                   need_k ? kd.data() : nullptr, nullptr, need_k ? kbs.data() : nullptr};
+  // Rows [begin, end) of matrix m, by one thread, exactly as matmul_rows / matmul_rows_q8_0 /
+  // matmul_rows_blocks compute them.
   const auto rows = [&](std::size_t m, std::int64_t begin, std::int64_t end) {
     const MatmulOut& o = outs[m];
-    if (o.w->type == WeightType::kQ8_0 && quantize) {
+    const WeightType t = o.w->type;
+    if (t == WeightType::kQ8_0 && quantize && q8_0_activations() == Q8_0Activations::kQ8_0) {
       matmul_rows_q8_0(isa, o.out, q, d, *o.w, S, begin, end);
+    } else if (t != WeightType::kQ8_0 && is_block_type(t)) {
+      const ActType at = activation_type(t);
+      BlockActs a = at == ActType::kQ8_K ? acts_k : acts_q8;
+      a.type = at;
+      matmul_rows_blocks(isa, o.out, a, *o.w, S, begin, end);
     } else {
       matmul_rows(isa, o.out, x, *o.w, S, begin, end);
     }
@@ -444,6 +522,10 @@ void matmul(float* out, const float* x, const WeightMatrix& w, std::int64_t S) {
 
 void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept {
   const std::uint8_t* row = w.row(i);
+  if (is_block_type(w.type) && w.type != WeightType::kQ8_0) {
+    dequantize(ggml_type_of(w.type), row, out, w.cols);
+    return;
+  }
   for (std::int64_t j = 0; j < w.cols; ++j) {
     switch (w.type) {
       case WeightType::kF32:
@@ -455,7 +537,7 @@ void dequantize_row(const WeightMatrix& w, std::int64_t i, float* out) noexcept 
       case WeightType::kBF16:
         out[j] = element<WeightType::kBF16>(row, j);
         break;
-      case WeightType::kQ8_0:
+      default:
         out[j] = element<WeightType::kQ8_0>(row, j);
         break;
     }

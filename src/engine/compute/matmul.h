@@ -1,5 +1,9 @@
 // Matrix-vector products against typed weight matrices (engine/weights.h), threaded over
-// output rows.
+// output rows. The GGUF block types other than Q8_0 (Q4_0 .. Q6_K) always read quantized
+// activations (Q8_0 / Q8_1 / Q8_K as llama.cpp does; definition and kernels in
+// engine/block_matmul.h); matmul() and matmul_fused() quantize x once per call for each
+// activation type the matrices need. matmul_rows() on such a matrix computes the fp32-activation
+// product over its dequantized rows (ggml's values), for tests.
 //
 // fp32 activations (F32/F16/BF16 weights always; Q8_0 weights when asked, see
 // Q8_0Activations): out[s][i] = ops::dot(row_i, x[s], cols), where row_i is row i converted to

@@ -15,6 +15,21 @@
 //           << 4, (ql[64h+l] >> 4) | (qh[32h+l] >> 4 & 3) << 4, (ql[64h+l+32] >> 4) | (qh[32h+l] >>
 //           6) << 4;
 //         x = d * scales[8h + l/16 + 2k] * (value - 32) for the k-th of those four.
+//   Q4_1  32 values in 20 bytes: f16 d, f16 m, uint8 qs[16];     x[j] = nib_j * d + m (nibbles as Q4_0)
+//   Q5_0  32 values in 22 bytes: f16 d, uint32 qh, uint8 qs[16]; value j (< 16) = (qs[j] & 15) |
+//         (bit j of qh) << 4, value j + 16 = (qs[j] >> 4) | (bit j + 16 of qh) << 4;
+//         x = d * (value - 16)
+//   Q5_1  32 values in 24 bytes: f16 d, f16 m, uint32 qh, uint8 qs[16]; values as Q5_0,
+//         x = value * d + m
+//   Q2_K  256 values in 84 bytes: uint8 scales[16], uint8 qs[64], f16 d, f16 dmin. Value y = 128n
+//         + 32j + l (n < 2, j < 4, l < 32) is (qs[32n + l] >> 2j) & 3; its 16-group g = y / 16
+//         has scale scales[g] & 15 and min scales[g] >> 4: x = (d * sc) * value - dmin * m
+//   Q3_K  256 values in 110 bytes: uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d. Value
+//         y = 128n + 32j + l is ((qs[32n + l] >> 2j) & 3) - (bit 4n + j of hmask[l] ? 0 : 4); the
+//         16-group g has the 6-bit scale (low four bits: scales[g % 8] >> 4 (g / 8), high two:
+//         scales[8 + g % 4] >> 2 (g / 4)) minus 32: x = (d * sc) * value
+//   Q5_K  256 values in 176 bytes: f16 d, f16 dmin, uint8 scales[12] (as Q4_K), uint8 qh[32],
+//         uint8 qs[128]: Q4_K's nibbles plus 16 * (bit s of qh[l]) for sub-block s
 // Dequantization evaluates in the same order as ggml's reference code, so values match it bit
 // for bit.
 #pragma once
@@ -31,8 +46,14 @@ enum class GgmlType : std::uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
+  kQ5_K = 13,
   kQ6_K = 14,
   kBF16 = 30,
 };
@@ -48,6 +69,10 @@ std::optional<GgmlType> ggml_type_from_id(std::uint32_t id) noexcept;
 const GgmlTypeInfo& type_info(GgmlType type) noexcept;
 // ggml's name for any type id ("Q5_K", "IQ2_XS", ...), or "type <id>" when unknown; for errors.
 std::string ggml_type_name(std::uint32_t id);
+
+// The matmul type of a GGUF tensor type (every supported type has one) and back.
+WeightType weight_type_of(GgmlType type) noexcept;
+GgmlType ggml_type_of(WeightType type) noexcept;
 
 // Bytes that `n` values of `type` take; n must be a multiple of the block size (the caller checks).
 std::int64_t type_bytes(GgmlType type, std::int64_t n) noexcept;

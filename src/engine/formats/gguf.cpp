@@ -217,7 +217,7 @@ class GgufParser {
       const auto type = ggml_type_from_id(type_id);
       if (!type) {
         fail(tn + " has type " + ggml_type_name(type_id) +
-             "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+             "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K");
       }
       t.type = *type;
       const GgmlTypeInfo& info = type_info(t.type);

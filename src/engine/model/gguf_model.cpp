@@ -1,13 +1,21 @@
 // GGUF checkpoints: architecture `llama` (interleaved RoPE pairs, as llama.cpp's converters
-// store it) and `qwen2` (rotate-half RoPE) without biases. Hyperparameters come from the
+// store it; Llama 2/3, Mistral-style files) and `qwen2` (rotate-half RoPE, q/k/v biases).
+// Checked against the tensors: block_count equals the layers the tensors have, every tensor
+// has the shape the metadata implies, and every tensor is used (any other is refused by name).
+// RoPE: rope_freqs.weight (Llama 3.x) and linear rope.scaling are applied; any other
+// '<arch>.rope.*' setting (YaRN, a factor without a type, unknown keys) is refused by name. Hyperparameters come from the
 // metadata ("<arch>.embedding_length", ...); tensors follow llama.cpp's names
 // (token_embd, blk.N.attn_q, ..., output_norm, output).
 //
-// Cost: every tensor that is not F32 is dequantized once, at load, into an fp32 buffer the
-// Model owns (F32 tensors are used in place from the mapping). A Q8_0 or Q4_K file therefore
-// takes about 4x (Q8_0) to 7x (Q4_K) its size in memory once loaded, and the load converts every
-// value once (on the order of a second per billion parameters on one core).
+// Cost: every weight matrix is used in place from the read-only mapping in its stored type
+// (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K; engine/weights.h and
+// engine/block_matmul.h have their kernels), so a model's resident memory is the file's
+// pages it touches plus the KV cache and scratch. Only 1-D norm vectors stored in another type
+// than F32, and an F32/F16/BF16 tensor at an offset its type cannot be read from, are copied.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "engine/formats/gguf.h"
 #include "engine/formats/mapped_file.h"
@@ -100,11 +108,46 @@ Model Model::load_gguf(const std::string& path) {
                          ": partial RoPE is not supported (expected the head dimension, " +
                          std::to_string(c.head_dim) + ")");
   }
-  if (const GgufValue* s = g.find(a + "rope.scaling.type")) {
-    if (s->type != GgufType::kString || s->s != "none") {
-      file_error(path, "metadata '" + a + "rope.scaling.type' is " + s->describe() +
-                           "; RoPE scaling is not implemented (expected 'none' or absent)");
+  // RoPE: every '<arch>.rope.*' key is either applied or refused by name.
+  for (const auto& [key, value] : g.metadata()) {
+    if (key.rfind(a + "rope.", 0) != 0) continue;
+    const std::string k = key.substr(a.size());
+    if (k != "rope.dimension_count" && k != "rope.freq_base" && k != "rope.scaling.type" &&
+        k != "rope.scaling.factor" && k != "rope.scaling.original_context_length" &&
+        k != "rope.scaling.finetuned") {
+      file_error(path, "metadata '" + key + "' (" + value.describe() +
+                           ") is a RoPE setting this engine does not implement");
     }
+  }
+  std::string scaling = "none";
+  if (const GgufValue* s = g.find(a + "rope.scaling.type")) {
+    if (s->type != GgufType::kString) {
+      file_error(path, "metadata '" + a + "rope.scaling.type' must be a string, found " +
+                           s->describe());
+    }
+    scaling = s->s;
+    if (scaling != "none" && scaling != "linear") {
+      file_error(path, "metadata '" + a + "rope.scaling.type' is " + s->describe() +
+                           ": only 'none' and 'linear' RoPE scaling are implemented (YaRN and "
+                           "others are not)");
+    }
+  }
+  if (g.find(a + "rope.scaling.factor")) {
+    const double factor = g.get_float(a + "rope.scaling.factor");
+    if (!g.find(a + "rope.scaling.type")) {
+      file_error(path, "metadata '" + a + "rope.scaling.factor' = " + std::to_string(factor) +
+                           " without '" + a +
+                           "rope.scaling.type': the scaling it asks for is ambiguous");
+    }
+    if (!std::isfinite(factor) || !(factor > 0)) {
+      file_error(path, "metadata '" + a + "rope.scaling.factor' must be finite and > 0, found " +
+                           std::to_string(factor));
+    }
+    // 'none' with a factor: llama.cpp ignores the factor; so does this engine (stated here).
+    if (scaling == "linear") c.rope_freq_scale = 1.0 / factor;
+  } else if (scaling == "linear") {
+    file_error(path, "metadata '" + a + "rope.scaling.type' is 'linear' but '" + a +
+                         "rope.scaling.factor' is missing");
   }
   const double eps = g.get_float(a + "attention.layer_norm_rms_epsilon");
   const double theta = g.get_float_or(a + "rope.freq_base", 10000.0);
@@ -114,9 +157,24 @@ Model Model::load_gguf(const std::string& path) {
                          "found " +
                          std::to_string(eps));
   }
-  if (!(theta > 1)) {
-    file_error(path,
-               "metadata '" + a + "rope.freq_base' must be > 1, found " + std::to_string(theta));
+  if (!(theta > 1) || !std::isfinite(theta)) {
+    file_error(path, "metadata '" + a + "rope.freq_base' must be finite and > 1, found " +
+                         std::to_string(theta));
+  }
+  // The layer count against the tensors: every 'blk.N.' must have N < block_count.
+  std::int64_t tensor_layers = 0;
+  for (const GgufTensor& t : g.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    std::int64_t n = 0;
+    std::size_t at = 4;
+    while (at < t.name.size() && t.name[at] >= '0' && t.name[at] <= '9' && n < (1 << 20))
+      n = n * 10 + (t.name[at++] - '0');
+    if (at > 4) tensor_layers = std::max(tensor_layers, n + 1);
+  }
+  if (tensor_layers != c.n_layers) {
+    file_error(path, "metadata '" + a + "block_count' = " + std::to_string(c.n_layers) +
+                         " but the file has tensors for " + std::to_string(tensor_layers) +
+                         " layers (blk.0 .. blk." + std::to_string(tensor_layers - 1) + ")");
   }
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
@@ -129,19 +187,14 @@ Model Model::load_gguf(const std::string& path) {
     (std::string(key).find("bos") != std::string::npos ? c.bos_id : c.eos_id) =
         static_cast<std::int32_t>(id);
   }
-  for (const GgufTensor& t : g.tensors()) {
-    if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0) {
-      file_error(path, "tensor '" + t.name + "': biases are not supported by this engine (" + arch +
-                           " models with attention biases cannot run here)");
-    }
-  }
-
+  std::set<std::string> used;  // tensors the model reads; any other one is refused below
   std::string matrix_type;
   bool mixed = false;
   // Checks a tensor's presence and shape (GGUF dims: innermost first).
   auto find = [&](const std::string& name, const std::vector<std::int64_t>& dims) {
     const GgufTensor* t = g.find_tensor(name);
     if (!t) file_error(path, "missing tensor '" + name + "'");
+    used.insert(name);
     if (t->dims != dims) {
       GgufTensor want;
       want.dims = dims;
@@ -161,10 +214,9 @@ Model Model::load_gguf(const std::string& path) {
     dequantize(t->type, t->data, out, t->n_values);
     return out;
   };
-  // A 2-D tensor [rows][cols] (GGUF dims {cols, rows}) as a WeightMatrix: F32, F16, BF16 and
-  // Q8_0 are read in place from the mapping in their stored type (engine/weights.h has a matmul
-  // kernel for each); Q4_0, Q4_K and Q6_K are dequantized once at load into owned fp32 (4 bytes
-  // a weight instead of about 0.56-0.82: the cost the README states).
+  // A 2-D tensor [rows][cols] (GGUF dims {cols, rows}) as a WeightMatrix, read in place from
+  // the mapping in its stored type (engine/weights.h has a matmul kernel for each); only a
+  // misaligned F32/F16/BF16 tensor is converted into an owned fp32 copy.
   auto mat = [&](const std::string& name, std::int64_t cols, std::int64_t rows) -> WeightMatrix {
     const GgufTensor* t = find(name, {cols, rows});
     const std::string ty = lower(type_info(t->type).name);
@@ -190,15 +242,12 @@ Model Model::load_gguf(const std::string& path) {
           return m;
         }
         break;
-      case GgmlType::kQ8_0:
-        if (cols % kQ8_0BlockSize == 0) {
-          m.type = WeightType::kQ8_0;
-          m.data = t->data;
-          return m;
-        }
-        break;
       default:
-        break;
+        // Every block type is read in place, in its stored blocks (the reader checked that
+        // a row is a whole number of blocks).
+        m.type = weight_type_of(t->type);
+        m.data = t->data;
+        return m;
     }
     float* out = b.own(t->n_values);
     dequantize(t->type, t->data, out, t->n_values);
@@ -218,6 +267,11 @@ Model Model::load_gguf(const std::string& path) {
     l.wq = mat(p + "attn_q.weight", dim, qd);
     l.wk = mat(p + "attn_k.weight", dim, kvd);
     l.wv = mat(p + "attn_v.weight", dim, kvd);
+    // q/k/v biases (Qwen2 has them; llama.cpp's llama architecture allows them too).
+    if (g.find_tensor(p + "attn_q.bias")) l.bq = vec(p + "attn_q.bias", qd);
+    if (g.find_tensor(p + "attn_k.bias")) l.bk = vec(p + "attn_k.bias", kvd);
+    if (g.find_tensor(p + "attn_v.bias")) l.bv = vec(p + "attn_v.bias", kvd);
+    c.qkv_bias = c.qkv_bias || l.bq != nullptr || l.bk != nullptr || l.bv != nullptr;
     l.wo = mat(p + "attn_output.weight", qd, dim);
     l.ffn_norm = vec(p + "ffn_norm.weight", dim);
     l.w_gate = mat(p + "ffn_gate.weight", dim, hid);
@@ -225,9 +279,26 @@ Model Model::load_gguf(const std::string& path) {
     l.w_down = mat(p + "ffn_down.weight", hid, dim);
   }
   w.final_norm = vec("output_norm.weight", dim);
+  // Llama 3.x's per-frequency RoPE divisors.
+  if (g.find_tensor("rope_freqs.weight")) {
+    const float* f = vec("rope_freqs.weight", c.head_dim / 2);
+    for (std::int64_t i = 0; i < c.head_dim / 2; ++i) {
+      if (!std::isfinite(f[i]) || !(f[i] > 0)) {
+        file_error(path, "tensor 'rope_freqs.weight' value " + std::to_string(i) +
+                             " must be finite and > 0, found " + std::to_string(f[i]));
+      }
+    }
+    c.rope_freq_factors.assign(f, f + c.head_dim / 2);
+  }
   c.tied_classifier = g.find_tensor("output.weight") == nullptr;
   w.classifier = c.tied_classifier ? w.token_embedding : mat("output.weight", dim, c.vocab_size);
   c.weights_dtype = mixed ? "mixed" : matrix_type;
+  for (const GgufTensor& t : g.tensors()) {
+    if (!used.count(t.name)) {
+      file_error(path, "tensor '" + t.name + "' (" + t.shape_text() + ") is not used by the '" +
+                           arch + "' model this engine runs (its weights would be ignored)");
+    }
+  }
 
   const std::string dir = std::filesystem::path(path).parent_path().string();
   b.set_paths(path, dir.empty() ? "." : dir);

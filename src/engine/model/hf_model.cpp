@@ -183,15 +183,22 @@ Model Model::load_hf(const std::string& path) {
     file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
   }
   const ConfigReader r{config_path, cj};
-  r.require_value("model_type", "llama", "a Llama-architecture model");
+  // Llama, or Qwen2 (a Llama with q/k/v biases; its sliding window, when enabled, is not).
+  const bool qwen2 = cj.contains("model_type") && cj["model_type"] == "qwen2";
+  if (!qwen2) r.require_value("model_type", "llama", "a Llama-architecture model or 'qwen2'");
   r.require_value("hidden_act", "silu", "SwiGLU");
   r.require_value("rope_scaling", nullptr, "RoPE scaling is not implemented");
-  r.require_value("attention_bias", false, "no attention biases");
+  if (qwen2) {
+    r.require_value("use_sliding_window", false, "no sliding-window attention");
+  } else {
+    r.require_value("attention_bias", false, "no attention biases");
+  }
   r.require_value("mlp_bias", false, "no MLP biases");
 
   ModelBuilder b;
   ModelConfig& c = b.config();
   c.format = "hf";
+  c.qkv_bias = qwen2;
   c.dim = r.integer("hidden_size");
   c.hidden_dim = r.integer("intermediate_size");
   c.n_layers = r.integer("num_hidden_layers");
@@ -268,6 +275,11 @@ Model Model::load_hf(const std::string& path) {
     l.wq = load.matrix(need(p + "self_attn.q_proj.weight"), qd, dim);
     l.wk = load.matrix(need(p + "self_attn.k_proj.weight"), kvd, dim);
     l.wv = load.matrix(need(p + "self_attn.v_proj.weight"), kvd, dim);
+    if (qwen2) {
+      l.bq = load.vector(need(p + "self_attn.q_proj.bias"), qd);
+      l.bk = load.vector(need(p + "self_attn.k_proj.bias"), kvd);
+      l.bv = load.vector(need(p + "self_attn.v_proj.bias"), kvd);
+    }
     l.wo = load.matrix(need(p + "self_attn.o_proj.weight"), dim, qd);
     l.ffn_norm = load.vector(need(p + "post_attention_layernorm.weight"), dim);
     l.w_gate = load.matrix(need(p + "mlp.gate_proj.weight"), hid, dim);

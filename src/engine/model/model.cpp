@@ -18,7 +18,8 @@ const char* to_string(RopeStyle style) noexcept {
 
 std::int64_t ModelConfig::n_params() const noexcept {
   const std::int64_t per_layer =
-      2 * dim + q_dim() * dim * 2 + kv_dim() * dim * 2 + 3 * hidden_dim * dim;
+      2 * dim + q_dim() * dim * 2 + kv_dim() * dim * 2 + 3 * hidden_dim * dim +
+      (qkv_bias ? q_dim() + 2 * kv_dim() : 0);
   return vocab_size * dim * (tied_classifier ? 1 : 2) + n_layers * per_layer + dim;
 }
 

@@ -1,7 +1,8 @@
 // A Llama-architecture model: its configuration and its weights, loaded from a llama2.c
 // checkpoint or a Hugging Face Llama checkpoint (config.json + model.safetensors).
 //
-// Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0; engine/weights.h) and
+// Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0 and, from GGUF, the
+// block types Q4_0..Q6_K; engine/weights.h) and
 // are read in place from the read-only memory mapping; only a tensor at an offset its type
 // cannot be read from is copied (same type) into a buffer the Model owns. Norm vectors are
 // small and always fp32 (converted once when stored otherwise). Every pointer is valid for the
@@ -39,7 +40,15 @@ struct ModelConfig {
   float norm_eps = 1e-5f;    // RMSNorm epsilon
   double rope_theta = 10000.0;
   RopeStyle rope = RopeStyle::kInterleaved;
+  // Frequency i of a head (i < head_dim / 2) is theta^(-2i/head_dim) * rope_freq_scale /
+  // rope_freq_factors[i] (llama.cpp's ggml_rope_ext with freq_factors, no YaRN):
+  //  - rope_freq_factors: Llama 3.x's per-frequency divisors (GGUF tensor rope_freqs.weight);
+  //    empty: all 1;
+  //  - rope_freq_scale: linear RoPE scaling, 1 / rope.scaling.factor; 1: none.
+  std::vector<float> rope_freq_factors;
+  double rope_freq_scale = 1.0;
   bool tied_classifier = true;  // the classifier is the token embedding
+  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2): LayerWeights::bq/bk/bv
   std::string weights_dtype;    // as stored: "f32", "f16", "bf16" (or "mixed")
   std::int32_t bos_id = 1;      // -1 when the checkpoint names none
   std::int32_t eos_id = 2;
@@ -52,6 +61,10 @@ struct ModelConfig {
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim] fp32
   WeightMatrix wq;                   // [q_dim][dim]
+  // Projection biases added after wq / wk / wv (Qwen2's q/k/v biases), fp32, or null: none.
+  const float* bq = nullptr;  // [q_dim]
+  const float* bk = nullptr;  // [kv_dim]
+  const float* bv = nullptr;  // [kv_dim]
   WeightMatrix wk;                   // [kv_dim][dim]
   WeightMatrix wv;                   // [kv_dim][dim]
   WeightMatrix wo;                   // [dim][q_dim]

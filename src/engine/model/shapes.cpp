@@ -82,6 +82,8 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
         case WeightType::kQ8_0:
           quantize_row_q8_0(tmp.data(), reinterpret_cast<BlockQ8_0*>(row), cols);
           break;
+        default:  // refused by make_random_model before any matrix is made
+          break;
       }
     }
   });
@@ -91,6 +93,13 @@ WeightMatrix random_matrix(ModelBuilder& b, WeightType type, std::int64_t rows, 
 const float* ones(ModelBuilder& b, std::int64_t n) {
   float* p = b.own(n);
   for (std::int64_t i = 0; i < n; ++i) p[i] = 1.0f;
+  return p;
+}
+
+// n fp32 values uniform in [-a, a) from tensor key `key`.
+const float* random_vector(ModelBuilder& b, std::int64_t n, std::uint64_t key, float a) {
+  float* p = b.own(n);
+  for (std::int64_t i = 0; i < n; ++i) p[i] = uniform(key, i, a);
   return p;
 }
 
@@ -109,8 +118,14 @@ const std::vector<NamedShape>& named_shapes() {
        "Llama 3.2 1B's shape; plain RoPE (the published model's llama3 RoPE scaling is not "
        "implemented)"},
       {"qwen2.5-0.5b",
-       shape_config(896, 4864, 24, 14, 2, 64, 151936, 1000000.0, 1e-6f, true, -1, 151643), 24,
-       "Qwen2.5 0.5B's shape as a Llama model: no q/k/v biases (the published model has them)"},
+       [] {
+         ModelConfig c =
+             shape_config(896, 4864, 24, 14, 2, 64, 151936, 1000000.0, 1e-6f, true, -1, 151643);
+         c.qkv_bias = true;
+         return c;
+       }(),
+       24,
+       "Qwen2.5 0.5B's shape with its q/k/v biases (a Qwen2 model)", true},
       {"llama-3-8b",
        shape_config(4096, 14336, 32, 32, 8, 128, 128256, 500000.0, 1e-5f, false, 128000, 128001), 2,
        "Llama 3 8B's shape restricted to its first 2 of 32 layers by default (memory); "
@@ -137,6 +152,12 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
                                                  std::to_string(shape.config.n_layers) + "] for " +
                                                  name + ", got " + std::to_string(layers));
   }
+  if (o.type != WeightType::kF32 && o.type != WeightType::kF16 && o.type != WeightType::kBF16 &&
+      o.type != WeightType::kQ8_0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("[shape] random weights can be f32, f16, bf16 or q8_0, got ") +
+                    to_string(o.type) + " (quantize a written model with llama-quantize instead)");
+  }
   if (o.type == WeightType::kQ8_0 &&
       (shape.config.dim % kQ8_0BlockSize != 0 || shape.config.hidden_dim % kQ8_0BlockSize != 0 ||
        shape.config.q_dim() % kQ8_0BlockSize != 0)) {
@@ -162,6 +183,11 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
     l.wq = random_matrix(b, o.type, qd, dim, key(), scale(dim));
     l.wk = random_matrix(b, o.type, kvd, dim, key(), scale(dim));
     l.wv = random_matrix(b, o.type, kvd, dim, key(), scale(dim));
+    if (shape.qkv_bias) {
+      l.bq = random_vector(b, qd, key(), 0.5f);
+      l.bk = random_vector(b, kvd, key(), 0.5f);
+      l.bv = random_vector(b, kvd, key(), 0.5f);
+    }
     l.wo = random_matrix(b, o.type, dim, qd, key(), scale(qd));
     l.ffn_norm = ones(b, dim);
     l.w_gate = random_matrix(b, o.type, hid, dim, key(), scale(dim));
@@ -185,7 +211,7 @@ const char* st_dtype(WeightType t) {
       return "F16";
     case WeightType::kBF16:
       return "BF16";
-    case WeightType::kQ8_0:
+    default:
       break;
   }
   return nullptr;
@@ -249,6 +275,7 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
     const void* data;   // matrices
     const float* norm;  // vectors (converted on write)
     std::int64_t bytes;
+    std::int64_t n = 0;  // vectors: values
   };
   std::vector<Entry> entries;
   auto add_matrix = [&](const std::string& name, const WeightMatrix& m) {
@@ -259,8 +286,13 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
     entries.push_back({name, m.type, {m.rows, m.cols}, m.data, nullptr, m.bytes()});
   };
   auto add_norm = [&](const std::string& name, const float* v) {
-    entries.push_back({name, norm_type, {c.dim}, nullptr, v, weight_row_bytes(norm_type, c.dim)});
+    entries.push_back(
+        {name, norm_type, {c.dim}, nullptr, v, weight_row_bytes(norm_type, c.dim), c.dim});
   };
+  auto add_bias = [&](const std::string& name, const float* v, std::int64_t n) {
+    entries.push_back({name, WeightType::kF32, {n}, nullptr, v, 4 * n, n});
+  };
+  const bool qwen2 = !w.layers.empty() && w.layers[0].bq != nullptr;
   add_matrix("model.embed_tokens.weight", w.token_embedding);
   for (std::size_t i = 0; i < w.layers.size(); ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -269,6 +301,11 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
     add_matrix(p + "self_attn.q_proj.weight", l.wq);
     add_matrix(p + "self_attn.k_proj.weight", l.wk);
     add_matrix(p + "self_attn.v_proj.weight", l.wv);
+    if (qwen2) {
+      add_bias(p + "self_attn.q_proj.bias", l.bq, c.q_dim());
+      add_bias(p + "self_attn.k_proj.bias", l.bk, c.kv_dim());
+      add_bias(p + "self_attn.v_proj.bias", l.bv, c.kv_dim());
+    }
     add_matrix(p + "self_attn.o_proj.weight", l.wo);
     add_norm(p + "post_attention_layernorm.weight", l.ffn_norm);
     add_matrix(p + "mlp.gate_proj.weight", l.w_gate);
@@ -301,7 +338,7 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
         continue;
       }
       buf.resize(static_cast<std::size_t>(e.bytes));
-      for (std::int64_t i = 0; i < c.dim; ++i) {
+      for (std::int64_t i = 0; i < e.n; ++i) {
         if (e.type == WeightType::kF32) {
           std::memcpy(buf.data() + 4 * i, e.norm + i, 4);
         } else {
@@ -316,8 +353,8 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   });
 
   nlohmann::ordered_json cj;
-  cj["architectures"] = {"LlamaForCausalLM"};
-  cj["model_type"] = "llama";
+  cj["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  cj["model_type"] = qwen2 ? "qwen2" : "llama";
   cj["hidden_size"] = c.dim;
   cj["intermediate_size"] = c.hidden_dim;
   cj["num_hidden_layers"] = c.n_layers;
@@ -330,8 +367,12 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   cj["rope_theta"] = c.rope_theta;
   cj["rope_scaling"] = nullptr;
   cj["hidden_act"] = "silu";
-  cj["attention_bias"] = false;
-  cj["mlp_bias"] = false;
+  if (!qwen2) {
+    cj["attention_bias"] = false;
+    cj["mlp_bias"] = false;
+  } else {
+    cj["use_sliding_window"] = false;
+  }
   cj["tie_word_embeddings"] = c.tied_classifier;
   if (c.bos_id >= 0) cj["bos_token_id"] = c.bos_id;
   if (c.eos_id >= 0) cj["eos_token_id"] = c.eos_id;

@@ -6,8 +6,9 @@
 // (seed, t, k), so generation is threaded and the result does not depend on the thread count.
 // a = sqrt(3 / fan_in) for layer matrices (standard deviation 1/sqrt(fan_in): each projection
 // of a unit-RMS input has unit-scale outputs) and sqrt(3 / dim) for the embedding and
-// classifier (unit-scale logits); norm weights are 1. Values are rounded to the requested
-// weight type (bf16 by default).
+// classifier (unit-scale logits); norm weights are 1; q/k/v biases (shapes with qkv_bias) are
+// uniform in [-0.5, 0.5) and stay fp32. Values are rounded to the requested weight type (bf16 by
+// default).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@ struct NamedShape {
   ModelConfig config;           // format "random"; weights_dtype set by make_random_model
   std::int64_t default_layers;  // layers built when not asked otherwise (< n_layers: restricted)
   std::string note;             // how it differs from the published model
+  bool qkv_bias = false;        // q/k/v biases (random, fp32), written as a Qwen2 checkpoint
 };
 
 // Every named shape, in a fixed order.
@@ -41,7 +43,8 @@ struct RandomModelOptions {
 // Error(kInvalidArgument) for an unknown shape or a layer count outside [1, n_layers].
 Model make_random_model(const std::string& shape, const RandomModelOptions& options);
 
-// Writes `model` as a Hugging Face Llama checkpoint: dir/config.json and dir/model.safetensors
+// Writes `model` as a Hugging Face Llama checkpoint (a Qwen2 one when it has q/k/v biases,
+// written as F32): dir/config.json and dir/model.safetensors
 // (each written to a temporary file and renamed, so a failed write leaves no partial file;
 // `dir` is created when missing). Matrices keep their type (F32, F16 or BF16; Q8_0 has no
 // safetensors type and is refused); norm vectors are written in the matrices' type when every

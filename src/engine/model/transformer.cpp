@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "base/kernels.h"
 #include "engine/compute/matmul.h"
@@ -56,21 +57,30 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   layer_cosine.assign(sz(c.n_layers), 0.0f);
   rope_cos.resize(sz(R * half));
   rope_sin.resize(sz(R * half));
+  // Frequency scaling (Llama 3's rope_freqs, linear scaling): each frequency times
+  // rope_freq_scale / factor[i]. Absent (the common case) it is not applied at all, so the
+  // tables stay those of the unscaled formulas bit for bit.
+  const bool scaled = !c.rope_freq_factors.empty() || c.rope_freq_scale != 1.0;
+  auto freq_mul = [&](std::int64_t i) {
+    const double f = c.rope_freq_factors.empty() ? 1.0 : c.rope_freq_factors[sz(i)];
+    return c.rope_freq_scale / f;
+  };
   for (std::int64_t pos = 0; pos < R; ++pos) {
     for (std::int64_t i = 0; i < half; ++i) {
       float cs, sn;
       if (c.rope == RopeStyle::kInterleaved) {
         // run.c, in fp32: freq = 1 / 10000^(2i / D), angle = pos * freq.
-        const float freq = 1.0f / std::pow(static_cast<float>(c.rope_theta),
-                                           static_cast<float>(2 * i) / static_cast<float>(D));
+        float freq = 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                     static_cast<float>(2 * i) / static_cast<float>(D));
+        if (scaled) freq = static_cast<float>(static_cast<double>(freq) * freq_mul(i));
         const float angle = static_cast<float>(pos) * freq;
         cs = std::cos(angle);
         sn = std::sin(angle);
       } else {
         // Hugging Face's frequencies, evaluated in double and rounded once.
-        const double angle =
-            static_cast<double>(pos) *
-            std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+        double freq = std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+        if (scaled) freq *= freq_mul(i);
+        const double angle = static_cast<double>(pos) * freq;
         cs = static_cast<float>(std::cos(angle));
         sn = static_cast<float>(std::sin(angle));
       }
@@ -260,6 +270,18 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     // q, k and v in one parallel loop (one barrier; x quantized once for Q8_0 weights).
     const MatmulOut qkv[] = {{s_.q.data(), &lw.wq}, {s_.k.data(), &lw.wk}, {s_.v.data(), &lw.wv}};
     matmul_fused(qkv, xb, S);
+    // Qwen2's projection biases.
+    const std::pair<const float*, std::pair<float*, std::int64_t>> biases[] = {
+        {lw.bq, {s_.q.data(), c.q_dim()}},
+        {lw.bk, {s_.k.data(), c.kv_dim()}},
+        {lw.bv, {s_.v.data(), c.kv_dim()}}};
+    for (const auto& [bias, out] : biases) {
+      if (bias == nullptr) continue;
+      for (std::int64_t t = 0; t < S; ++t) {
+        float* o = out.first + t * out.second;
+        for (std::int64_t i = 0; i < out.second; ++i) o[i] += bias[i];
+      }
+    }
     laps.mark(times_.matmul);
     rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
     rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);

@@ -285,23 +285,28 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
   const Weights& wt = model.weights();
   GgufWriter w;
   ConvertReport report;
-  w.set("general.architecture", GgufValue::str("llama"));
+  // A model with q/k/v biases is written as llama.cpp's 'qwen2' (rotate-half RoPE, biases);
+  // any other as 'llama' (interleaved RoPE: rotate-half checkpoints are permuted below).
+  const bool qwen2 = c.qkv_bias;
+  const std::string arch = qwen2 ? "qwen2" : "llama";
+  const std::string A = arch + ".";
+  w.set("general.architecture", GgufValue::str(arch));
   w.set("general.name", GgufValue::str(std::filesystem::path(model.path()).stem().string()));
   w.set("general.file_type", GgufValue::u32(file_type(type)));
-  w.set("llama.context_length", GgufValue::u32(static_cast<std::uint32_t>(c.seq_len)));
-  w.set("llama.embedding_length", GgufValue::u32(static_cast<std::uint32_t>(c.dim)));
-  w.set("llama.block_count", GgufValue::u32(static_cast<std::uint32_t>(c.n_layers)));
-  w.set("llama.feed_forward_length", GgufValue::u32(static_cast<std::uint32_t>(c.hidden_dim)));
-  w.set("llama.rope.dimension_count", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
-  w.set("llama.attention.head_count", GgufValue::u32(static_cast<std::uint32_t>(c.n_heads)));
-  w.set("llama.attention.head_count_kv", GgufValue::u32(static_cast<std::uint32_t>(c.n_kv_heads)));
+  w.set(A + "context_length", GgufValue::u32(static_cast<std::uint32_t>(c.seq_len)));
+  w.set(A + "embedding_length", GgufValue::u32(static_cast<std::uint32_t>(c.dim)));
+  w.set(A + "block_count", GgufValue::u32(static_cast<std::uint32_t>(c.n_layers)));
+  w.set(A + "feed_forward_length", GgufValue::u32(static_cast<std::uint32_t>(c.hidden_dim)));
+  w.set(A + "rope.dimension_count", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
+  w.set(A + "attention.head_count", GgufValue::u32(static_cast<std::uint32_t>(c.n_heads)));
+  w.set(A + "attention.head_count_kv", GgufValue::u32(static_cast<std::uint32_t>(c.n_kv_heads)));
   if (c.head_dim * c.n_heads != c.dim) {
-    w.set("llama.attention.key_length", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
-    w.set("llama.attention.value_length", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
+    w.set(A + "attention.key_length", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
+    w.set(A + "attention.value_length", GgufValue::u32(static_cast<std::uint32_t>(c.head_dim)));
   }
-  w.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(c.norm_eps));
-  w.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
-  w.set("llama.vocab_size", GgufValue::u32(static_cast<std::uint32_t>(c.vocab_size)));
+  w.set(A + "attention.layer_norm_rms_epsilon", GgufValue::f32(c.norm_eps));
+  w.set(A + "rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
+  w.set(A + "vocab_size", GgufValue::u32(static_cast<std::uint32_t>(c.vocab_size)));
 
   if (c.format == "gguf") {
     file_error(model.path(), "is already GGUF; converting GGUF to GGUF is not supported");
@@ -334,7 +339,11 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
     }
     w.add_tensor(name, {cols, rows}, t, data);
   };
-  const bool permute = c.rope == RopeStyle::kRotateHalf;
+  if (qwen2 && c.rope != RopeStyle::kRotateHalf) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[convert] a model with q/k/v biases must use rotate-half RoPE (qwen2)");
+  }
+  const bool permute = !qwen2 && c.rope == RopeStyle::kRotateHalf;
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   matrix("token_embd.weight", f32(wt.token_embedding).data(), c.vocab_size, dim);
   for (std::int64_t i = 0; i < c.n_layers; ++i) {
@@ -351,6 +360,11 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
       matrix(p + "attn_k.weight", f32(l.wk).data(), kvd, dim);
     }
     matrix(p + "attn_v.weight", f32(l.wv).data(), kvd, dim);
+    if (qwen2) {
+      w.add_tensor(p + "attn_q.bias", {qd}, GgmlType::kF32, l.bq);
+      w.add_tensor(p + "attn_k.bias", {kvd}, GgmlType::kF32, l.bk);
+      w.add_tensor(p + "attn_v.bias", {kvd}, GgmlType::kF32, l.bv);
+    }
     matrix(p + "attn_output.weight", f32(l.wo).data(), dim, qd);
     w.add_tensor(p + "ffn_norm.weight", {dim}, GgmlType::kF32, l.ffn_norm);
     matrix(p + "ffn_gate.weight", f32(l.w_gate).data(), hid, dim);

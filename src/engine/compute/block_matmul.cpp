@@ -1,0 +1,726 @@
+// Block-quantized weights times quantized activations: the definition (block_matmul.h), its
+// scalar code and the AVX2 family. Each family has a decoder per type (a block's bytes to
+// integer codes and scales, the same values for every family) and the integer dots; the fp32
+// steps (block value, lanes, tree) are one shared piece of code, so the families agree bit for
+// bit as long as the integer sums are exact, which the comments at each SIMD dot show.
+#include "engine/compute/block_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "veloxquant/types.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define VQ_BLOCKS_X86 1
+#endif
+
+namespace vq::engine {
+
+const char* to_string(ActType a) noexcept {
+  switch (a) {
+    case ActType::kQ8_0:
+      return "q8_0";
+    case ActType::kQ8_1:
+      return "q8_1";
+    case ActType::kQ8_K:
+      return "q8_k";
+  }
+  return "?";
+}
+
+ActType activation_type(WeightType w) noexcept {
+  switch (w) {
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_1:
+      return ActType::kQ8_1;
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K:
+      return ActType::kQ8_K;
+    default:
+      return ActType::kQ8_0;
+  }
+}
+
+namespace {
+
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: (v + kRound) - kRound rounds |v| < 2^22
+                                       // to an integer, half to even
+
+inline float load_half(const std::uint8_t* p) noexcept {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return half_to_float(bits);
+}
+inline std::uint32_t load_u32(const std::uint8_t* p) noexcept {
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+inline float tree(const float* a) noexcept {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// Q4_K / Q5_K's 6-bit scale and min of sub-block j (0..7), packed in 12 bytes (quants.h).
+inline void scale_min_k4(int j, const std::uint8_t* s, int* sc, int* m) noexcept {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+// Q3_K's 6-bit scale of 16-group g, minus 32.
+inline int scale_q3k(int g, const std::uint8_t* s) noexcept {
+  return (((s[g % 8] >> (4 * (g / 8))) & 0xF) | (((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32;
+}
+
+constexpr bool has_min(WeightType t) noexcept {
+  return t == WeightType::kQ4_1 || t == WeightType::kQ5_1 || t == WeightType::kQ2_K ||
+         t == WeightType::kQ4_K || t == WeightType::kQ5_K;
+}
+constexpr bool is_k(WeightType t) noexcept {
+  return t == WeightType::kQ2_K || t == WeightType::kQ3_K || t == WeightType::kQ4_K ||
+         t == WeightType::kQ5_K || t == WeightType::kQ6_K;
+}
+// Codes that can be negative (dots need the sign trick on x86); the others are in [0, 31].
+constexpr bool signed_codes(WeightType t) noexcept {
+  return t == WeightType::kQ4_0 || t == WeightType::kQ5_0 || t == WeightType::kQ3_K ||
+         t == WeightType::kQ6_K;
+}
+
+// A decoded block: codes (32 or 256), and for the K-quants per 16-group scale and min, plus the
+// scales in the layout the SIMD dot reads (scx[k] = sc[2k] x 8, sc[2k+1] x 8 as int16).
+struct Decoded {
+  alignas(32) std::int8_t c[256];
+  alignas(32) std::int16_t scx[8][16];
+  alignas(32) std::int16_t mn[16];
+  std::int16_t sc[16];
+  float d, dmin;  // legacy: d and m
+};
+
+void fill_scx(Decoded* o) noexcept {
+  for (int k = 0; k < 8; ++k) {
+    for (int l = 0; l < 8; ++l) {
+      o->scx[k][l] = o->sc[2 * k];
+      o->scx[k][8 + l] = o->sc[2 * k + 1];
+    }
+  }
+}
+
+// ---- Scalar decoders (the definition's codes and scales, from quants.h's layouts) ----
+
+template <WeightType T>
+void decode_scalar(const std::uint8_t* blk, Decoded* o) noexcept {
+  std::int8_t* c = o->c;
+  if constexpr (T == WeightType::kQ4_0 || T == WeightType::kQ4_1) {
+    constexpr bool kMin = T == WeightType::kQ4_1;
+    o->d = load_half(blk);
+    o->dmin = kMin ? load_half(blk + 2) : 0.0f;
+    const std::uint8_t* qs = blk + (kMin ? 4 : 2);
+    const int off = kMin ? 0 : 8;
+    for (int j = 0; j < 16; ++j) {
+      c[j] = static_cast<std::int8_t>((qs[j] & 0xF) - off);
+      c[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) - off);
+    }
+  } else if constexpr (T == WeightType::kQ5_0 || T == WeightType::kQ5_1) {
+    constexpr bool kMin = T == WeightType::kQ5_1;
+    o->d = load_half(blk);
+    o->dmin = kMin ? load_half(blk + 2) : 0.0f;
+    const std::uint32_t qh = load_u32(blk + (kMin ? 4 : 2));
+    const std::uint8_t* qs = blk + (kMin ? 8 : 6);
+    const int off = kMin ? 0 : 16;
+    for (int j = 0; j < 16; ++j) {
+      c[j] = static_cast<std::int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1u) << 4)) - off);
+      c[j + 16] = static_cast<std::int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
+    }
+  } else if constexpr (T == WeightType::kQ2_K) {
+    const std::uint8_t* scales = blk;
+    o->d = load_half(blk + 80);
+    o->dmin = load_half(blk + 82);
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = static_cast<std::int16_t>(scales[g] & 0xF);
+      o->mn[g] = static_cast<std::int16_t>(scales[g] >> 4);
+    }
+    for (int y = 0; y < 256; ++y) {
+      const int n = y / 128, j = (y % 128) / 32, l = y % 32;
+      c[y] = static_cast<std::int8_t>((blk[16 + 32 * n + l] >> (2 * j)) & 3);
+    }
+  } else if constexpr (T == WeightType::kQ3_K) {
+    const std::uint8_t* hmask = blk;
+    o->d = load_half(blk + 108);
+    o->dmin = 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = static_cast<std::int16_t>(scale_q3k(g, blk + 96));
+      o->mn[g] = 0;
+    }
+    for (int y = 0; y < 256; ++y) {
+      const int n = y / 128, j = (y % 128) / 32, l = y % 32;
+      const int v = ((blk[32 + 32 * n + l] >> (2 * j)) & 3) - (((hmask[l] >> (4 * n + j)) & 1) ? 0 : 4);
+      c[y] = static_cast<std::int8_t>(v);
+    }
+  } else if constexpr (T == WeightType::kQ4_K || T == WeightType::kQ5_K) {
+    constexpr bool k5 = T == WeightType::kQ5_K;
+    o->d = load_half(blk);
+    o->dmin = load_half(blk + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      scale_min_k4(s, blk + 4, &sc, &m);
+      o->sc[2 * s] = o->sc[2 * s + 1] = static_cast<std::int16_t>(sc);
+      o->mn[2 * s] = o->mn[2 * s + 1] = static_cast<std::int16_t>(m);
+    }
+    const std::uint8_t* qh = blk + 16;
+    const std::uint8_t* qs = blk + (k5 ? 48 : 16);
+    for (int y = 0; y < 256; ++y) {
+      const int g = y / 64, hi = (y % 64) / 32, l = y % 32;
+      const std::uint8_t byte = qs[32 * g + l];
+      int v = hi ? byte >> 4 : byte & 0xF;
+      if (k5) v |= ((qh[l] >> (2 * g + hi)) & 1) << 4;
+      c[y] = static_cast<std::int8_t>(v);
+    }
+  } else {
+    static_assert(T == WeightType::kQ6_K);
+    const std::uint8_t* ql = blk;
+    const std::uint8_t* qh = blk + 128;
+    const auto* scales = reinterpret_cast<const std::int8_t*>(blk + 192);
+    o->d = load_half(blk + 208);
+    o->dmin = 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = scales[g];
+      o->mn[g] = 0;
+    }
+    for (int y = 0; y < 256; ++y) {
+      const int h = y / 128, k = (y % 128) / 32, l = y % 32;
+      const std::uint8_t lo = ql[64 * h + 32 * (k % 2) + l];
+      const int low4 = k < 2 ? lo & 0xF : lo >> 4;
+      const int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
+      c[y] = static_cast<std::int8_t>((low4 | (high2 << 4)) - 32);
+    }
+  }
+  if constexpr (is_k(T)) fill_scx(o);
+}
+
+// ---- Scalar integer dots ----
+
+inline std::int32_t isum_scalar(const std::int8_t* c, const std::int8_t* q, int n) noexcept {
+  std::int32_t s = 0;
+  for (int j = 0; j < n; ++j) s += static_cast<std::int32_t>(c[j]) * q[j];
+  return s;
+}
+
+// sumi = sum_g sc[g] * isum(group g); summ = sum_g mn[g] * bsums[g].
+inline void kdot_scalar(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
+                        bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
+  std::int32_t a = 0, m = 0;
+  for (int g = 0; g < 16; ++g) a += dk.sc[g] * isum_scalar(dk.c + 16 * g, q + 16 * g, 16);
+  if (with_min) {
+    for (int g = 0; g < 16; ++g) m += dk.mn[g] * bsums[g];
+  }
+  *sumi = a;
+  *summ = m;
+}
+
+// ---- The shared fp32 steps of the definition ----
+
+template <WeightType T>
+inline float legacy_value(const Decoded& dw, std::int32_t isum, float dx, float sx) noexcept {
+  const float v = static_cast<float>(isum) * (dw.d * dx);
+  if constexpr (has_min(T)) {
+    return v + dw.dmin * sx;
+  } else {
+    (void)sx;
+    return v;
+  }
+}
+
+template <WeightType T>
+inline float k_value(const Decoded& dw, std::int32_t sumi, std::int32_t summ, float dx) noexcept {
+  const float v = (dw.d * dx) * static_cast<float>(sumi);
+  if constexpr (has_min(T)) {
+    return v - (dw.dmin * dx) * static_cast<float>(summ);
+  } else {
+    (void)summ;
+    return v;
+  }
+}
+
+// The row kernel for one family: Decode(blk, Decoded*) and the dots IsumL (legacy) /
+// KDot (K) are the family's; everything else is shared.
+constexpr int kTile = 4;  // tokens that share one decoded block
+
+template <WeightType T, class Family>
+void rows_family(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t begin, std::int64_t end) noexcept {
+  constexpr std::int64_t B = is_k(T) ? 256 : 32;
+  const std::int64_t nb = w.cols / B;
+  const std::int64_t bytes = weight_block_bytes(T);
+  Decoded dec;
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint8_t* row = w.row(i);
+    for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
+      float acc[kTile][8] = {};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        Family::template decode<T>(row + b * bytes, &dec);
+        for (int t = 0; t < nt; ++t) {
+          const std::int64_t s = s0 + t;
+          const std::int8_t* q = a.q + s * w.cols + b * B;
+          const float dx = a.d[s * nb + b];
+          float v;
+          if constexpr (is_k(T)) {
+            std::int32_t sumi, summ;
+            Family::kdot(dec, q, a.bsums + s * (w.cols / 16) + b * 16, has_min(T), &sumi, &summ);
+            v = k_value<T>(dec, sumi, summ, dx);
+          } else {
+            const std::int32_t isum = Family::template isum<signed_codes(T)>(dec.c, q);
+            v = legacy_value<T>(dec, isum, dx, has_min(T) ? a.s[s * nb + b] : 0.0f);
+          }
+          acc[t][b % 8] += v;
+        }
+      }
+      for (int t = 0; t < nt; ++t) out[(s0 + t) * w.rows + i] = tree(acc[t]);
+    }
+  }
+}
+
+struct ScalarFamily {
+  template <WeightType T>
+  static void decode(const std::uint8_t* blk, Decoded* o) noexcept {
+    decode_scalar<T>(blk, o);
+  }
+  template <bool kSigned>
+  static std::int32_t isum(const std::int8_t* c, const std::int8_t* q) noexcept {
+    return isum_scalar(c, q, 32);
+  }
+  static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
+                   bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
+    kdot_scalar(dk, q, bsums, with_min, sumi, summ);
+  }
+};
+
+#ifdef VQ_BLOCKS_X86
+#define VQ_AVX2 __attribute__((target("avx2,f16c")))
+
+VQ_AVX2 inline std::int32_t hsum_i32(__m256i v) noexcept {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 codes times 32 activation codes as int16 pair sums. Unsigned codes (0..31) go straight into
+// maddubs (a pair is at most 2 * 31 * 127 = 7874: no saturation); signed ones (|c| <= 32) as
+// |c| times x with c's sign (x is never -128), a pair at most 2 * 32 * 127 = 8128.
+template <bool kSigned>
+VQ_AVX2 inline __m256i pairs16(__m256i cv, __m256i xv) noexcept {
+  if constexpr (kSigned) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(cv, cv), _mm256_sign_epi8(xv, cv));
+  } else {
+    return _mm256_maddubs_epi16(cv, xv);
+  }
+}
+
+// Byte j (< 32) = 0x10 where bit j of `bits` is set, else 0.
+VQ_AVX2 inline __m256i bits_to_0x10(std::uint32_t bits) noexcept {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                       3, 3, 3, 3, 3, 3));
+  const __m256i mask = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Bits `shift`, `shift`+1, ... of every byte: (v >> shift) & mask per byte (the 16-bit shift
+// brings the next byte's bits into the top, which the mask removes).
+VQ_AVX2 inline __m256i byte_bits(__m256i v, int shift, int mask) noexcept {
+  return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+
+// The 32 codes of a legacy block (Q4_0, Q4_1, Q5_0, Q5_1) in one register.
+template <WeightType T>
+VQ_AVX2 inline __m256i legacy_codes(const std::uint8_t* blk) noexcept {
+  constexpr bool k5 = T == WeightType::kQ5_0 || T == WeightType::kQ5_1;
+  constexpr bool kMin = has_min(T);
+  const std::uint8_t* qs = blk + (kMin ? 4 : 2) + (k5 ? 4 : 0);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F));
+  __m256i v = _mm256_set_m128i(hi, lo);
+  if constexpr (k5) v = _mm256_or_si256(v, bits_to_0x10(load_u32(blk + (kMin ? 4 : 2))));
+  if constexpr (!kMin) v = _mm256_sub_epi8(v, _mm256_set1_epi8(k5 ? 16 : 8));
+  return v;
+}
+
+// Legacy rows, eight blocks at a time in the eight lanes (block b in lane b % 8, as the
+// definition adds them): per group and token, the eight blocks' exact integer sums are reduced
+// into one vector (the Q8_0 kernels' hadd tree), then v = float(isum) * (d_w * d_x) [+ m_w * s_x]
+// per lane, added to the lane. A last, partial group has +0 in its missing lanes (codes, scales
+// and sums 0: v = +0), which leaves a lane unchanged (a lane is never -0).
+template <WeightType T>
+VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
+                              std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  constexpr bool kMin = has_min(T);
+  constexpr bool kSigned = signed_codes(T);
+  const std::int64_t nb = w.cols / 32;
+  const std::int64_t bytes = weight_block_bytes(T);
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint8_t* row = w.row(i);
+    for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
+      __m256 acc[kTile];
+      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
+      for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+        __m256i c[8];
+        alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < 8; ++k) {
+          if (k < cnt) {
+            const std::uint8_t* blk = row + (b0 + k) * bytes;
+            c[k] = legacy_codes<T>(blk);
+            dw[k] = load_half(blk);
+            if constexpr (kMin) mw[k] = load_half(blk + 2);
+          } else {
+            c[k] = _mm256_setzero_si256();
+          }
+        }
+        const __m256 dwv = _mm256_load_ps(dw);
+        for (int t = 0; t < nt; ++t) {
+          const std::int64_t s = s0 + t;
+          const std::int8_t* q = a.q + s * w.cols + b0 * 32;
+          __m256i v[8];
+          for (int k = 0; k < 8; ++k) {
+            v[k] = k < cnt ? _mm256_madd_epi16(
+                                 pairs16<kSigned>(c[k], _mm256_loadu_si256(
+                                                            reinterpret_cast<const __m256i*>(q + 32 * k))),
+                                 _mm256_set1_epi16(1))
+                           : _mm256_setzero_si256();
+          }
+          const __m256i h01 =
+              _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+          const __m256i h47 =
+              _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+          const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                                _mm256_permute2x128_si256(h01, h47, 0x31));
+          alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int k = 0; k < cnt; ++k) {
+            dx[k] = a.d[s * nb + b0 + k];
+            if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
+          }
+          __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
+          if constexpr (kMin) {
+            val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
+          }
+          acc[t] = _mm256_add_ps(acc[t], val);
+        }
+      }
+      for (int t = 0; t < nt; ++t) {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc[t]);
+        out[(s0 + t) * w.rows + i] = tree(lanes);
+      }
+    }
+  }
+}
+
+struct Avx2Family {
+  template <WeightType T>
+  VQ_AVX2 static void decode(const std::uint8_t* blk, Decoded* o) noexcept {
+    auto store = [&](int k, __m256i v) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o->c + 32 * k), v);
+    };
+    auto load32 = [](const std::uint8_t* p) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    };
+    if constexpr (!is_k(T)) {
+      constexpr bool kMin = has_min(T);
+      o->d = load_half(blk);
+      o->dmin = kMin ? load_half(blk + 2) : 0.0f;
+      store(0, legacy_codes<T>(blk));
+    } else {
+      // The scales are a few bytes a block: the scalar decoder's code.
+      if constexpr (T == WeightType::kQ2_K) {
+        o->d = load_half(blk + 80);
+        o->dmin = load_half(blk + 82);
+        for (int g = 0; g < 16; ++g) {
+          o->sc[g] = static_cast<std::int16_t>(blk[g] & 0xF);
+          o->mn[g] = static_cast<std::int16_t>(blk[g] >> 4);
+        }
+        for (int n = 0; n < 2; ++n) {
+          const __m256i q = load32(blk + 16 + 32 * n);
+          for (int j = 0; j < 4; ++j) store(4 * n + j, byte_bits(q, 2 * j, 3));
+        }
+      } else if constexpr (T == WeightType::kQ3_K) {
+        o->d = load_half(blk + 108);
+        o->dmin = 0.0f;
+        for (int g = 0; g < 16; ++g) {
+          o->sc[g] = static_cast<std::int16_t>(scale_q3k(g, blk + 96));
+          o->mn[g] = 0;
+        }
+        const __m256i hm = load32(blk);
+        for (int n = 0; n < 2; ++n) {
+          const __m256i q = load32(blk + 32 + 32 * n);
+          for (int j = 0; j < 4; ++j) {
+            // low two bits + 4 * high bit - 4: the value minus 4 where the high bit is clear.
+            const __m256i hb = _mm256_slli_epi16(byte_bits(hm, 4 * n + j, 1), 2);
+            store(4 * n + j, _mm256_sub_epi8(_mm256_add_epi8(byte_bits(q, 2 * j, 3), hb),
+                                             _mm256_set1_epi8(4)));
+          }
+        }
+      } else if constexpr (T == WeightType::kQ4_K || T == WeightType::kQ5_K) {
+        constexpr bool k5 = T == WeightType::kQ5_K;
+        o->d = load_half(blk);
+        o->dmin = load_half(blk + 2);
+        for (int s = 0; s < 8; ++s) {
+          int sc, m;
+          scale_min_k4(s, blk + 4, &sc, &m);
+          o->sc[2 * s] = o->sc[2 * s + 1] = static_cast<std::int16_t>(sc);
+          o->mn[2 * s] = o->mn[2 * s + 1] = static_cast<std::int16_t>(m);
+        }
+        const __m256i qh = k5 ? load32(blk + 16) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; ++g) {
+          const __m256i q = load32(blk + (k5 ? 48 : 16) + 32 * g);
+          __m256i lo = byte_bits(q, 0, 0xF), hi = byte_bits(q, 4, 0xF);
+          if constexpr (k5) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(byte_bits(qh, 2 * g, 1), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(byte_bits(qh, 2 * g + 1, 1), 4));
+          }
+          store(2 * g, lo);
+          store(2 * g + 1, hi);
+        }
+      } else {
+        static_assert(T == WeightType::kQ6_K);
+        o->d = load_half(blk + 208);
+        o->dmin = 0.0f;
+        for (int g = 0; g < 16; ++g) {
+          o->sc[g] = static_cast<std::int8_t>(blk[192 + g]);
+          o->mn[g] = 0;
+        }
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = load32(blk + 64 * h), l1 = load32(blk + 64 * h + 32);
+          const __m256i qh = load32(blk + 128 + 32 * h);
+          const __m256i low[4] = {byte_bits(l0, 0, 0xF), byte_bits(l1, 0, 0xF),
+                                  byte_bits(l0, 4, 0xF), byte_bits(l1, 4, 0xF)};
+          for (int k = 0; k < 4; ++k) {
+            const __m256i high = _mm256_slli_epi16(byte_bits(qh, 2 * k, 3), 4);
+            store(4 * h + k,
+                  _mm256_sub_epi8(_mm256_or_si256(low[k], high), _mm256_set1_epi8(32)));
+          }
+        }
+      }
+      fill_scx(o);
+    }
+  }
+
+  // sum of 32 products (exact: 16 pair sums of at most 8128 summed into int32).
+  template <bool kSigned>
+  VQ_AVX2 static std::int32_t isum(const std::int8_t* c, const std::int8_t* q) noexcept {
+    const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return hsum_i32(_mm256_madd_epi16(pairs16<kSigned>(cv, xv), _mm256_set1_epi16(1)));
+  }
+
+  // sumi: per 32 codes, the int16 pair sums (at most 8128) times the groups' scales (|sc| <=
+  // 128) summed pairwise into int32 (at most 2 * 8128 * 128 = 2.1e6), eight of those per lane
+  // (at most 1.7e7): exact. summ: |mn| <= 63 times |bsums| <= 2032, pairwise, then summed.
+  VQ_AVX2 static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
+                           bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
+    // The codes of a K type are signed (Q3_K, Q6_K) or in [0, 31]; the sign trick is exact for
+    // both, so one path serves every K type.
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.c + 32 * k));
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
+      const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.scx[k]));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs16<true>(cv, xv), sc));
+    }
+    *sumi = hsum_i32(acc);
+    if (with_min) {
+      const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.mn));
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
+      *summ = hsum_i32(_mm256_madd_epi16(mn, bs));
+    } else {
+      *summ = 0;
+    }
+  }
+};
+#endif
+
+template <class Family>
+void dispatch_rows(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                   std::int64_t begin, std::int64_t end) noexcept {
+  switch (w.type) {
+    case WeightType::kQ4_0:
+      return rows_family<WeightType::kQ4_0, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ4_1:
+      return rows_family<WeightType::kQ4_1, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ5_0:
+      return rows_family<WeightType::kQ5_0, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ5_1:
+      return rows_family<WeightType::kQ5_1, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ2_K:
+      return rows_family<WeightType::kQ2_K, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ3_K:
+      return rows_family<WeightType::kQ3_K, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ4_K:
+      return rows_family<WeightType::kQ4_K, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ5_K:
+      return rows_family<WeightType::kQ5_K, Family>(out, a, w, S, begin, end);
+    case WeightType::kQ6_K:
+      return rows_family<WeightType::kQ6_K, Family>(out, a, w, S, begin, end);
+    default:
+      return;  // F32/F16/BF16/Q8_0: matmul.cpp's kernels
+  }
+}
+
+template <class Family>
+void decode_one(const WeightMatrix& w, const std::uint8_t* blk, Decoded* o) noexcept {
+  switch (w.type) {
+    case WeightType::kQ4_0:
+      return Family::template decode<WeightType::kQ4_0>(blk, o);
+    case WeightType::kQ4_1:
+      return Family::template decode<WeightType::kQ4_1>(blk, o);
+    case WeightType::kQ5_0:
+      return Family::template decode<WeightType::kQ5_0>(blk, o);
+    case WeightType::kQ5_1:
+      return Family::template decode<WeightType::kQ5_1>(blk, o);
+    case WeightType::kQ2_K:
+      return Family::template decode<WeightType::kQ2_K>(blk, o);
+    case WeightType::kQ3_K:
+      return Family::template decode<WeightType::kQ3_K>(blk, o);
+    case WeightType::kQ4_K:
+      return Family::template decode<WeightType::kQ4_K>(blk, o);
+    case WeightType::kQ5_K:
+      return Family::template decode<WeightType::kQ5_K>(blk, o);
+    case WeightType::kQ6_K:
+      return Family::template decode<WeightType::kQ6_K>(blk, o);
+    default:
+      return;
+  }
+}
+
+// A block of 32 activations with a NaN or an infinity: d (and s) NaN, codes 0.
+bool finite_block(const float* x, std::int64_t n) noexcept {
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (!std::isfinite(x[j])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
+                               float* s) noexcept {
+  quantize_activations_q8_0(x, n, q, d);
+  if (s == nullptr) return;
+  for (std::int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + 32 * b;
+    if (!finite_block(xb, 32)) {
+      s[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    float amax = 0.0f;
+    std::int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      sum += q[32 * b + j];
+    }
+    s[b] = half_to_float(float_to_half((amax / 127.0f) * static_cast<float>(sum)));
+  }
+}
+
+void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, float* d,
+                               std::int16_t* bsums) noexcept {
+  for (std::int64_t b = 0; b < n / 256; ++b) {
+    const float* xb = x + 256 * b;
+    std::int8_t* qb = q + 256 * b;
+    std::int16_t* bs = bsums + 16 * b;
+    std::fill(bs, bs + 16, std::int16_t{0});
+    if (!finite_block(xb, 256)) {
+      d[b] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(qb, qb + 256, std::int8_t{0});
+      continue;
+    }
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax == 0.0f) {
+      d[b] = 0.0f;
+      std::fill(qb, qb + 256, std::int8_t{0});
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; ++j) {
+      // |iscale * x| <= 127 up to one rounding, so the rounded value is in [-127, 127]; the
+      // min(127, .) of the definition is kept for values a rounding could push to 128.
+      const float r = (iscale * xb[j] + kRound) - kRound;
+      qb[j] = static_cast<std::int8_t>(std::min(127.0f, r));
+      bs[j / 16] = static_cast<std::int16_t>(bs[j / 16] + qb[j]);
+    }
+    d[b] = 1.0f / iscale;
+  }
+}
+
+void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
+                        std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+#ifdef VQ_BLOCKS_X86
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
+    switch (w.type) {
+      case WeightType::kQ4_0:
+        return rows_legacy_avx2<WeightType::kQ4_0>(out, a, w, S, begin, end);
+      case WeightType::kQ4_1:
+        return rows_legacy_avx2<WeightType::kQ4_1>(out, a, w, S, begin, end);
+      case WeightType::kQ5_0:
+        return rows_legacy_avx2<WeightType::kQ5_0>(out, a, w, S, begin, end);
+      case WeightType::kQ5_1:
+        return rows_legacy_avx2<WeightType::kQ5_1>(out, a, w, S, begin, end);
+      default:
+        return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
+    }
+  }
+#else
+  (void)isa;
+#endif
+  dispatch_rows<ScalarFamily>(out, a, w, S, begin, end);
+}
+
+void decode_block(Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
+                  DecodedBlock* out) noexcept {
+  Decoded dec{};
+  const std::uint8_t* blk = w.row(row) + block * weight_block_bytes(w.type);
+#ifdef VQ_BLOCKS_X86
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
+    decode_one<Avx2Family>(w, blk, &dec);
+  } else {
+    decode_one<ScalarFamily>(w, blk, &dec);
+  }
+#else
+  (void)isa;
+  decode_one<ScalarFamily>(w, blk, &dec);
+#endif
+  std::memset(out, 0, sizeof(*out));
+  const int n = weight_block_size(w.type) == 256 ? 256 : 32;
+  std::memcpy(out->codes, dec.c, static_cast<std::size_t>(n));
+  if (n == 256) {
+    for (int g = 0; g < 16; ++g) {
+      out->sc[g] = dec.sc[g];
+      out->mn[g] = dec.mn[g];
+    }
+  }
+  out->d = dec.d;
+  out->dmin = dec.dmin;
+}
+
+}  // namespace vq::engine
