@@ -60,7 +60,7 @@ std::vector<FieldValue> edge_values(const FieldSpec& f) {
 
 // Runs the config through both feeding paths; returns "" or what went wrong.
 std::string run_config(const CacheConfig& config) {
-  constexpr std::int64_t H = 2, D = 8, S = 40;
+  constexpr std::int64_t H = 2, D = 32, S = 40;  // D: a whole ggml block (kv_dtype=q8_0|q4_0)
   const test::KV kv(1, H, S, D, 7);
   try {
     // update() passes no probabilities: a documented usage error with source=attention.

@@ -275,8 +275,10 @@ TEST(Scheduler, AdmissionWaitsForMemoryThenRejectsWithRetryAfter) {
     ASSERT_TRUE(s.admitted);
   }
   auto third = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
-  rig.sched->submit(third);  // waits: no memory
-  std::this_thread::sleep_for(100ms);
+  // Waits: no memory. Checked at once: the two sessions just admitted take tens of ms or more
+  // to generate 300 tokens, while on an idle machine they can finish within 100 ms (stories260K
+  // is tiny), after which the third would rightly be admitted.
+  rig.sched->submit(third);
   EXPECT_EQ(rig.sched->metrics().queued, 1);
   EXPECT_EQ(rig.sched->metrics().kv_reserved, 2 * one);
   auto fourth = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
