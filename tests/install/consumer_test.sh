@@ -47,7 +47,16 @@ if [ -n "$site" ]; then
   # The installed module only (not the build tree's), running the NumPy Llama example.
   export PYTHONPATH
   PYTHONPATH=$(dirname "$site")
-  /usr/bin/python3 -c 'import veloxquant as v; print("python: veloxquant", v.__version__, "from", v.__file__)'
-  /usr/bin/python3 "$src/examples/python/numpy_llama.py" --tokens 64 --method full --method streaming_llm
+  # A sanitized build's module needs its runtimes preloaded into the uninstrumented interpreter
+  # (as python/CMakeLists.txt does for the pytest suite); leak checking off for CPython.
+  py=(/usr/bin/python3)
+  if [ -n "$sanitize" ]; then
+    preload=""
+    case $sanitize in *address*) preload=$(c++ -print-file-name=libasan.so) ;; esac
+    case $sanitize in *undefined*) preload="${preload:+$preload:}$(c++ -print-file-name=libubsan.so)" ;; esac
+    py=(env LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3)
+  fi
+  "${py[@]}" -c 'import veloxquant as v; print("python: veloxquant", v.__version__, "from", v.__file__)'
+  "${py[@]}" "$src/examples/python/numpy_llama.py" --tokens 64 --method full --method streaming_llm
 fi
 echo "consumer: all checks passed"
