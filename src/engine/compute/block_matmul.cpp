@@ -430,20 +430,23 @@ VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix
   }
 }
 
+// Plain functions rather than lambdas: clang does not give a lambda the target attribute of the
+// function it is written in (the fuzz build uses clang).
+VQ_AVX2 inline void store32(Decoded* o, int k, __m256i v) noexcept {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(o->c + 32 * k), v);
+}
+VQ_AVX2 inline __m256i load32(const std::uint8_t* p) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
 struct Avx2Family {
   template <WeightType T>
   VQ_AVX2 static void decode(const std::uint8_t* blk, Decoded* o) noexcept {
-    auto store = [&](int k, __m256i v) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o->c + 32 * k), v);
-    };
-    auto load32 = [](const std::uint8_t* p) {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    };
     if constexpr (!is_k(T)) {
       constexpr bool kMin = has_min(T);
       o->d = load_half(blk);
       o->dmin = kMin ? load_half(blk + 2) : 0.0f;
-      store(0, legacy_codes<T>(blk));
+      store32(o, 0, legacy_codes<T>(blk));
     } else {
       // The scales are a few bytes a block: the scalar decoder's code.
       if constexpr (T == WeightType::kQ2_K) {
@@ -455,7 +458,7 @@ struct Avx2Family {
         }
         for (int n = 0; n < 2; ++n) {
           const __m256i q = load32(blk + 16 + 32 * n);
-          for (int j = 0; j < 4; ++j) store(4 * n + j, byte_bits(q, 2 * j, 3));
+          for (int j = 0; j < 4; ++j) store32(o, 4 * n + j, byte_bits(q, 2 * j, 3));
         }
       } else if constexpr (T == WeightType::kQ3_K) {
         o->d = load_half(blk + 108);
@@ -470,7 +473,7 @@ struct Avx2Family {
           for (int j = 0; j < 4; ++j) {
             // low two bits + 4 * high bit - 4: the value minus 4 where the high bit is clear.
             const __m256i hb = _mm256_slli_epi16(byte_bits(hm, 4 * n + j, 1), 2);
-            store(4 * n + j, _mm256_sub_epi8(_mm256_add_epi8(byte_bits(q, 2 * j, 3), hb),
+            store32(o, 4 * n + j, _mm256_sub_epi8(_mm256_add_epi8(byte_bits(q, 2 * j, 3), hb),
                                              _mm256_set1_epi8(4)));
           }
         }
@@ -492,8 +495,8 @@ struct Avx2Family {
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(byte_bits(qh, 2 * g, 1), 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(byte_bits(qh, 2 * g + 1, 1), 4));
           }
-          store(2 * g, lo);
-          store(2 * g + 1, hi);
+          store32(o, 2 * g, lo);
+          store32(o, 2 * g + 1, hi);
         }
       } else {
         static_assert(T == WeightType::kQ6_K);
@@ -510,7 +513,7 @@ struct Avx2Family {
                                   byte_bits(l0, 4, 0xF), byte_bits(l1, 4, 0xF)};
           for (int k = 0; k < 4; ++k) {
             const __m256i high = _mm256_slli_epi16(byte_bits(qh, 2 * k, 3), 4);
-            store(4 * h + k,
+            store32(o, 4 * h + k,
                   _mm256_sub_epi8(_mm256_or_si256(low[k], high), _mm256_set1_epi8(32)));
           }
         }
