@@ -33,7 +33,7 @@
 # 2.8e-3 on this text and by up to 4.3e-3 from each other on another TinyStories text; a code
 # rounded to the other side of a boundary moves one token's NLL by 0.02-0.1 on this model (its
 # generic x64 and AVX2 builds already differ by 0.028 at the first token of the q5_1 file). So
-# 1e-3 cannot be a target there; 1e-2 is about 2.5x llama.cpp's own largest measured spread.
+# 1e-3 cannot be a target there; 1e-2 is about 2.3x llama.cpp's own largest measured spread.
 # (VeloxQuant's block products against the double-precision product of ggml's values:
 # tests/test_block_quants.cpp, CloseToTheDoublePrecisionProductOfTheStoredValues.)
 # Without npm or the registry, it says so and exits 0. Prints a report and writes it to
