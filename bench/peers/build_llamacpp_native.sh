@@ -11,8 +11,12 @@
 # build compiles ggml's AMX extra buffer type, and llama-bench then segfaults in
 # ggml_backend_amx_mul_mat on the first prompt batch of a Q4_0 file (gdb backtrace:
 # llama_decode -> ggml_cpu_extra_compute_forward -> amx::tensor_traits::compute_forward ->
-# ggml_backend_amx_mul_mat; Q5_0, which has no AMX kernel, runs). Everything else native stays
-# (AVX-512, VNNI, the repacked Q4_0 / Q4_K / Q2_K layouts).
+# ggml_backend_amx_mul_mat, at its first ldtilecfg; Q5_0, which has no AMX kernel, runs). The
+# kernel grants AMX here (arch_prctl ARCH_REQ_XCOMP_PERM succeeds and a test program's tile
+# instructions run) and the npm prebuilt's sapphirerapids (AMX) variant runs the same prompts,
+# so it is this build's AMX code path; the cause inside it was not found. Everything else
+# native stays (AVX-512, VNNI, the repacked Q4_0 / Q4_K / Q2_K layouts); the npm library's
+# default run on this CPU does use AMX for Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights.
 # Idempotent: an up-to-date build only re-runs make (which does nothing). Not run by CI.
 # Prints the bin folder on stdout. Exit status 3 when npm/the bundle is unavailable (setup.sh),
 # 1 on a failed build.
