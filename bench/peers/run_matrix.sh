@@ -43,9 +43,12 @@
 # (bench/peers/peers_json.py matrix: the median of the rounds per row, VeloxQuant's ratio to each
 # llama.cpp, the CPU flags, the commit, the load averages) and a table is printed.
 #
-# Cost (sizes from this project's 2-core machine): llama-110m files about 3 GB in all, the
-# llama-3.2-1b ones about 5 GB; the default matrix is about 25 minutes on an idle machine.
-# Never part of the unit tests or CI.
+# Cost: the llama-110m files take about 0.9 GB; llama-3.2-1b's f16 checkpoint, f16, q8_0 and
+# q4_k_m files about 7 GB. Time was measured only in parts, on a loaded 2-core machine (load
+# average about 11): 12 measurements of pp512/tg1024 at 1 thread (two types, three engines)
+# 125 s; the native pp4096 plus tg4096 of one type at 1 thread 147 s. The 4k tests dominate:
+# run `--tests pp512,tg1024` first and `--tests pp4096,tg4096` next if time is short (the
+# samples file keeps both). Never part of the unit tests or CI.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
