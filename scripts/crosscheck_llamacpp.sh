@@ -23,8 +23,19 @@
 # permuted by the converter, tokenizer.json vocabulary) is checked the same way, plus its Q4_0
 # file from llama.cpp's quantizer. A random 256-wide model (vq_crosscheck synth) is checked at
 # f32 and as llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_M, Q4_K_M, Q5_K_M and Q6_K files
-# (each: dequantization bit-identical, which fails the run; NLL mean against the 1e-3 target,
-# reported as ok or "miss" without failing the run; greedy reported).
+# (each: dequantization bit-identical; NLL mean within 1e-2 of llama.cpp's; greedy reported).
+# Why 1e-2 and not 1e-3 for that random model: its NLL mean (about 13) is chaotic at the 1e-3
+# level between any two correct implementations. The run measures llama.cpp against itself on
+# the same file (the same library with repacking off, LLAMACPP_NO_REPACK=1, and with its
+# haswell and generic x64 CPU variants instead of the best one; each is a folder of links
+# holding one libggml-cpu variant) and prints that spread beside VeloxQuant's difference.
+# Measured (docs/own-models.md): llama.cpp's variants differ from its default run by up to
+# 2.8e-3 on this text and by up to 4.3e-3 from each other on another TinyStories text; a code
+# rounded to the other side of a boundary moves one token's NLL by 0.02-0.1 on this model (its
+# generic x64 and AVX2 builds already differ by 0.028 at the first token of the q5_1 file). So
+# 1e-3 cannot be a target there; 1e-2 is about 2.3x llama.cpp's own largest measured spread.
+# (VeloxQuant's block products against the double-precision product of ggml's values:
+# tests/test_block_quants.cpp, CloseToTheDoublePrecisionProductOfTheStoredValues.)
 # Without npm or the registry, it says so and exits 0. Prints a report and writes it to
 # results/crosscheck/crosscheck.txt (or $VQ_CROSSCHECK_OUT). Exit status 1 when a check fails.
 set -uo pipefail
@@ -100,26 +111,40 @@ check_gguf() {  # name, file, type (f32: exact checks; q8_0: the 1e-3 target; ot
   vm=$(sed -n 's/^mean \([^ ]*\) .*/\1/p' "$tmp/vq.txt")
   case $type in
     f32) tol=1e-5 ;;
-    q8_0 | llama.cpp-*) tol=1e-3 ;;
+    q8_0) tol=1e-3 ;;
+    llama.cpp-*) tol=1e-2 ;;  # the random model: see the header and llama.cpp's own spread below
     *) tol=none ;;
   esac
   local verdict
-  # The random model's quantized files: the 1e-3 target is reported ("miss" when not met) but
-  # does not fail the run: its NLL of ~13 magnifies activation rounding, and four types still
-  # miss it (docs/own-models.md); their dequantization and the trained models' checks do fail.
-  local soft=0
-  case $type in llama.cpp-*) soft=1 ;; esac
-  verdict=$(awk -v soft="$soft" -v a="$lm" -v b="$vm" -v t="$tol" -v f="$tmp/lc.txt" -v g="$tmp/vq.txt" 'BEGIN {
+  verdict=$(awk -v a="$lm" -v b="$vm" -v t="$tol" -v f="$tmp/lc.txt" -v g="$tmp/vq.txt" 'BEGIN {
     d = a - b; if (d < 0) d = -d;
     maxd = 0; n = 0;
     while ((getline x < f) > 0 && (getline y < g) > 0) {
       if (x ~ /^mean/) break; e = x - y; if (e < 0) e = -e; if (e > maxd) maxd = e; n++ }
-    tag = t == "none" ? "info" : (d <= t + 0 ? "ok  " : (soft ? "miss" : "OVER"));
+    tag = t == "none" ? "info" : (d <= t + 0 ? "ok  " : "OVER");
     printf "%s llama.cpp %.9f veloxquant %.9f |diff| %.2e (target %s); max per-token |diff| %.2e over %d\n",
       tag, a, b, d, t, maxd, n }')
   say "$(echo "$verdict" | cut -c1-4) $name $type nll mean (first 512 tokens, f32 KV):$(echo "$verdict" | cut -c5-)"
   case $verdict in
     OVER*) if [ "$tol" != none ]; then failures=$((failures + 1)); fi ;;
+  esac
+  case $type in
+    llama.cpp-*)
+      # llama.cpp against itself on the same file: repacking off, and its haswell and generic
+      # x64 CPU variants (a folder holding only that variant's libggml-cpu forces it).
+      local spread="" vname vmean maxs=0
+      for vname in no-repack haswell x64; do
+        case $vname in
+          no-repack) LLAMACPP_NO_REPACK=1 "$lc" nll "$gguf" data/tinystories_validation_excerpt.txt 512 f32 >"$tmp/lcv.txt" ;;
+          *) LLAMACPP_LIB_DIR=$tmp/lib-$vname "$lc" nll "$gguf" data/tinystories_validation_excerpt.txt 512 f32 >"$tmp/lcv.txt" ;;
+        esac
+        vmean=$(sed -n 's/^mean \([^ ]*\) .*/\1/p' "$tmp/lcv.txt")
+        [ -n "$vmean" ] || { spread="$spread $vname: failed;"; continue; }
+        spread="$spread $vname $(awk -v a="$lm" -v b="$vmean" 'BEGIN { d = a - b; if (d < 0) d = -d; printf "%.2e", d }'),"
+        maxs=$(awk -v a="$lm" -v b="$vmean" -v m="$maxs" 'BEGIN { d = a - b; if (d < 0) d = -d; print (d > m ? d : m) }')
+      done
+      say "info $name $type llama.cpp against itself (|nll mean diff| to its default run):${spread%,}; max $(awk -v m="$maxs" 'BEGIN { printf "%.2e", m }')"
+      ;;
   esac
   if [ "$type" = q8_0 ]; then
     # The accuracy cost of the activation rounding: VeloxQuant with fp32 activations instead.
@@ -179,7 +204,15 @@ fi
 # A random model with 256- and 768-wide rows, so llama.cpp's K-quants apply, written by
 # llama.cpp's quantizer as every block type (q3_k_m: Q3_K with Q4_K/Q5_K/Q6_K; q4_k_m: Q4_K and
 # Q6_K; ...) and read back by VeloxQuant in the stored blocks: dequantization bit-identical,
-# NLL mean within 1e-3 of llama.cpp's. Its f32 file is checked exactly too.
+# NLL mean within 1e-2 of llama.cpp's (the header says why). Its f32 file is checked exactly too.
+# One-variant folders of llama.cpp's CPU backend, for the spread above.
+for v in haswell x64; do
+  mkdir -p "$tmp/lib-$v"
+  for f in "$bins_abs"/*.so; do
+    case $(basename "$f") in libggml-cpu-*) ;; *) ln -s "$f" "$tmp/lib-$v/" ;; esac
+  done
+  ln -s "$bins_abs/libggml-cpu-$v.so" "$tmp/lib-$v/"
+done
 "$vq" synth data/tok512.bin "$tmp/synthetic-256-f32.gguf"
 check_gguf synthetic-256 "$tmp/synthetic-256-f32.gguf" f32
 for q in q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k; do

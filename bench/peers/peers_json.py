@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Writes results/decode/peers.json (docs/results.md, kind `peers`) from the samples that
-bench/peers/run_llamacpp.sh collects, and prints the table.
+"""Writes results/decode/peers.json from the samples of a side-by-side run, and prints the table.
 
-samples: one line per (round, engine, cache): engine, weights, cache, context, threads, round,
-ms_per_token (that process's median step), prefill_s; tab-separated.
+peers_json.py --samples ... (bench/peers/run_llamacpp.sh; docs/results.md, kind `peers`):
+  one line per (round, engine, cache): engine, weights, cache, context, threads, round,
+  ms_per_token (that process's median step), prefill_s; tab-separated.
+peers_json.py matrix --samples ... (bench/peers/run_matrix.sh; kind `peers_matrix`, described in
+  docs/own-models.md): one line per measurement: model, type, threads, test (ppN / tgN), engine
+  (veloxquant, native, npm), round, tokens_per_s, detail, the 1-minute load average after it;
+  tab-separated.
 """
 import argparse
 import json
@@ -22,7 +26,122 @@ def git(*args):
         return "unknown"
 
 
+def cpu_flags():
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags.update(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+    return [f for f in wanted if f in flags]
+
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def matrix_main(argv):
+    p = argparse.ArgumentParser(prog="peers_json.py matrix")
+    for name in ("samples", "out", "command", "llama_cpp", "native_bin", "load_before",
+                 "load_after"):
+        p.add_argument("--" + name.replace("_", "-"), required=True)
+    p.add_argument("--steps", type=int, required=True)
+    a = p.parse_args(argv)
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    groups = {}
+    loads = {}
+    order = []
+    with open(a.samples) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 7:
+                continue
+            model, typ, threads, test, engine, _round, tps = parts[:7]
+            key = (model, typ, int(threads), test)
+            if key not in groups:
+                groups[key] = {}
+                order.append(key)
+            groups[key].setdefault(engine, []).append(float(tps))
+            if len(parts) >= 9:
+                loads.setdefault(key, []).append(float(parts[8]))
+    if not groups:
+        sys.exit("peers_json: no samples in " + a.samples)
+    rows = []
+    for key in order:
+        model, typ, threads, test = key
+        by = groups[key]
+        row = {"model": model, "type": typ, "threads": threads, "test": test,
+               "kind": "prompt processing" if test.startswith("pp") else "decode",
+               "tokens": int(test[2:])}
+        for engine in ("veloxquant", "native", "npm"):
+            if engine in by:
+                row[engine + "_tokens_per_s"] = statistics.median(by[engine])
+                row[engine + "_rounds"] = by[engine]
+        if key in loads:
+            row["load_average_1min"] = loads[key]
+        for ref in ("native", "npm"):
+            if "veloxquant" in by and ref in by:
+                row["ratio_veloxquant_over_" + ref] = (row["veloxquant_tokens_per_s"] /
+                                                       row[ref + "_tokens_per_s"])
+        rows.append(row)
+    doc = {
+        "schema": "veloxquant.results/1", "kind": "peers_matrix", "git_commit": commit,
+        "command": a.command,
+        "machine": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
+                    "load_average_before": a.load_before, "load_average_after": a.load_after},
+        "settings": {
+            "models": "make-model shapes, seed 1, random weights; f16/q8_0 by veloxquant "
+                      "convert, the others by llama.cpp's llama-quantize (native build)",
+            "tests": "ppN: N prompt tokens from an empty cache, tokens/s; tgN: decode "
+                     "tokens/s after N prompt tokens",
+            "steps": a.steps,
+            "llama_cpp": a.llama_cpp,
+            "veloxquant": "bench decode --method full --prefill-real (f16 KV, prompt chunks "
+                          "of 64); pp from the fill time, tg from the median step",
+            "native": "llama-bench -r 1 -o json (" + a.native_bin + "): pp as -p N -n 0, tg as "
+                      "-p 0 -n STEPS -d N; f16 KV, flash attention auto, ubatch 512",
+            "npm": "npm @node-llama-cpp/linux-x64@3.22.1 through llamacpp_driver bench: pp "
+                   "from its prefill time (batches of 512), tg from its median step",
+        },
+        "rows": rows,
+    }
+    out_dir = os.path.dirname(a.out) or "."
+    os.makedirs(out_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=out_dir, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(path, a.out)
+    print("| model | type | threads | test | VeloxQuant tok/s | llama.cpp native | llama.cpp npm "
+          "| VQ / native | VQ / npm |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def fmt(r, k, spec):
+        return format(r[k], spec) if k in r else "-"
+
+    for r in rows:
+        print(f"| {r['model']} | {r['type']} | {r['threads']} | {r['test']} | "
+              f"{fmt(r, 'veloxquant_tokens_per_s', '.1f')} | {fmt(r, 'native_tokens_per_s', '.1f')} | "
+              f"{fmt(r, 'npm_tokens_per_s', '.1f')} | {fmt(r, 'ratio_veloxquant_over_native', '.2f')} | "
+              f"{fmt(r, 'ratio_veloxquant_over_npm', '.2f')} |")
+    print("wrote " + a.out, file=sys.stderr)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "matrix":
+        return matrix_main(sys.argv[2:])
     p = argparse.ArgumentParser()
     for name in ("samples", "out", "vq_json", "command", "shape", "weights", "contexts",
                  "threads", "methods", "llama_cpp", "load_before", "load_after"):

@@ -30,7 +30,10 @@
  *                                                          default, auto)
  * KV is the KV cache type: f32 (default for greedy/nll), f16, q8_0 or q4_0. One thread unless given:
  * results are then independent of scheduling. Exit status 0 on success, 1 on errors (printed).
- * LLAMACPP_LIB_DIR names the folder of libllama and its CPU backend libraries (libggml-cpu-*.so).
+ * LLAMACPP_LIB_DIR names the folder of libllama and its CPU backend libraries (libggml-cpu-*.so;
+ * ggml loads the variant that scores best on this CPU, so a folder holding only one variant
+ * forces it). LLAMACPP_NO_REPACK=1 turns off the extra buffer types (model parameter
+ * use_extra_bufts: the repacked and AMX weight layouts), as llama-cli's --no-repack does.
  */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -67,6 +70,12 @@ static struct llama_model* load_model(const char* path, int vocab_only) {
   struct llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   mp.vocab_only = vocab_only;
+  /* LLAMACPP_NO_REPACK=1: no extra buffer types, so the CPU backend keeps every weight in its
+   * stored blocks and uses its plain vec_dot kernels: no run-time repacking of Q4_0 / Q4_K /
+   * Q2_K into interleaved layouts, and (the sapphirerapids variant, on a CPU with AMX) no AMX
+   * buffer for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K. */
+  const char* no_repack = getenv("LLAMACPP_NO_REPACK");
+  if (no_repack && strcmp(no_repack, "1") == 0) mp.use_extra_bufts = false;
   return llama_model_load_from_file(path, mp);
 }
 
