@@ -70,6 +70,17 @@ const char* to_string(Q8_0Activations a) noexcept;
 void set_q8_0_activations(Q8_0Activations a) noexcept;
 Q8_0Activations q8_0_activations() noexcept;
 
+// The kernels of a product over S > 1 tokens (prefill): kTiles (default) computes tiles of
+// several rows x several tokens, each weight chunk or block loaded and decoded once for the
+// tile's tokens (matrix-matrix products); kRows computes each row's tokens one matrix-vector
+// product after another (the kernels before the tiled ones). Both compute every element with
+// the definition's operations in its order, so they give the same bits; the switch exists for
+// benchmarks comparing them in one process. Process-wide, like set_q8_0_activations; not to be
+// changed while a matmul runs. S = 1 (decode) always runs the row kernels.
+enum class PrefillKernels : std::uint8_t { kTiles, kRows };
+void set_prefill_kernels(PrefillKernels k) noexcept;
+PrefillKernels prefill_kernels() noexcept;
+
 // out[S][w.rows] = x[S][w.cols] W^T with the best kernel family, rows split over the engine's
 // threads (engine/parallel.h). Q8_0 weights with Q8_0 activations quantize x once per call into
 // a per-thread scratch that grows to the largest S * w.cols seen and is then reused (no
