@@ -375,14 +375,13 @@ VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::i
 // saturation), then to int32; AVX-VNNI's vpdpbusd sums groups of four straight to int32 (at most
 // 4 * 128 * 127, no saturation either). The kernels built on them: matmul_q8q8_x86.inc.
 //
-// The prefill tiles prepare each weight block once for several tokens: prep(wq, &a, &b) gives
-// two vectors and tile_dot(a, b, xv) the block's integer dot with the activation codes xv as
-// eight int32 lanes (again exact; any lanes summing to the block's isum do). AVX2: a = w, b =
-// |w|, the same sign trick. AVX-VNNI (VQ_Q8Q8_FLIP): the activations are read with their sign
-// bit flipped, u = x + 128 as unsigned bytes; vpdpbusd(0, u, w) sums (x + 128) * w per group of
-// four, and the block's -128 * sum(w) (|sum w| <= 4096) added to the reduced block sum gives
-// exactly its isum (every partial sum within 2^21: no overflow): one instruction per block and
-// token, the weight block's sum formed once for the tile's tokens (matmul_q8q8_x86.inc).
+// The prefill tiles (matmul_q8q8_x86.inc) form the same exact sums from weights and
+// activations packed eight blocks at a time. AVX2 (VQ_Q8Q8_FLIP 0): |w| times x with w's sign,
+// as above. AVX-VNNI (VQ_Q8Q8_FLIP 1): the activations are read with their sign bit flipped,
+// u = x + 128 as unsigned bytes; vpdpbusd(c, u, w) adds the sums of (x + 128) * w per group of
+// four to c, and starting from c = -128 * (the block's sum of w) (|sum w| <= 4096) the block's
+// lane ends at exactly its isum (every partial sum within 2^21: no overflow): one instruction
+// per 32 bytes and token, the weights' sums formed once for the tile's tokens.
 namespace q8q8_avx2 {
 #define VQ_Q8Q8_TARGET VQ_AVX2
 #define VQ_Q8Q8_FLIP 0
@@ -390,15 +389,6 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-VQ_Q8Q8_TARGET inline void prep(const std::uint8_t* wq, __m256i* a, __m256i* b) noexcept {
-  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
-  *a = wv;
-  *b = _mm256_sign_epi8(wv, wv);
-}
-VQ_Q8Q8_TARGET inline __m256i tile_dot(__m256i a, __m256i b, __m256i xv) noexcept {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(b, _mm256_sign_epi8(xv, a)),
-                           _mm256_set1_epi16(1));
 }
 #include "engine/compute/matmul_q8q8_x86.inc"
 #undef VQ_Q8Q8_TARGET
@@ -412,10 +402,6 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv),
                                  _mm256_sign_epi8(xv, wv));
-}
-// b + the sums of (x_j + 128) * w_j per group of four (u = the flipped codes).
-VQ_Q8Q8_TARGET inline __m256i tile_dot(__m256i w, __m256i b, __m256i u) noexcept {
-  return _mm256_dpbusd_avx_epi32(b, u, w);
 }
 #include "engine/compute/matmul_q8q8_x86.inc"
 #undef VQ_Q8Q8_TARGET
