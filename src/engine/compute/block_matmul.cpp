@@ -250,40 +250,61 @@ inline float k_value(const Decoded& dw, std::int32_t sumi, std::int32_t summ, fl
 }
 
 // The row kernel for one family: Decode(blk, Decoded*) and the dots IsumL (legacy) /
-// KDot (K) are the family's; everything else is shared.
-constexpr int kTile = 4;  // tokens that share one decoded block
+// KDot (K) are the family's; everything else is shared. One row's values for tokens
+// [s0, s0 + nt): each weight block decoded once and dotted with the nt tokens' blocks.
+constexpr int kTile = 4;          // tokens that share one decoded block (PrefillKernels::kRows)
+constexpr int kPrefillTile = 16;  // the same for the prefill tiles (PrefillKernels::kTiles)
 
 template <WeightType T, class Family>
-void rows_family(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
-                 std::int64_t begin, std::int64_t end) noexcept {
+inline void row_tokens(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t i,
+                       std::int64_t s0, int nt, Decoded* dec) noexcept {
   constexpr std::int64_t B = is_k(T) ? 256 : 32;
   const std::int64_t nb = w.cols / B;
   const std::int64_t bytes = weight_block_bytes(T);
+  const std::uint8_t* row = w.row(i);
+  float acc[kPrefillTile][8];
+  for (int t = 0; t < nt; ++t) std::fill(acc[t], acc[t] + 8, 0.0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    Family::template decode<T>(row + b * bytes, dec);
+    for (int t = 0; t < nt; ++t) {
+      const std::int64_t s = s0 + t;
+      const std::int8_t* q = a.q + s * w.cols + b * B;
+      const float dx = a.d[s * nb + b];
+      float v;
+      if constexpr (is_k(T)) {
+        std::int32_t sumi, summ;
+        Family::template kdot<signed_codes(T)>(*dec, q, a.bsums + s * (w.cols / 16) + b * 16,
+                                               has_min(T), &sumi, &summ);
+        v = k_value<T>(*dec, sumi, summ, dx);
+      } else {
+        const std::int32_t isum = Family::template isum<signed_codes(T)>(dec->c, q);
+        v = legacy_value<T>(*dec, isum, dx, has_min(T) ? a.s[s * nb + b] : 0.0f);
+      }
+      acc[t][b % 8] += v;
+    }
+  }
+  for (int t = 0; t < nt; ++t) out[(s0 + t) * w.rows + i] = tree(acc[t]);
+}
+
+// Rows [begin, end) x S tokens. Prefill tiles (S > 1): tiles of kPrefillTile tokens outermost,
+// so their activation blocks stay in L1 while the range's rows pass over them, each row's
+// blocks decoded once per tile; otherwise (decode, or PrefillKernels::kRows) rows outermost,
+// groups of kTile tokens. Every element gets the same operations either way.
+template <WeightType T, class Family>
+void rows_family(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t begin, std::int64_t end) noexcept {
   Decoded dec;
+  if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
+      for (std::int64_t i = begin; i < end; ++i) row_tokens<T, Family>(out, a, w, i, s0, nt, &dec);
+    }
+    return;
+  }
   for (std::int64_t i = begin; i < end; ++i) {
-    const std::uint8_t* row = w.row(i);
     for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
-      float acc[kTile][8] = {};
-      for (std::int64_t b = 0; b < nb; ++b) {
-        Family::template decode<T>(row + b * bytes, &dec);
-        for (int t = 0; t < nt; ++t) {
-          const std::int64_t s = s0 + t;
-          const std::int8_t* q = a.q + s * w.cols + b * B;
-          const float dx = a.d[s * nb + b];
-          float v;
-          if constexpr (is_k(T)) {
-            std::int32_t sumi, summ;
-            Family::kdot(dec, q, a.bsums + s * (w.cols / 16) + b * 16, has_min(T), &sumi, &summ);
-            v = k_value<T>(dec, sumi, summ, dx);
-          } else {
-            const std::int32_t isum = Family::template isum<signed_codes(T)>(dec.c, q);
-            v = legacy_value<T>(dec, isum, dx, has_min(T) ? a.s[s * nb + b] : 0.0f);
-          }
-          acc[t][b % 8] += v;
-        }
-      }
-      for (int t = 0; t < nt; ++t) out[(s0 + t) * w.rows + i] = tree(acc[t]);
+      row_tokens<T, Family>(out, a, w, i, s0, nt, &dec);
     }
   }
 }
@@ -297,6 +318,7 @@ struct ScalarFamily {
   static std::int32_t isum(const std::int8_t* c, const std::int8_t* q) noexcept {
     return isum_scalar(c, q, 32);
   }
+  template <bool kSigned>
   static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
                    bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
     kdot_scalar(dk, q, bsums, with_min, sumi, summ);
@@ -362,70 +384,87 @@ VQ_AVX2 inline __m256i legacy_codes(const std::uint8_t* blk) noexcept {
 // into one vector (the Q8_0 kernels' hadd tree), then v = float(isum) * (d_w * d_x) [+ m_w * s_x]
 // per lane, added to the lane. A last, partial group has +0 in its missing lanes (codes, scales
 // and sums 0: v = +0), which leaves a lane unchanged (a lane is never -0).
+// One row i for tokens [s0, s0 + nt), nt <= kPrefillTile.
 template <WeightType T>
-VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
-                              std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+VQ_AVX2 void legacy_row_tokens(float* out, const BlockActs& a, const WeightMatrix& w,
+                               std::int64_t i, std::int64_t s0, int nt) noexcept {
   constexpr bool kMin = has_min(T);
   constexpr bool kSigned = signed_codes(T);
   const std::int64_t nb = w.cols / 32;
   const std::int64_t bytes = weight_block_bytes(T);
+  const std::uint8_t* row = w.row(i);
+  __m256 acc[kPrefillTile];
+  for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_ps();
+  for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+    __m256i c[8];
+    alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < 8; ++k) {
+      if (k < cnt) {
+        const std::uint8_t* blk = row + (b0 + k) * bytes;
+        c[k] = legacy_codes<T>(blk);
+        dw[k] = load_half(blk);
+        if constexpr (kMin) mw[k] = load_half(blk + 2);
+      } else {
+        c[k] = _mm256_setzero_si256();
+      }
+    }
+    const __m256 dwv = _mm256_load_ps(dw);
+    for (int t = 0; t < nt; ++t) {
+      const std::int64_t s = s0 + t;
+      const std::int8_t* q = a.q + s * w.cols + b0 * 32;
+      __m256i v[8];
+      for (int k = 0; k < 8; ++k) {
+        v[k] =
+            k < cnt
+                ? _mm256_madd_epi16(
+                      pairs16<kSigned>(
+                          c[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k))),
+                      _mm256_set1_epi16(1))
+                : _mm256_setzero_si256();
+      }
+      const __m256i h01 =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      const __m256i h47 =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+      const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                            _mm256_permute2x128_si256(h01, h47, 0x31));
+      alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < cnt; ++k) {
+        dx[k] = a.d[s * nb + b0 + k];
+        if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
+      }
+      __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
+      if constexpr (kMin) {
+        val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
+      }
+      acc[t] = _mm256_add_ps(acc[t], val);
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[t]);
+    out[(s0 + t) * w.rows + i] = tree(lanes);
+  }
+}
+
+// Rows [begin, end) x S tokens in rows_family's two loop orders.
+template <WeightType T>
+VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                              std::int64_t begin, std::int64_t end) noexcept {
+  if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
+      for (std::int64_t i = begin; i < end; ++i) legacy_row_tokens<T>(out, a, w, i, s0, nt);
+    }
+    return;
+  }
   for (std::int64_t i = begin; i < end; ++i) {
-    const std::uint8_t* row = w.row(i);
     for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
-      __m256 acc[kTile];
-      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
-      for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
-        const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
-        __m256i c[8];
-        alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k = 0; k < 8; ++k) {
-          if (k < cnt) {
-            const std::uint8_t* blk = row + (b0 + k) * bytes;
-            c[k] = legacy_codes<T>(blk);
-            dw[k] = load_half(blk);
-            if constexpr (kMin) mw[k] = load_half(blk + 2);
-          } else {
-            c[k] = _mm256_setzero_si256();
-          }
-        }
-        const __m256 dwv = _mm256_load_ps(dw);
-        for (int t = 0; t < nt; ++t) {
-          const std::int64_t s = s0 + t;
-          const std::int8_t* q = a.q + s * w.cols + b0 * 32;
-          __m256i v[8];
-          for (int k = 0; k < 8; ++k) {
-            v[k] = k < cnt ? _mm256_madd_epi16(
-                                 pairs16<kSigned>(c[k], _mm256_loadu_si256(
-                                                            reinterpret_cast<const __m256i*>(q + 32 * k))),
-                                 _mm256_set1_epi16(1))
-                           : _mm256_setzero_si256();
-          }
-          const __m256i h01 =
-              _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-          const __m256i h47 =
-              _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-          const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
-                                                _mm256_permute2x128_si256(h01, h47, 0x31));
-          alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          for (int k = 0; k < cnt; ++k) {
-            dx[k] = a.d[s * nb + b0 + k];
-            if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
-          }
-          __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
-          if constexpr (kMin) {
-            val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
-          }
-          acc[t] = _mm256_add_ps(acc[t], val);
-        }
-      }
-      for (int t = 0; t < nt; ++t) {
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc[t]);
-        out[(s0 + t) * w.rows + i] = tree(lanes);
-      }
+      legacy_row_tokens<T>(out, a, w, i, s0, nt);
     }
   }
 }
@@ -533,16 +572,17 @@ struct Avx2Family {
   // sumi: per 32 codes, the int16 pair sums (at most 8128) times the groups' scales (|sc| <=
   // 128) summed pairwise into int32 (at most 2 * 8128 * 128 = 2.1e6), eight of those per lane
   // (at most 1.7e7): exact. summ: |mn| <= 63 times |bsums| <= 2032, pairwise, then summed.
+  // The codes of a K type are signed (Q3_K, Q6_K: the sign trick) or in [0, 31] (Q2_K, Q4_K,
+  // Q5_K: straight into maddubs, pairs at most 2 * 31 * 127 = 7874); the pair sums are the same.
+  template <bool kSigned>
   VQ_AVX2 static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
                            bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
-    // The codes of a K type are signed (Q3_K, Q6_K) or in [0, 31]; the sign trick is exact for
-    // both, so one path serves every K type.
     __m256i acc = _mm256_setzero_si256();
     for (int k = 0; k < 8; ++k) {
       const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.c + 32 * k));
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.scx[k]));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs16<true>(cv, xv), sc));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs16<kSigned>(cv, xv), sc));
     }
     *sumi = hsum_i32(acc);
     if (with_min) {
