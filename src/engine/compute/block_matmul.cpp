@@ -594,6 +594,95 @@ struct Avx2Family {
     }
   }
 };
+
+// K-quant prefill tiles, eight tokens in the eight lanes: per decoded block, each token's
+// exact (sumi, summ) (Avx2Family::kdot's integer sums, reduced with the Q8_0 kernels' hadd
+// tree so token u's sums land in lane u), then v = (d_w * d_x) * float(sumi) [- (dmin_w * d_x) *
+// float(summ)] and acc[b % 8] += v lane by lane: per token exactly k_value's operations and the
+// definition's lanes; tree() at the end lane by lane. Lanes of absent tokens (past nt) compute
+// zeros that are never stored.
+VQ_AVX2 inline __m256i reduce8(const __m256i* v) noexcept {
+  const __m256i h01 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h47 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                          _mm256_permute2x128_si256(h01, h47, 0x31));
+}
+
+template <WeightType T>
+VQ_AVX2 void k_row_tokens_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
+                               std::int64_t i, std::int64_t s0, int nt, Decoded* dec) noexcept {
+  constexpr int kGroups = kPrefillTile / 8;
+  const std::int64_t nb = w.cols / 256;
+  const std::int64_t bytes = weight_block_bytes(T);
+  const std::uint8_t* row = w.row(i);
+  __m256 acc[kGroups][8];
+  for (int g = 0; g < kGroups; ++g) {
+    for (int l = 0; l < 8; ++l) acc[g][l] = _mm256_setzero_ps();
+  }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    Avx2Family::decode<T>(row + b * bytes, dec);
+    const __m256 dv = _mm256_set1_ps(dec->d);
+    const __m256 dminv = _mm256_set1_ps(dec->dmin);
+    const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->mn));
+    for (int g = 0; g < kGroups && 8 * g < nt; ++g) {
+      const int n = std::min(8, nt - 8 * g);
+      __m256i vi[8], vm[8];
+      alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int u = 0; u < 8; ++u) {
+        if (u >= n) {
+          vi[u] = vm[u] = _mm256_setzero_si256();
+          continue;
+        }
+        const std::int64_t s = s0 + 8 * g + u;
+        const std::int8_t* q = a.q + s * w.cols + b * 256;
+        dx[u] = a.d[s * nb + b];
+        __m256i sum = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->c + 32 * k));
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
+          const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->scx[k]));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs16<signed_codes(T)>(cv, xv), sc));
+        }
+        vi[u] = sum;
+        if constexpr (has_min(T)) {
+          const __m256i bs = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(a.bsums + s * (w.cols / 16) + b * 16));
+          vm[u] = _mm256_madd_epi16(mn, bs);
+        } else {
+          vm[u] = _mm256_setzero_si256();
+        }
+      }
+      const __m256 dxv = _mm256_load_ps(dx);
+      __m256 v = _mm256_mul_ps(_mm256_mul_ps(dv, dxv), _mm256_cvtepi32_ps(reduce8(vi)));
+      if constexpr (has_min(T)) {
+        v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dminv, dxv),
+                                           _mm256_cvtepi32_ps(reduce8(vm))));
+      }
+      acc[g][b % 8] = _mm256_add_ps(acc[g][b % 8], v);
+    }
+  }
+  for (int g = 0; g < kGroups && 8 * g < nt; ++g) {
+    const __m256* a8 = acc[g];
+    const __m256 r = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(a8[0], a8[4]), _mm256_add_ps(a8[2], a8[6])),
+        _mm256_add_ps(_mm256_add_ps(a8[1], a8[5]), _mm256_add_ps(a8[3], a8[7])));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, r);
+    for (int u = 0; u < std::min(8, nt - 8 * g); ++u) out[(s0 + 8 * g + u) * w.rows + i] = lanes[u];
+  }
+}
+
+template <WeightType T>
+VQ_AVX2 void rows_k_avx2(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                         std::int64_t begin, std::int64_t end) noexcept {
+  Decoded dec;
+  for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
+    const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
+    for (std::int64_t i = begin; i < end; ++i) k_row_tokens_avx2<T>(out, a, w, i, s0, nt, &dec);
+  }
+}
 #endif
 
 template <class Family>
@@ -730,8 +819,25 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
       case WeightType::kQ5_1:
         return rows_legacy_avx2<WeightType::kQ5_1>(out, a, w, S, begin, end);
       default:
-        return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
+        break;
     }
+    if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+      switch (w.type) {
+        case WeightType::kQ2_K:
+          return rows_k_avx2<WeightType::kQ2_K>(out, a, w, S, begin, end);
+        case WeightType::kQ3_K:
+          return rows_k_avx2<WeightType::kQ3_K>(out, a, w, S, begin, end);
+        case WeightType::kQ4_K:
+          return rows_k_avx2<WeightType::kQ4_K>(out, a, w, S, begin, end);
+        case WeightType::kQ5_K:
+          return rows_k_avx2<WeightType::kQ5_K>(out, a, w, S, begin, end);
+        case WeightType::kQ6_K:
+          return rows_k_avx2<WeightType::kQ6_K>(out, a, w, S, begin, end);
+        default:
+          break;
+      }
+    }
+    return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
   }
 #else
   (void)isa;

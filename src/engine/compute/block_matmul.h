@@ -37,8 +37,12 @@
 // no sum can overflow its lane, see block_matmul.cpp) and runs the same scalar fp32 code, so it
 // gives the scalar definition's bits (the legacy types' AVX2 kernel takes eight blocks at a time
 // into eight vector lanes, lane l = block b % 8, the same additions). Every weight block is
-// decoded once per row and group of up to four tokens and reused across them (prefill).
-// kAvx2Vnni runs the AVX2 kernels here.
+// decoded once per row and group of tokens and reused across them: up to four tokens with rows
+// outermost for S = 1 and PrefillKernels::kRows (engine/matmul.h); prefill tiles of up to 16
+// tokens outermost otherwise (their activation blocks stay in L1 while the rows pass), where
+// the AVX2 K-quant kernel also takes eight tokens into eight vector lanes (token u's integer
+// sums reduced into lane u, then k_value's fp32 operations lane by lane: the same operations
+// per token). kAvx2Vnni runs the AVX2 kernels here.
 #pragma once
 
 #include <cstdint>
