@@ -67,8 +67,8 @@ std::vector<std::uint8_t> prefill_matrix(vq::engine::WeightType type, std::int64
   }
   if (type == WeightType::kF16) {
     for (std::size_t i = 1; i < b.size(); i += 2) b[i] = static_cast<std::uint8_t>(0x20 | (b[i] & 0x9f));
-  } else if (type == WeightType::kQ8_0 || type == WeightType::kQ4_K) {
-    const std::size_t bb = type == WeightType::kQ8_0 ? 34 : 144;
+  } else if (type == WeightType::kQ8_0 || type == WeightType::kQ4_0 || type == WeightType::kQ4_K) {
+    const auto bb = static_cast<std::size_t>(vq::engine::weight_block_bytes(type));
     for (std::size_t k = 0; k + bb <= b.size(); k += bb) {
       b[k] = 0x00;
       b[k + 1] = 0x20;  // d = 2^-7
@@ -120,7 +120,8 @@ void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
 void register_all() {
   using vq::engine::PrefillKernels;
   using vq::engine::WeightType;
-  for (const WeightType type : {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_K}) {
+  for (const WeightType type :
+       {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ4_0}) {
     for (const int threads : {1, 2}) {
       for (const PrefillKernels k : {PrefillKernels::kRows, PrefillKernels::kTiles}) {
         benchmark::RegisterBenchmark(

@@ -450,11 +450,191 @@ VQ_AVX2 void legacy_row_tokens(float* out, const BlockActs& a, const WeightMatri
   }
 }
 
-// Rows [begin, end) x S tokens in rows_family's two loop orders.
+// ---- Legacy prefill tiles ----
+// As the Q8_0 x Q8_0 tiles (matmul_q8q8_x86.inc): eight blocks' 32 codes are packed
+// (transposed) so that vector k holds, in lane l, codes 4k .. 4k+3 of block l, the
+// activations' codes alike; per (row, token) pair the eight vectors' four-byte dots (maddubs,
+// madd: exact, pairs at most 8128) summed lane by lane are exactly block l's isum in lane l,
+// with no horizontal reduction. Then v = float(isum) * (d_w * d_x) [+ m_w * s_x] and the lane
+// add, legacy_value's operations lane for lane. Padding blocks (a last, partial group) have zero
+// codes and scales: +0 in their lanes.
+
+// out[k] lane l = in[l] dword k.
+VQ_AVX2 inline void transpose8(const __m256i* in, __m256i* out) noexcept {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_epi32(in[2 * p], in[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_epi32(in[2 * p], in[2 * p + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    out[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+    out[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+  }
+}
+
+constexpr int kLegacyRows = 4, kLegacyTokens = 4;
+constexpr std::int64_t kLegacyMaxCols = 8192;
+constexpr std::int64_t kLegacyXBytes = 32 << 10;
+
+// Packed row: per group g, wp[16g + k] the packed codes, wp[16g + 8 + k] their absolute values
+// (signed types); dw[8g + l], mw[8g + l] block l's scale and min (0 for padding).
+template <WeightType T>
+VQ_AVX2 void legacy_pack_row(const std::uint8_t* row, std::int64_t nb, __m256i* wp, float* dw,
+                             float* mw) noexcept {
+  const std::int64_t bytes = weight_block_bytes(T);
+  for (std::int64_t b = 0, g = 0; b < nb; b += 8, ++g) {
+    const int count = static_cast<int>(std::min<std::int64_t>(8, nb - b));
+    __m256i in[8];
+    for (int l = 0; l < 8; ++l) {
+      const std::uint8_t* blk = row + (b + l) * bytes;
+      in[l] = l < count ? legacy_codes<T>(blk) : _mm256_setzero_si256();
+      dw[8 * g + l] = l < count ? load_half(blk) : 0.0f;
+      mw[8 * g + l] = has_min(T) && l < count ? load_half(blk + 2) : 0.0f;
+    }
+    transpose8(in, wp + 16 * g);
+    for (int k = 0; k < 8; ++k) wp[16 * g + 8 + k] = _mm256_sign_epi8(wp[16 * g + k], wp[16 * g + k]);
+  }
+}
+
+// Packed token s: xp[8g + k] its packed codes, dx / sx [8g + l] block l's d and s (0 padding).
+VQ_AVX2 void legacy_pack_token(const BlockActs& a, std::int64_t s, std::int64_t nb, bool with_s,
+                               __m256i* xp, float* dx, float* sx) noexcept {
+  const std::int8_t* q = a.q + s * a.cols;
+  for (std::int64_t b = 0, g = 0; b < nb; b += 8, ++g) {
+    const int count = static_cast<int>(std::min<std::int64_t>(8, nb - b));
+    __m256i in[8];
+    for (int l = 0; l < 8; ++l) {
+      in[l] = l < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (b + l) * 32))
+                        : _mm256_setzero_si256();
+      dx[8 * g + l] = l < count ? a.d[s * nb + b + l] : 0.0f;
+      sx[8 * g + l] = with_s && l < count ? a.s[s * nb + b + l] : 0.0f;
+    }
+    transpose8(in, xp + 8 * g);
+  }
+}
+
+template <WeightType T, int R, int TT>
+VQ_AVX2 void legacy_tile(const __m256i* const* wp, const float* const* dw, const float* const* mw,
+                         const __m256i* xp, const float* dx, const float* sx, std::int64_t stride,
+                         std::int64_t ng, float* out, std::int64_t out_stride) noexcept {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (std::int64_t g = 0; g < ng; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const __m256i* w = wp[r] + 16 * g;
+      const __m256 dwv = _mm256_loadu_ps(dw[r] + 8 * g);
+      for (int t = 0; t < TT; ++t) {
+        const __m256i* x = xp + t * stride + 8 * g;
+        __m256i isum = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          const __m256i p16 = signed_codes(T)
+                                  ? _mm256_maddubs_epi16(w[8 + k], _mm256_sign_epi8(x[k], w[k]))
+                                  : _mm256_maddubs_epi16(w[k], x[k]);
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        }
+        __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum),
+                                   _mm256_mul_ps(dwv, _mm256_loadu_ps(dx + t * stride + 8 * g)));
+        if constexpr (has_min(T)) {
+          val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_loadu_ps(mw[r] + 8 * g),
+                                                 _mm256_loadu_ps(sx + t * stride + 8 * g)));
+        }
+        acc[r][t] = _mm256_add_ps(acc[r][t], val);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r][t]);
+      out[t * out_stride + r] = tree(lanes);
+    }
+  }
+}
+
+template <WeightType T, int R>
+VQ_AVX2 inline void legacy_tile_tt(int tt, const __m256i* const* wp, const float* const* dw,
+                                   const float* const* mw, const __m256i* xp, const float* dx,
+                                   const float* sx, std::int64_t stride, std::int64_t ng,
+                                   float* out, std::int64_t out_stride) noexcept {
+  switch (tt) {
+    case 4:
+      return legacy_tile<T, R, 4>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    case 3:
+      return legacy_tile<T, R, 3>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    case 2:
+      return legacy_tile<T, R, 2>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    default:
+      return legacy_tile<T, R, 1>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+  }
+}
+
+// Rows [begin, end) x S tokens: token blocks of up to kLegacyXBytes of packed codes, row tiles
+// packed once per block (stack buffers, at most about 110 KiB at kLegacyMaxCols).
+template <WeightType T>
+VQ_AVX2 void rows_legacy_tiled(float* out, const BlockActs& a, const WeightMatrix& w,
+                               std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  const std::int64_t nb = w.cols / 32, ng = (nb + 7) / 8, stride = ng * 8;
+  const std::int64_t sb =
+      std::min(S, kLegacyXBytes / (ng * 256) / kLegacyTokens * kLegacyTokens);
+  alignas(32) __m256i xbuf[kLegacyXBytes / 32];
+  alignas(32) float dxbuf[kLegacyXBytes / 32], sxbuf[kLegacyXBytes / 32];
+  alignas(32) __m256i wbuf[kLegacyRows][kLegacyMaxCols / 256 * 16];
+  alignas(32) float dwbuf[kLegacyRows][kLegacyMaxCols / 32], mwbuf[kLegacyRows][kLegacyMaxCols / 32];
+  const __m256i* wp[kLegacyRows];
+  const float* dw[kLegacyRows];
+  const float* mw[kLegacyRows];
+  for (int r = 0; r < kLegacyRows; ++r) {
+    wp[r] = wbuf[r];
+    dw[r] = dwbuf[r];
+    mw[r] = mwbuf[r];
+  }
+  for (std::int64_t s0 = 0; s0 < S; s0 += sb) {
+    const std::int64_t s1 = std::min(S, s0 + sb);
+    for (std::int64_t s = s0; s < s1; ++s) {
+      const std::int64_t o = (s - s0) * stride;
+      legacy_pack_token(a, s, nb, has_min(T), xbuf + o, dxbuf + o, sxbuf + o);
+    }
+    for (std::int64_t i = begin; i < end; i += kLegacyRows) {
+      const int rr = static_cast<int>(std::min<std::int64_t>(kLegacyRows, end - i));
+      for (int r = 0; r < rr; ++r) legacy_pack_row<T>(w.row(i + r), nb, wbuf[r], dwbuf[r], mwbuf[r]);
+      for (std::int64_t s = s0; s < s1; s += kLegacyTokens) {
+        const int tt = static_cast<int>(std::min<std::int64_t>(kLegacyTokens, s1 - s));
+        const std::int64_t o = (s - s0) * stride;
+        float* dst = out + s * w.rows + i;
+        switch (rr) {
+          case 4:
+            legacy_tile_tt<T, 4>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          case 3:
+            legacy_tile_tt<T, 3>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          case 2:
+            legacy_tile_tt<T, 2>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          default:
+            legacy_tile_tt<T, 1>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+        }
+      }
+    }
+  }
+}
+
+// Rows [begin, end) x S tokens: the packed tiles for prefill (rows up to kLegacyMaxCols wide),
+// otherwise rows_family's two loop orders.
 template <WeightType T>
 VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
                               std::int64_t begin, std::int64_t end) noexcept {
   if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    if (w.cols <= kLegacyMaxCols) return rows_legacy_tiled<T>(out, a, w, S, begin, end);
     for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
       for (std::int64_t i = begin; i < end; ++i) legacy_row_tokens<T>(out, a, w, i, s0, nt);

@@ -42,7 +42,10 @@
 // tokens outermost otherwise (their activation blocks stay in L1 while the rows pass), where
 // the AVX2 K-quant kernel also takes eight tokens into eight vector lanes (token u's integer
 // sums reduced into lane u, then k_value's fp32 operations lane by lane: the same operations
-// per token). kAvx2Vnni runs the AVX2 kernels here.
+// per token), and the AVX2 legacy kernel packs eight blocks' codes (of four rows, and of the
+// tokens' activations alike) so that lane l of a four-byte dot belongs to block l and the blocks'
+// exact sums need no reduction (as engine/matmul.h's Q8_0 tiles). kAvx2Vnni runs the AVX2
+// kernels here.
 #pragma once
 
 #include <cstdint>
