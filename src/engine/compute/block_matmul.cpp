@@ -790,79 +790,22 @@ VQ_AVX2 inline __m256i reduce8(const __m256i* v) noexcept {
                           _mm256_permute2x128_si256(h01, h47, 0x31));
 }
 
-template <WeightType T>
-VQ_AVX2 void k_row_tokens_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
-                               std::int64_t i, std::int64_t s0, int nt, Decoded* dec) noexcept {
-  constexpr int kGroups = kPrefillTile / 8;
-  const std::int64_t nb = w.cols / 256;
-  const std::int64_t bytes = weight_block_bytes(T);
-  const std::uint8_t* row = w.row(i);
-  __m256 acc[kGroups][8];
-  for (int g = 0; g < kGroups; ++g) {
-    for (int l = 0; l < 8; ++l) acc[g][l] = _mm256_setzero_ps();
-  }
-  for (std::int64_t b = 0; b < nb; ++b) {
-    Avx2Family::decode<T>(row + b * bytes, dec);
-    const __m256 dv = _mm256_set1_ps(dec->d);
-    const __m256 dminv = _mm256_set1_ps(dec->dmin);
-    const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->mn));
-    for (int g = 0; g < kGroups && 8 * g < nt; ++g) {
-      const int n = std::min(8, nt - 8 * g);
-      __m256i vi[8], vm[8];
-      alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int u = 0; u < 8; ++u) {
-        if (u >= n) {
-          vi[u] = vm[u] = _mm256_setzero_si256();
-          continue;
-        }
-        const std::int64_t s = s0 + 8 * g + u;
-        const std::int8_t* q = a.q + s * w.cols + b * 256;
-        dx[u] = a.d[s * nb + b];
-        __m256i sum = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-          const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->c + 32 * k));
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
-          const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec->scx[k]));
-          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs16<signed_codes(T)>(cv, xv), sc));
-        }
-        vi[u] = sum;
-        if constexpr (has_min(T)) {
-          const __m256i bs = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(a.bsums + s * (w.cols / 16) + b * 16));
-          vm[u] = _mm256_madd_epi16(mn, bs);
-        } else {
-          vm[u] = _mm256_setzero_si256();
-        }
-      }
-      const __m256 dxv = _mm256_load_ps(dx);
-      __m256 v = _mm256_mul_ps(_mm256_mul_ps(dv, dxv), _mm256_cvtepi32_ps(reduce8(vi)));
-      if constexpr (has_min(T)) {
-        v = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_mul_ps(dminv, dxv),
-                                           _mm256_cvtepi32_ps(reduce8(vm))));
-      }
-      acc[g][b % 8] = _mm256_add_ps(acc[g][b % 8], v);
-    }
-  }
-  for (int g = 0; g < kGroups && 8 * g < nt; ++g) {
-    const __m256* a8 = acc[g];
-    const __m256 r = _mm256_add_ps(
-        _mm256_add_ps(_mm256_add_ps(a8[0], a8[4]), _mm256_add_ps(a8[2], a8[6])),
-        _mm256_add_ps(_mm256_add_ps(a8[1], a8[5]), _mm256_add_ps(a8[3], a8[7])));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, r);
-    for (int u = 0; u < std::min(8, nt - 8 * g); ++u) out[(s0 + 8 * g + u) * w.rows + i] = lanes[u];
-  }
-}
+// Both families' kernels, differing only in how the exact integer sums are accumulated.
+namespace k_avx2 {
+#define VQ_K_TARGET VQ_AVX2
+#define VQ_K_VNNI 0
+#include "engine/compute/block_matmul_k_x86.inc"
+#undef VQ_K_TARGET
+#undef VQ_K_VNNI
+}  // namespace k_avx2
 
-template <WeightType T>
-VQ_AVX2 void rows_k_avx2(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
-                         std::int64_t begin, std::int64_t end) noexcept {
-  Decoded dec;
-  for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
-    const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
-    for (std::int64_t i = begin; i < end; ++i) k_row_tokens_avx2<T>(out, a, w, i, s0, nt, &dec);
-  }
-}
+namespace k_vnni {
+#define VQ_K_TARGET __attribute__((target("avx2,f16c,avxvnni")))
+#define VQ_K_VNNI 1
+#include "engine/compute/block_matmul_k_x86.inc"
+#undef VQ_K_TARGET
+#undef VQ_K_VNNI
+}  // namespace k_vnni
 #endif
 
 template <class Family>
@@ -1002,17 +945,23 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
         break;
     }
     if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+      const bool vnni = isa == Isa::kAvx2Vnni;
       switch (w.type) {
         case WeightType::kQ2_K:
-          return rows_k_avx2<WeightType::kQ2_K>(out, a, w, S, begin, end);
+          return vnni ? k_vnni::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
         case WeightType::kQ3_K:
-          return rows_k_avx2<WeightType::kQ3_K>(out, a, w, S, begin, end);
+          return vnni ? k_vnni::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
         case WeightType::kQ4_K:
-          return rows_k_avx2<WeightType::kQ4_K>(out, a, w, S, begin, end);
+          return vnni ? k_vnni::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
         case WeightType::kQ5_K:
-          return rows_k_avx2<WeightType::kQ5_K>(out, a, w, S, begin, end);
+          return vnni ? k_vnni::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
         case WeightType::kQ6_K:
-          return rows_k_avx2<WeightType::kQ6_K>(out, a, w, S, begin, end);
+          return vnni ? k_vnni::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
         default:
           break;
       }

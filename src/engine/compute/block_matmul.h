@@ -45,7 +45,8 @@
 // per token), and the AVX2 legacy kernel packs eight blocks' codes (of four rows, and of the
 // tokens' activations alike) so that lane l of a four-byte dot belongs to block l and the blocks'
 // exact sums need no reduction (as engine/matmul.h's Q8_0 tiles). kAvx2Vnni runs the AVX2
-// kernels here.
+// kernels here, except that its K-quant prefill kernel accumulates the scaled pair sums with
+// vpdpwssd (the same exact int32 sums).
 #pragma once
 
 #include <cstdint>
