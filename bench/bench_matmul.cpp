@@ -2,6 +2,14 @@
 // row: a 256 x 768 matrix (209 KB, stays in L2: the kernels' arithmetic) and a 2048 x 768 one
 // (1.7 MB, past L2: arithmetic plus memory). items_per_second is weight blocks per second;
 // bytes_per_second the weight bytes read. Families the CPU lacks are skipped.
+//
+// matmul_prefill/<type>/<kernels>/threads:<n>: the matmuls of one llama-110m layer (dim 768,
+// hidden 2048: q/k/v fused, o, gate/up fused, down, as the engine's forward calls them) over a
+// 512-token prompt chunk, through matmul()/matmul_fused() with the best kernel family on n
+// threads; <kernels> is tiles (the prefill tiles) or rows (one matrix-vector product per token,
+// engine/matmul.h PrefillKernels). items_per_second is prompt tokens per second through the
+// layer's matmuls. Run with --benchmark_enable_random_interleaving=true
+// --benchmark_repetitions=N to alternate the cases.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -9,6 +17,8 @@
 #include <vector>
 
 #include "engine/compute/matmul.h"
+#include "engine/compute/parallel.h"
+#include "engine/compute/weights.h"
 
 namespace {
 
@@ -43,7 +53,87 @@ void BM_MatmulQ8Q8(benchmark::State& state, Isa isa, std::int64_t rows) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(w.size()));
 }
 
+// A [rows][cols] matrix of `type` with deterministic bytes: every block's fp16 scales set to
+// small finite values (the rest of a block is codes and packed scales, any bytes valid).
+std::vector<std::uint8_t> prefill_matrix(vq::engine::WeightType type, std::int64_t rows,
+                                         std::int64_t cols, std::uint32_t seed) {
+  using vq::engine::WeightType;
+  const vq::engine::WeightMatrix shape{type, rows, cols, nullptr};
+  std::vector<std::uint8_t> b(static_cast<std::size_t>(shape.bytes()));
+  std::uint32_t state = seed;
+  for (auto& v : b) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<std::uint8_t>(state >> 24);
+  }
+  if (type == WeightType::kF16) {
+    for (std::size_t i = 1; i < b.size(); i += 2) b[i] = static_cast<std::uint8_t>(0x20 | (b[i] & 0x9f));
+  } else if (type == WeightType::kQ8_0 || type == WeightType::kQ4_0 || type == WeightType::kQ4_K) {
+    const auto bb = static_cast<std::size_t>(vq::engine::weight_block_bytes(type));
+    for (std::size_t k = 0; k + bb <= b.size(); k += bb) {
+      b[k] = 0x00;
+      b[k + 1] = 0x20;  // d = 2^-7
+      if (type == WeightType::kQ4_K) {
+        b[k + 2] = 0x00;
+        b[k + 3] = 0x1c;  // dmin = 2^-8
+      }
+    }
+  }
+  return b;
+}
+
+void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
+                      vq::engine::PrefillKernels kernels, int threads) {
+  using vq::engine::MatmulOut;
+  using vq::engine::WeightMatrix;
+  constexpr std::int64_t kDim = 768, kHidden = 2048, kS = 512;
+  const std::int64_t shapes[7][2] = {{kDim, kDim},    {kDim, kDim},    {kDim, kDim},   {kDim, kDim},
+                                     {kHidden, kDim}, {kHidden, kDim}, {kDim, kHidden}};
+  std::vector<std::vector<std::uint8_t>> bytes;
+  std::vector<WeightMatrix> w;
+  for (int m = 0; m < 7; ++m) {
+    bytes.push_back(prefill_matrix(type, shapes[m][0], shapes[m][1], 17u + static_cast<std::uint32_t>(m)));
+    w.push_back(WeightMatrix{type, shapes[m][0], shapes[m][1], bytes.back().data()});
+  }
+  std::vector<float> x(static_cast<std::size_t>(kS * kHidden));  // [S][hidden] (first kDim used)
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 37 % 97) - 48) / 16.0f;
+  std::vector<float> q(kS * kDim), k(kS * kDim), v(kS * kDim), o(kS * kDim), g(kS * kHidden),
+      u(kS * kHidden), d(kS * kDim);
+  const int saved_threads = vq::engine::threads();
+  const vq::engine::PrefillKernels saved_kernels = vq::engine::prefill_kernels();
+  vq::engine::set_threads(threads);
+  vq::engine::set_prefill_kernels(kernels);
+  for (auto _ : state) {
+    const MatmulOut qkv[3] = {{q.data(), &w[0]}, {k.data(), &w[1]}, {v.data(), &w[2]}};
+    vq::engine::matmul_fused(qkv, x.data(), kS);
+    vq::engine::matmul(o.data(), q.data(), w[3], kS);
+    const MatmulOut gate_up[2] = {{g.data(), &w[4]}, {u.data(), &w[5]}};
+    vq::engine::matmul_fused(gate_up, o.data(), kS);
+    vq::engine::matmul(d.data(), g.data(), w[6], kS);
+    benchmark::DoNotOptimize(d.data());
+    benchmark::ClobberMemory();
+  }
+  vq::engine::set_threads(saved_threads);
+  vq::engine::set_prefill_kernels(saved_kernels);
+  state.SetItemsProcessed(state.iterations() * kS);
+}
+
 void register_all() {
+  using vq::engine::PrefillKernels;
+  using vq::engine::WeightType;
+  for (const WeightType type :
+       {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ4_0}) {
+    for (const int threads : {1, 2}) {
+      for (const PrefillKernels k : {PrefillKernels::kRows, PrefillKernels::kTiles}) {
+        benchmark::RegisterBenchmark(
+            ("matmul_prefill/" + std::string(vq::engine::to_string(type)) + "/" +
+             (k == PrefillKernels::kTiles ? "tiles" : "rows") + "/threads:" + std::to_string(threads))
+                .c_str(),
+            BM_MatmulPrefill, type, k, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
   for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
     for (const std::int64_t rows : {256, 2048}) {
       benchmark::RegisterBenchmark(("matmul_q8q8/" + std::string(vq::engine::to_string(isa)) + "/" +

@@ -377,6 +377,58 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
   }
 }
 
+// The prefill tiles (engine/matmul.h PrefillKernels::kTiles: tiles of tokens outermost, each
+// decoded block reused across them) against the scalar definition computed row by row
+// (PrefillKernels::kRows), bit for bit, for every type and family: token counts below, at and
+// past the tiles, row counts split at odd rows, widths with a partial group of eight blocks;
+// and through matmul() (activations quantized there) on 1, 2 and 3 threads.
+TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
+  const int saved = engine::threads();
+  for (const WeightType t : kTypes) {
+    const bool k = engine::act_block_size(engine::activation_type(t)) == 256;
+    // Legacy rows wider than the packed tiles' 8192 take the 16-token row loop.
+    const std::vector<std::int64_t> widths =
+        k ? std::vector<std::int64_t>{768, 2304} : std::vector<std::int64_t>{288, 2304, 8224};
+    for (const std::int64_t cols : widths) {
+      for (const std::int64_t rows : {1, 7, 37}) {
+        if (cols > 8192 && rows > 7) continue;
+        auto bytes = random_matrix(t, rows, cols, static_cast<std::uint64_t>(cols + rows));
+        const WeightMatrix w{t, rows, cols, bytes.data() + 1};
+        for (const std::int64_t S : {1, 2, 3, 5, 8, 17, 64}) {
+          if (cols > 1000 && S > 17) continue;  // the wide rows: fewer token counts
+          auto x = test::randn(static_cast<std::size_t>(S * cols),
+                               static_cast<std::uint64_t>(S * 1000 + rows));
+          x[3] = 0;
+          x[static_cast<std::size_t>(S * cols / 2)] = -60.0f;
+          const Acts acts = quantize(engine::activation_type(t), x, S, cols);
+          std::vector<float> want(static_cast<std::size_t>(S * rows), -1.0f);
+          engine::set_prefill_kernels(engine::PrefillKernels::kRows);
+          engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, S, 0, rows);
+          engine::set_prefill_kernels(engine::PrefillKernels::kTiles);
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+            if (!engine::isa_supported(isa)) continue;
+            std::vector<float> got(want.size(), -2.0f);
+            engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, rows / 2);
+            engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, rows / 2, rows);
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+                << engine::to_string(t) << " " << rows << "x" << cols << " S " << S << " "
+                << engine::to_string(isa);
+          }
+          for (const int n : {1, 2, 3}) {
+            engine::set_threads(n);
+            std::vector<float> got(want.size(), -3.0f);
+            engine::matmul(got.data(), x.data(), w, S);
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+                << engine::to_string(t) << " " << rows << "x" << cols << " S " << S
+                << " matmul() at " << n << " threads";
+          }
+        }
+      }
+    }
+  }
+  engine::set_threads(saved);
+}
+
 TEST(BlockMatmul, DecodersAgreeWithEachOtherAndWithDequantization) {
   for (const WeightType t : kTypes) {
     const std::int64_t B = engine::weight_block_size(t), cols = 4 * B;

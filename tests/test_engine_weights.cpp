@@ -380,6 +380,93 @@ TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
   }
 }
 
+// The prefill tiles (several rows x several tokens per kernel call, engine/matmul.h
+// PrefillKernels) against the definitions written out in this file, bit for bit: the fixed-order
+// dot over the stored values (fp32 activations) and q8q8_reference (Q8_0 x Q8_0). Token counts
+// below, at and past the tiles' 4 tokens, row counts that are not multiples of the tiles' rows,
+// widths with a tail after the last chunk of 8 (fp32) or group of 8 blocks (Q8_0), one past the
+// tiles' widest row (the row kernels then); through matmul_rows per family and kernel choice,
+// and through matmul() on 1, 2 and 3 threads.
+struct PrefillCase {
+  WeightType type;
+  bool q8_activations;  // Q8_0 weights: Q8_0 x Q8_0; otherwise fp32 activations
+  std::int64_t cols;
+};
+
+TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
+  const int saved = engine::threads();
+  std::vector<PrefillCase> cases;
+  for (const WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    for (const std::int64_t cols : {9, 64, 203}) cases.push_back({type, false, cols});
+  }
+  for (const std::int64_t nb : {1, 8, 9, 23}) cases.push_back({WeightType::kQ8_0, false, 32 * nb});
+  for (const std::int64_t nb : {1, 7, 8, 9, 17, 24, 260})
+    cases.push_back({WeightType::kQ8_0, true, 32 * nb});
+  for (const PrefillCase& c : cases) {
+    for (const std::int64_t rows : {1, 5, 7, 37}) {
+      const Typed t = make_typed(c.type, rows, c.cols, 500 + static_cast<std::uint64_t>(c.cols));
+      for (const std::int64_t S : {1, 2, 3, 5, 8, 17, 64}) {
+        if (c.cols > 1000 && S > 5) continue;  // the wide rows: a few token counts suffice
+        auto x = test::randn(static_cast<std::size_t>(S * c.cols),
+                             60 + static_cast<std::uint64_t>(rows * 100 + S));
+        for (std::size_t i = 0; i < x.size(); i += 7) x[i] *= 25.0f;  // spread the scales
+        const std::int64_t nb = c.cols / 32;
+        std::vector<std::int8_t> xq(x.size());
+        std::vector<float> xd(x.size() / 32 + 1);
+        if (c.q8_activations) engine::quantize_activations_q8_0(x.data(), S * c.cols, xq.data(), xd.data());
+        std::vector<float> want(static_cast<std::size_t>(S * rows));
+        for (std::int64_t s = 0; s < S; ++s) {
+          for (std::int64_t i = 0; i < rows; ++i) {
+            want[static_cast<std::size_t>(s * rows + i)] =
+                c.q8_activations ? q8q8_reference(t.m.row(i), xq.data() + s * c.cols,
+                                                  xd.data() + s * nb, nb)
+                                 : kernels::dot(t.exact.data() + i * c.cols,
+                                                x.data() + s * c.cols, c.cols);
+          }
+        }
+        const auto check = [&](const std::vector<float>& got, const std::string& what) {
+          for (std::size_t k = 0; k < want.size(); ++k) {
+            ASSERT_EQ(std::memcmp(&want[k], &got[k], 4), 0)
+                << engine::to_string(c.type) << (c.q8_activations ? " x q8_0 " : " x f32 ")
+                << rows << "x" << c.cols << " S=" << S << " " << what << " at " << k << ": "
+                << want[k] << " vs " << got[k];
+          }
+        };
+        for (const engine::PrefillKernels k :
+             {engine::PrefillKernels::kTiles, engine::PrefillKernels::kRows}) {
+          engine::set_prefill_kernels(k);
+          const std::string kname = k == engine::PrefillKernels::kTiles ? "tiles" : "rows";
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+            if (!engine::isa_supported(isa)) continue;
+            // Two calls splitting the rows at an odd row: tiles start anywhere.
+            std::vector<float> got(want.size(), -1.0f);
+            const std::int64_t mid = rows / 2;
+            for (const auto& [b, e] : {std::pair{std::int64_t{0}, mid}, std::pair{mid, rows}}) {
+              if (c.q8_activations) {
+                engine::matmul_rows_q8_0(isa, got.data(), xq.data(), xd.data(), t.m, S, b, e);
+              } else {
+                engine::matmul_rows(isa, got.data(), x.data(), t.m, S, b, e);
+              }
+            }
+            check(got, kname + " " + engine::to_string(isa));
+          }
+          engine::set_q8_0_activations(c.q8_activations ? Q8_0Activations::kQ8_0
+                                                        : Q8_0Activations::kF32);
+          for (const int n : {1, 2, 3}) {
+            engine::set_threads(n);
+            std::vector<float> got(want.size(), -1.0f);
+            engine::matmul(got.data(), x.data(), t.m, S);
+            check(got, kname + " matmul() at " + std::to_string(n) + " threads");
+          }
+          engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
+        }
+        engine::set_prefill_kernels(engine::PrefillKernels::kTiles);
+      }
+    }
+  }
+  engine::set_threads(saved);
+}
+
 TEST(EngineWeights, Q8_0BlockLayoutIsGgufs) {
   // One block by hand: bytes 0-1 the fp16 scale (little-endian), bytes 2..33 the int8 quants.
   std::uint8_t raw[34];

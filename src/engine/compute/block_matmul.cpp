@@ -250,40 +250,61 @@ inline float k_value(const Decoded& dw, std::int32_t sumi, std::int32_t summ, fl
 }
 
 // The row kernel for one family: Decode(blk, Decoded*) and the dots IsumL (legacy) /
-// KDot (K) are the family's; everything else is shared.
-constexpr int kTile = 4;  // tokens that share one decoded block
+// KDot (K) are the family's; everything else is shared. One row's values for tokens
+// [s0, s0 + nt): each weight block decoded once and dotted with the nt tokens' blocks.
+constexpr int kTile = 4;          // tokens that share one decoded block (PrefillKernels::kRows)
+constexpr int kPrefillTile = 16;  // the same for the prefill tiles (PrefillKernels::kTiles)
 
 template <WeightType T, class Family>
-void rows_family(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
-                 std::int64_t begin, std::int64_t end) noexcept {
+inline void row_tokens(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t i,
+                       std::int64_t s0, int nt, Decoded* dec) noexcept {
   constexpr std::int64_t B = is_k(T) ? 256 : 32;
   const std::int64_t nb = w.cols / B;
   const std::int64_t bytes = weight_block_bytes(T);
+  const std::uint8_t* row = w.row(i);
+  float acc[kPrefillTile][8];
+  for (int t = 0; t < nt; ++t) std::fill(acc[t], acc[t] + 8, 0.0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    Family::template decode<T>(row + b * bytes, dec);
+    for (int t = 0; t < nt; ++t) {
+      const std::int64_t s = s0 + t;
+      const std::int8_t* q = a.q + s * w.cols + b * B;
+      const float dx = a.d[s * nb + b];
+      float v;
+      if constexpr (is_k(T)) {
+        std::int32_t sumi, summ;
+        Family::template kdot<signed_codes(T)>(*dec, q, a.bsums + s * (w.cols / 16) + b * 16,
+                                               has_min(T), &sumi, &summ);
+        v = k_value<T>(*dec, sumi, summ, dx);
+      } else {
+        const std::int32_t isum = Family::template isum<signed_codes(T)>(dec->c, q);
+        v = legacy_value<T>(*dec, isum, dx, has_min(T) ? a.s[s * nb + b] : 0.0f);
+      }
+      acc[t][b % 8] += v;
+    }
+  }
+  for (int t = 0; t < nt; ++t) out[(s0 + t) * w.rows + i] = tree(acc[t]);
+}
+
+// Rows [begin, end) x S tokens. Prefill tiles (S > 1): tiles of kPrefillTile tokens outermost,
+// so their activation blocks stay in L1 while the range's rows pass over them, each row's
+// blocks decoded once per tile; otherwise (decode, or PrefillKernels::kRows) rows outermost,
+// groups of kTile tokens. Every element gets the same operations either way.
+template <WeightType T, class Family>
+void rows_family(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                 std::int64_t begin, std::int64_t end) noexcept {
   Decoded dec;
+  if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
+      for (std::int64_t i = begin; i < end; ++i) row_tokens<T, Family>(out, a, w, i, s0, nt, &dec);
+    }
+    return;
+  }
   for (std::int64_t i = begin; i < end; ++i) {
-    const std::uint8_t* row = w.row(i);
     for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
-      float acc[kTile][8] = {};
-      for (std::int64_t b = 0; b < nb; ++b) {
-        Family::template decode<T>(row + b * bytes, &dec);
-        for (int t = 0; t < nt; ++t) {
-          const std::int64_t s = s0 + t;
-          const std::int8_t* q = a.q + s * w.cols + b * B;
-          const float dx = a.d[s * nb + b];
-          float v;
-          if constexpr (is_k(T)) {
-            std::int32_t sumi, summ;
-            Family::kdot(dec, q, a.bsums + s * (w.cols / 16) + b * 16, has_min(T), &sumi, &summ);
-            v = k_value<T>(dec, sumi, summ, dx);
-          } else {
-            const std::int32_t isum = Family::template isum<signed_codes(T)>(dec.c, q);
-            v = legacy_value<T>(dec, isum, dx, has_min(T) ? a.s[s * nb + b] : 0.0f);
-          }
-          acc[t][b % 8] += v;
-        }
-      }
-      for (int t = 0; t < nt; ++t) out[(s0 + t) * w.rows + i] = tree(acc[t]);
+      row_tokens<T, Family>(out, a, w, i, s0, nt, &dec);
     }
   }
 }
@@ -297,6 +318,7 @@ struct ScalarFamily {
   static std::int32_t isum(const std::int8_t* c, const std::int8_t* q) noexcept {
     return isum_scalar(c, q, 32);
   }
+  template <bool kSigned>
   static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
                    bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
     kdot_scalar(dk, q, bsums, with_min, sumi, summ);
@@ -362,70 +384,267 @@ VQ_AVX2 inline __m256i legacy_codes(const std::uint8_t* blk) noexcept {
 // into one vector (the Q8_0 kernels' hadd tree), then v = float(isum) * (d_w * d_x) [+ m_w * s_x]
 // per lane, added to the lane. A last, partial group has +0 in its missing lanes (codes, scales
 // and sums 0: v = +0), which leaves a lane unchanged (a lane is never -0).
+// One row i for tokens [s0, s0 + nt), nt <= kPrefillTile.
 template <WeightType T>
-VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w,
-                              std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+VQ_AVX2 void legacy_row_tokens(float* out, const BlockActs& a, const WeightMatrix& w,
+                               std::int64_t i, std::int64_t s0, int nt) noexcept {
   constexpr bool kMin = has_min(T);
   constexpr bool kSigned = signed_codes(T);
   const std::int64_t nb = w.cols / 32;
   const std::int64_t bytes = weight_block_bytes(T);
+  const std::uint8_t* row = w.row(i);
+  __m256 acc[kPrefillTile];
+  for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_ps();
+  for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+    __m256i c[8];
+    alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < 8; ++k) {
+      if (k < cnt) {
+        const std::uint8_t* blk = row + (b0 + k) * bytes;
+        c[k] = legacy_codes<T>(blk);
+        dw[k] = load_half(blk);
+        if constexpr (kMin) mw[k] = load_half(blk + 2);
+      } else {
+        c[k] = _mm256_setzero_si256();
+      }
+    }
+    const __m256 dwv = _mm256_load_ps(dw);
+    for (int t = 0; t < nt; ++t) {
+      const std::int64_t s = s0 + t;
+      const std::int8_t* q = a.q + s * w.cols + b0 * 32;
+      __m256i v[8];
+      for (int k = 0; k < 8; ++k) {
+        v[k] =
+            k < cnt
+                ? _mm256_madd_epi16(
+                      pairs16<kSigned>(
+                          c[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k))),
+                      _mm256_set1_epi16(1))
+                : _mm256_setzero_si256();
+      }
+      const __m256i h01 =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      const __m256i h47 =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+      const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                                            _mm256_permute2x128_si256(h01, h47, 0x31));
+      alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < cnt; ++k) {
+        dx[k] = a.d[s * nb + b0 + k];
+        if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
+      }
+      __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
+      if constexpr (kMin) {
+        val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
+      }
+      acc[t] = _mm256_add_ps(acc[t], val);
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[t]);
+    out[(s0 + t) * w.rows + i] = tree(lanes);
+  }
+}
+
+// ---- Legacy prefill tiles ----
+// As the Q8_0 x Q8_0 tiles (matmul_q8q8_x86.inc): eight blocks' 32 codes are packed
+// (transposed) so that vector k holds, in lane l, codes 4k .. 4k+3 of block l, the
+// activations' codes alike; per (row, token) pair the eight vectors' four-byte dots (maddubs,
+// madd: exact, pairs at most 8128) summed lane by lane are exactly block l's isum in lane l,
+// with no horizontal reduction. Then v = float(isum) * (d_w * d_x) [+ m_w * s_x] and the lane
+// add, legacy_value's operations lane for lane. Padding blocks (a last, partial group) have zero
+// codes and scales: +0 in their lanes.
+
+// out[k] lane l = in[l] dword k.
+VQ_AVX2 inline void transpose8(const __m256i* in, __m256i* out) noexcept {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_epi32(in[2 * p], in[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_epi32(in[2 * p], in[2 * p + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    out[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+    out[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+  }
+}
+
+constexpr int kLegacyRows = 4, kLegacyTokens = 4;
+constexpr std::int64_t kLegacyMaxCols = 8192;
+constexpr std::int64_t kLegacyXBytes = 32 << 10;
+
+// Packed row: per group g, wp[16g + k] the packed codes, wp[16g + 8 + k] their absolute values
+// (signed types); dw[8g + l], mw[8g + l] block l's scale and min (0 for padding).
+template <WeightType T>
+VQ_AVX2 void legacy_pack_row(const std::uint8_t* row, std::int64_t nb, __m256i* wp, float* dw,
+                             float* mw) noexcept {
+  const std::int64_t bytes = weight_block_bytes(T);
+  for (std::int64_t b = 0, g = 0; b < nb; b += 8, ++g) {
+    const int count = static_cast<int>(std::min<std::int64_t>(8, nb - b));
+    __m256i in[8];
+    for (int l = 0; l < 8; ++l) {
+      const std::uint8_t* blk = row + (b + l) * bytes;
+      in[l] = l < count ? legacy_codes<T>(blk) : _mm256_setzero_si256();
+      dw[8 * g + l] = l < count ? load_half(blk) : 0.0f;
+      mw[8 * g + l] = has_min(T) && l < count ? load_half(blk + 2) : 0.0f;
+    }
+    transpose8(in, wp + 16 * g);
+    for (int k = 0; k < 8; ++k) wp[16 * g + 8 + k] = _mm256_sign_epi8(wp[16 * g + k], wp[16 * g + k]);
+  }
+}
+
+// Packed token s: xp[8g + k] its packed codes, dx / sx [8g + l] block l's d and s (0 padding).
+VQ_AVX2 void legacy_pack_token(const BlockActs& a, std::int64_t s, std::int64_t nb, bool with_s,
+                               __m256i* xp, float* dx, float* sx) noexcept {
+  const std::int8_t* q = a.q + s * a.cols;
+  for (std::int64_t b = 0, g = 0; b < nb; b += 8, ++g) {
+    const int count = static_cast<int>(std::min<std::int64_t>(8, nb - b));
+    __m256i in[8];
+    for (int l = 0; l < 8; ++l) {
+      in[l] = l < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (b + l) * 32))
+                        : _mm256_setzero_si256();
+      dx[8 * g + l] = l < count ? a.d[s * nb + b + l] : 0.0f;
+      sx[8 * g + l] = with_s && l < count ? a.s[s * nb + b + l] : 0.0f;
+    }
+    transpose8(in, xp + 8 * g);
+  }
+}
+
+template <WeightType T, int R, int TT>
+VQ_AVX2 void legacy_tile(const __m256i* const* wp, const float* const* dw, const float* const* mw,
+                         const __m256i* xp, const float* dx, const float* sx, std::int64_t stride,
+                         std::int64_t ng, float* out, std::int64_t out_stride) noexcept {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (std::int64_t g = 0; g < ng; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const __m256i* w = wp[r] + 16 * g;
+      const __m256 dwv = _mm256_loadu_ps(dw[r] + 8 * g);
+      for (int t = 0; t < TT; ++t) {
+        const __m256i* x = xp + t * stride + 8 * g;
+        __m256i isum = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          const __m256i p16 = signed_codes(T)
+                                  ? _mm256_maddubs_epi16(w[8 + k], _mm256_sign_epi8(x[k], w[k]))
+                                  : _mm256_maddubs_epi16(w[k], x[k]);
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        }
+        __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum),
+                                   _mm256_mul_ps(dwv, _mm256_loadu_ps(dx + t * stride + 8 * g)));
+        if constexpr (has_min(T)) {
+          val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_loadu_ps(mw[r] + 8 * g),
+                                                 _mm256_loadu_ps(sx + t * stride + 8 * g)));
+        }
+        acc[r][t] = _mm256_add_ps(acc[r][t], val);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r][t]);
+      out[t * out_stride + r] = tree(lanes);
+    }
+  }
+}
+
+template <WeightType T, int R>
+VQ_AVX2 inline void legacy_tile_tt(int tt, const __m256i* const* wp, const float* const* dw,
+                                   const float* const* mw, const __m256i* xp, const float* dx,
+                                   const float* sx, std::int64_t stride, std::int64_t ng,
+                                   float* out, std::int64_t out_stride) noexcept {
+  switch (tt) {
+    case 4:
+      return legacy_tile<T, R, 4>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    case 3:
+      return legacy_tile<T, R, 3>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    case 2:
+      return legacy_tile<T, R, 2>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+    default:
+      return legacy_tile<T, R, 1>(wp, dw, mw, xp, dx, sx, stride, ng, out, out_stride);
+  }
+}
+
+// Rows [begin, end) x S tokens: token blocks of up to kLegacyXBytes of packed codes, row tiles
+// packed once per block (stack buffers, at most about 110 KiB at kLegacyMaxCols).
+template <WeightType T>
+VQ_AVX2 void rows_legacy_tiled(float* out, const BlockActs& a, const WeightMatrix& w,
+                               std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  const std::int64_t nb = w.cols / 32, ng = (nb + 7) / 8, stride = ng * 8;
+  const std::int64_t sb =
+      std::min(S, kLegacyXBytes / (ng * 256) / kLegacyTokens * kLegacyTokens);
+  alignas(32) __m256i xbuf[kLegacyXBytes / 32];
+  alignas(32) float dxbuf[kLegacyXBytes / 32], sxbuf[kLegacyXBytes / 32];
+  alignas(32) __m256i wbuf[kLegacyRows][kLegacyMaxCols / 256 * 16];
+  alignas(32) float dwbuf[kLegacyRows][kLegacyMaxCols / 32], mwbuf[kLegacyRows][kLegacyMaxCols / 32];
+  const __m256i* wp[kLegacyRows];
+  const float* dw[kLegacyRows];
+  const float* mw[kLegacyRows];
+  for (int r = 0; r < kLegacyRows; ++r) {
+    wp[r] = wbuf[r];
+    dw[r] = dwbuf[r];
+    mw[r] = mwbuf[r];
+  }
+  for (std::int64_t s0 = 0; s0 < S; s0 += sb) {
+    const std::int64_t s1 = std::min(S, s0 + sb);
+    for (std::int64_t s = s0; s < s1; ++s) {
+      const std::int64_t o = (s - s0) * stride;
+      legacy_pack_token(a, s, nb, has_min(T), xbuf + o, dxbuf + o, sxbuf + o);
+    }
+    for (std::int64_t i = begin; i < end; i += kLegacyRows) {
+      const int rr = static_cast<int>(std::min<std::int64_t>(kLegacyRows, end - i));
+      for (int r = 0; r < rr; ++r) legacy_pack_row<T>(w.row(i + r), nb, wbuf[r], dwbuf[r], mwbuf[r]);
+      for (std::int64_t s = s0; s < s1; s += kLegacyTokens) {
+        const int tt = static_cast<int>(std::min<std::int64_t>(kLegacyTokens, s1 - s));
+        const std::int64_t o = (s - s0) * stride;
+        float* dst = out + s * w.rows + i;
+        switch (rr) {
+          case 4:
+            legacy_tile_tt<T, 4>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          case 3:
+            legacy_tile_tt<T, 3>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          case 2:
+            legacy_tile_tt<T, 2>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+          default:
+            legacy_tile_tt<T, 1>(tt, wp, dw, mw, xbuf + o, dxbuf + o, sxbuf + o, stride, ng, dst, w.rows);
+            break;
+        }
+      }
+    }
+  }
+}
+
+// Rows [begin, end) x S tokens: the packed tiles for prefill (rows up to kLegacyMaxCols wide),
+// otherwise rows_family's two loop orders.
+template <WeightType T>
+VQ_AVX2 void rows_legacy_avx2(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                              std::int64_t begin, std::int64_t end) noexcept {
+  if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    if (w.cols <= kLegacyMaxCols) return rows_legacy_tiled<T>(out, a, w, S, begin, end);
+    for (std::int64_t s0 = 0; s0 < S; s0 += kPrefillTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kPrefillTile, S - s0));
+      for (std::int64_t i = begin; i < end; ++i) legacy_row_tokens<T>(out, a, w, i, s0, nt);
+    }
+    return;
+  }
   for (std::int64_t i = begin; i < end; ++i) {
-    const std::uint8_t* row = w.row(i);
     for (std::int64_t s0 = 0; s0 < S; s0 += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, S - s0));
-      __m256 acc[kTile];
-      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
-      for (std::int64_t b0 = 0; b0 < nb; b0 += 8) {
-        const int cnt = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
-        __m256i c[8];
-        alignas(32) float dw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        alignas(32) float mw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k = 0; k < 8; ++k) {
-          if (k < cnt) {
-            const std::uint8_t* blk = row + (b0 + k) * bytes;
-            c[k] = legacy_codes<T>(blk);
-            dw[k] = load_half(blk);
-            if constexpr (kMin) mw[k] = load_half(blk + 2);
-          } else {
-            c[k] = _mm256_setzero_si256();
-          }
-        }
-        const __m256 dwv = _mm256_load_ps(dw);
-        for (int t = 0; t < nt; ++t) {
-          const std::int64_t s = s0 + t;
-          const std::int8_t* q = a.q + s * w.cols + b0 * 32;
-          __m256i v[8];
-          for (int k = 0; k < 8; ++k) {
-            v[k] = k < cnt ? _mm256_madd_epi16(
-                                 pairs16<kSigned>(c[k], _mm256_loadu_si256(
-                                                            reinterpret_cast<const __m256i*>(q + 32 * k))),
-                                 _mm256_set1_epi16(1))
-                           : _mm256_setzero_si256();
-          }
-          const __m256i h01 =
-              _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-          const __m256i h47 =
-              _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-          const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
-                                                _mm256_permute2x128_si256(h01, h47, 0x31));
-          alignas(32) float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          alignas(32) float sx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          for (int k = 0; k < cnt; ++k) {
-            dx[k] = a.d[s * nb + b0 + k];
-            if constexpr (kMin) sx[k] = a.s[s * nb + b0 + k];
-          }
-          __m256 val = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dwv, _mm256_load_ps(dx)));
-          if constexpr (kMin) {
-            val = _mm256_add_ps(val, _mm256_mul_ps(_mm256_load_ps(mw), _mm256_load_ps(sx)));
-          }
-          acc[t] = _mm256_add_ps(acc[t], val);
-        }
-      }
-      for (int t = 0; t < nt; ++t) {
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc[t]);
-        out[(s0 + t) * w.rows + i] = tree(lanes);
-      }
+      legacy_row_tokens<T>(out, a, w, i, s0, nt);
     }
   }
 }
@@ -533,16 +752,17 @@ struct Avx2Family {
   // sumi: per 32 codes, the int16 pair sums (at most 8128) times the groups' scales (|sc| <=
   // 128) summed pairwise into int32 (at most 2 * 8128 * 128 = 2.1e6), eight of those per lane
   // (at most 1.7e7): exact. summ: |mn| <= 63 times |bsums| <= 2032, pairwise, then summed.
+  // The codes of a K type are signed (Q3_K, Q6_K: the sign trick) or in [0, 31] (Q2_K, Q4_K,
+  // Q5_K: straight into maddubs, pairs at most 2 * 31 * 127 = 7874); the pair sums are the same.
+  template <bool kSigned>
   VQ_AVX2 static void kdot(const Decoded& dk, const std::int8_t* q, const std::int16_t* bsums,
                            bool with_min, std::int32_t* sumi, std::int32_t* summ) noexcept {
-    // The codes of a K type are signed (Q3_K, Q6_K) or in [0, 31]; the sign trick is exact for
-    // both, so one path serves every K type.
     __m256i acc = _mm256_setzero_si256();
     for (int k = 0; k < 8; ++k) {
       const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.c + 32 * k));
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dk.scx[k]));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs16<true>(cv, xv), sc));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs16<kSigned>(cv, xv), sc));
     }
     *sumi = hsum_i32(acc);
     if (with_min) {
@@ -554,6 +774,38 @@ struct Avx2Family {
     }
   }
 };
+
+// K-quant prefill tiles, eight tokens in the eight lanes: per decoded block, each token's
+// exact (sumi, summ) (Avx2Family::kdot's integer sums, reduced with the Q8_0 kernels' hadd
+// tree so token u's sums land in lane u), then v = (d_w * d_x) * float(sumi) [- (dmin_w * d_x) *
+// float(summ)] and acc[b % 8] += v lane by lane: per token exactly k_value's operations and the
+// definition's lanes; tree() at the end lane by lane. Lanes of absent tokens (past nt) compute
+// zeros that are never stored.
+VQ_AVX2 inline __m256i reduce8(const __m256i* v) noexcept {
+  const __m256i h01 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h47 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h01, h47, 0x20),
+                          _mm256_permute2x128_si256(h01, h47, 0x31));
+}
+
+// Both families' kernels, differing only in how the exact integer sums are accumulated.
+namespace k_avx2 {
+#define VQ_K_TARGET VQ_AVX2
+#define VQ_K_VNNI 0
+#include "engine/compute/block_matmul_k_x86.inc"
+#undef VQ_K_TARGET
+#undef VQ_K_VNNI
+}  // namespace k_avx2
+
+namespace k_vnni {
+#define VQ_K_TARGET __attribute__((target("avx2,f16c,avxvnni")))
+#define VQ_K_VNNI 1
+#include "engine/compute/block_matmul_k_x86.inc"
+#undef VQ_K_TARGET
+#undef VQ_K_VNNI
+}  // namespace k_vnni
 #endif
 
 template <class Family>
@@ -690,8 +942,31 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
       case WeightType::kQ5_1:
         return rows_legacy_avx2<WeightType::kQ5_1>(out, a, w, S, begin, end);
       default:
-        return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
+        break;
     }
+    if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+      const bool vnni = isa == Isa::kAvx2Vnni;
+      switch (w.type) {
+        case WeightType::kQ2_K:
+          return vnni ? k_vnni::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
+        case WeightType::kQ3_K:
+          return vnni ? k_vnni::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
+        case WeightType::kQ4_K:
+          return vnni ? k_vnni::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
+        case WeightType::kQ5_K:
+          return vnni ? k_vnni::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
+        case WeightType::kQ6_K:
+          return vnni ? k_vnni::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end)
+                      : k_avx2::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
+        default:
+          break;
+      }
+    }
+    return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
   }
 #else
   (void)isa;

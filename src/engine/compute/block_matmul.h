@@ -37,8 +37,16 @@
 // no sum can overflow its lane, see block_matmul.cpp) and runs the same scalar fp32 code, so it
 // gives the scalar definition's bits (the legacy types' AVX2 kernel takes eight blocks at a time
 // into eight vector lanes, lane l = block b % 8, the same additions). Every weight block is
-// decoded once per row and group of up to four tokens and reused across them (prefill).
-// kAvx2Vnni runs the AVX2 kernels here.
+// decoded once per row and group of tokens and reused across them: up to four tokens with rows
+// outermost for S = 1 and PrefillKernels::kRows (engine/matmul.h); prefill tiles of up to 16
+// tokens outermost otherwise (their activation blocks stay in L1 while the rows pass), where
+// the AVX2 K-quant kernel also takes eight tokens into eight vector lanes (token u's integer
+// sums reduced into lane u, then k_value's fp32 operations lane by lane: the same operations
+// per token), and the AVX2 legacy kernel packs eight blocks' codes (of four rows, and of the
+// tokens' activations alike) so that lane l of a four-byte dot belongs to block l and the blocks'
+// exact sums need no reduction (as engine/matmul.h's Q8_0 tiles). kAvx2Vnni runs the AVX2
+// kernels here, except that its K-quant prefill kernel accumulates the scaled pair sums with
+// vpdpwssd (the same exact int32 sums).
 #pragma once
 
 #include <cstdint>

@@ -190,7 +190,13 @@ void rows_dequantized(float* out, const float* x, const WeightMatrix& w, std::in
 // Eight consecutive weights j .. j+7 of a row (not Q8_0) as fp32, exactly.
 template <WeightType T>
 VQ_AVX2 inline __m256 load8(const std::uint8_t* row, std::int64_t j) noexcept {
-  if constexpr (T == WeightType::kF32) {
+  if constexpr (T == WeightType::kQ8_0) {
+    // d * q as fp32 (one rounding, the element's value), as dot_rows_avx2 forms it.
+    const std::uint8_t* blk = row + (j / kQ8_0BlockSize) * 34;
+    const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + j % kQ8_0BlockSize))));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(blk))), qf);
+  } else if constexpr (T == WeightType::kF32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + j);
   } else if constexpr (T == WeightType::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * j)));
@@ -254,9 +260,99 @@ VQ_AVX2 void dot_rows_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const
   }
 }
 
+// Prefill tiles: out[t][r] for rows r < R and tokens t < TT, each the dot of row r (at
+// w0 + r * row_bytes) with token t's activations (at x0 + t * x_stride) in the definition's
+// order: lane l of (r, t)'s own accumulator adds w[j] * x[j] for j = l, l+8, ... in increasing
+// j, the tail j >= n - n % 8 is added to the lanes in scalar code, then tree(). The same
+// operations as dot_rows_avx2 on each element; only which element is computed when differs.
+// Each chunk of 8 weights is loaded and converted once for TT tokens, each chunk of x once for
+// R rows. (R, TT) = (3, 4) keeps 12 accumulators, 3 weight chunks and a product in the 16 ymm
+// registers.
+template <WeightType T, int R, int TT>
+VQ_AVX2 void tile_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const float* x0,
+                       std::int64_t x_stride, std::int64_t n, float* out,
+                       std::int64_t out_stride) noexcept {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load8<T>(w0 + r * row_bytes, j);
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x0 + t * x_stride + j);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(wv[r], xv));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r][t]);
+      const float* x = x0 + t * x_stride;
+      for (int l = 0; j + l < n; ++l) lanes[l] += element<T>(w0 + r * row_bytes, j + l) * x[j + l];
+      out[t * out_stride + r] = tree(lanes);
+    }
+  }
+}
+
+template <WeightType T, int R>
+VQ_AVX2 inline void tile_avx2_tt(int tt, const std::uint8_t* w0, std::int64_t row_bytes,
+                                 const float* x0, std::int64_t x_stride, std::int64_t n, float* out,
+                                 std::int64_t out_stride) noexcept {
+  switch (tt) {
+    case 4:
+      return tile_avx2<T, R, 4>(w0, row_bytes, x0, x_stride, n, out, out_stride);
+    case 3:
+      return tile_avx2<T, R, 3>(w0, row_bytes, x0, x_stride, n, out, out_stride);
+    case 2:
+      return tile_avx2<T, R, 2>(w0, row_bytes, x0, x_stride, n, out, out_stride);
+    default:
+      return tile_avx2<T, R, 1>(w0, row_bytes, x0, x_stride, n, out, out_stride);
+  }
+}
+
+// Tokens per block of the prefill loops: the block's activations (about 256 KiB) stay in L2
+// while every row tile of the range passes over them; at least one token tile.
+inline std::int64_t token_block(std::int64_t row_bytes_of_x, std::int64_t tile) noexcept {
+  const std::int64_t fit = (std::int64_t{256} << 10) / std::max<std::int64_t>(1, row_bytes_of_x);
+  return std::max(tile, fit / tile * tile);
+}
+
+// Rows [begin, end) x all S tokens in tiles of kR x kT (the rows' and tokens' remainders in
+// smaller tiles), token blocks outermost.
+template <WeightType T>
+VQ_AVX2 void rows_tiled_avx2(float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+                             std::int64_t begin, std::int64_t end) noexcept {
+  constexpr int kR = 3, kT = 4;
+  const std::int64_t rb = w.row_bytes();
+  const std::int64_t sb = token_block(w.cols * 4, kT);
+  for (std::int64_t s0 = 0; s0 < S; s0 += sb) {
+    const std::int64_t s1 = std::min(S, s0 + sb);
+    for (std::int64_t i = begin; i < end; i += kR) {
+      const int rr = static_cast<int>(std::min<std::int64_t>(kR, end - i));
+      for (std::int64_t s = s0; s < s1; s += kT) {
+        const int tt = static_cast<int>(std::min<std::int64_t>(kT, s1 - s));
+        const float* xs = x + s * w.cols;
+        float* o = out + s * w.rows + i;
+        if (rr == 3) {
+          tile_avx2_tt<T, 3>(tt, w.row(i), rb, xs, w.cols, w.cols, o, w.rows);
+        } else if (rr == 2) {
+          tile_avx2_tt<T, 2>(tt, w.row(i), rb, xs, w.cols, w.cols, o, w.rows);
+        } else {
+          tile_avx2_tt<T, 1>(tt, w.row(i), rb, xs, w.cols, w.cols, o, w.rows);
+        }
+      }
+    }
+  }
+}
+
 template <WeightType T>
 VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                        std::int64_t begin, std::int64_t end) noexcept {
+  if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+    return rows_tiled_avx2<T>(out, x, w, S, begin, end);
+  }
   constexpr int kR = 4;
   const std::int64_t rb = w.row_bytes();
   float r4[kR];
@@ -278,8 +374,17 @@ VQ_AVX2 void rows_avx2(float* out, const float* x, const WeightMatrix& w, std::i
 // w = -128 gives the unsigned 128). AVX2 sums pairs to int16 (at most 2 * 128 * 127: no
 // saturation), then to int32; AVX-VNNI's vpdpbusd sums groups of four straight to int32 (at most
 // 4 * 128 * 127, no saturation either). The kernels built on them: matmul_q8q8_x86.inc.
+//
+// The prefill tiles (matmul_q8q8_x86.inc) form the same exact sums from weights and
+// activations packed eight blocks at a time. AVX2 (VQ_Q8Q8_FLIP 0): |w| times x with w's sign,
+// as above. AVX-VNNI (VQ_Q8Q8_FLIP 1): the activations are read with their sign bit flipped,
+// u = x + 128 as unsigned bytes; vpdpbusd(c, u, w) adds the sums of (x + 128) * w per group of
+// four to c, and starting from c = -128 * (the block's sum of w) (|sum w| <= 4096) the block's
+// lane ends at exactly its isum (every partial sum within 2^21: no overflow): one instruction
+// per 32 bytes and token, the weights' sums formed once for the tile's tokens.
 namespace q8q8_avx2 {
 #define VQ_Q8Q8_TARGET VQ_AVX2
+#define VQ_Q8Q8_FLIP 0
 VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
@@ -287,10 +392,12 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
 }
 #include "engine/compute/matmul_q8q8_x86.inc"
 #undef VQ_Q8Q8_TARGET
+#undef VQ_Q8Q8_FLIP
 }  // namespace q8q8_avx2
 
 namespace q8q8_vnni {
 #define VQ_Q8Q8_TARGET __attribute__((target("avx2,f16c,avxvnni")))
+#define VQ_Q8Q8_FLIP 1
 VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noexcept {
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv),
@@ -298,6 +405,7 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
 }
 #include "engine/compute/matmul_q8q8_x86.inc"
 #undef VQ_Q8Q8_TARGET
+#undef VQ_Q8Q8_FLIP
 }  // namespace q8q8_vnni
 #endif
 
@@ -410,6 +518,11 @@ const char* to_string(Q8_0Activations a) noexcept {
   return a == Q8_0Activations::kQ8_0 ? "q8_0" : "f32";
 }
 void set_q8_0_activations(Q8_0Activations a) noexcept { g_q8_0_activations.store(a); }
+namespace {
+std::atomic<PrefillKernels> g_prefill_kernels{PrefillKernels::kTiles};
+}  // namespace
+void set_prefill_kernels(PrefillKernels k) noexcept { g_prefill_kernels.store(k); }
+PrefillKernels prefill_kernels() noexcept { return g_prefill_kernels.load(); }
 Q8_0Activations q8_0_activations() noexcept { return g_q8_0_activations.load(); }
 
 void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t S) {

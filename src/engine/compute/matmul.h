@@ -12,7 +12,9 @@
 // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). SIMD paths keep that order lane for lane (the build
 // uses -ffp-contract=off and no fast-math), so they equal the scalar definition bit for bit;
 // threads split the output rows, each element is computed by one thread with the same code, so
-// the result does not depend on the thread count either.
+// the result does not depend on the thread count either. For S > 1 (prefill) the AVX2 kernels
+// compute tiles of 3 rows x 4 tokens (PrefillKernels below), each (row, token) pair with its
+// own 8 lanes: the same operations per element, in the same order.
 //
 // Q8_0 weights with Q8_0 activations (the default, as llama.cpp's CPU backend computes them):
 // each activation row x[s] is first quantized to Q8_0 blocks (quantize_activations_q8_0), then
@@ -23,7 +25,10 @@
 // ((l1+l5)+(l3+l7)). The AVX2 kernel (maddubs/madd integer dots, eight blocks' sums reduced to
 // one vector) keeps that order lane for lane and equals the scalar definition bit for bit; the
 // AVX-VNNI kernel is the same code with each block's integer dot formed by vpdpbusd (the sums
-// are exact either way), so it gives the same bits.
+// are exact either way), so it gives the same bits. For S > 1 both compute tiles of 4 rows x 4
+// tokens over weights and activations packed eight blocks at a time, so that the integer dots'
+// lane l is block l's exact sum (no reduction), then the same fp32 steps lane for lane
+// (matmul.cpp, matmul_q8q8_x86.inc).
 #pragma once
 
 #include <cstdint>
@@ -69,6 +74,17 @@ enum class Q8_0Activations : std::uint8_t { kQ8_0, kF32 };
 const char* to_string(Q8_0Activations a) noexcept;
 void set_q8_0_activations(Q8_0Activations a) noexcept;
 Q8_0Activations q8_0_activations() noexcept;
+
+// The kernels of a product over S > 1 tokens (prefill): kTiles (default) computes tiles of
+// several rows x several tokens, each weight chunk or block loaded and decoded once for the
+// tile's tokens (matrix-matrix products); kRows computes each row's tokens one matrix-vector
+// product after another (the row kernels, as decode does). Both compute every element with
+// the definition's operations in its order, so they give the same bits; the switch exists for
+// benchmarks comparing them in one process. Process-wide, like set_q8_0_activations; not to be
+// changed while a matmul runs. S = 1 (decode) always runs the row kernels.
+enum class PrefillKernels : std::uint8_t { kTiles, kRows };
+void set_prefill_kernels(PrefillKernels k) noexcept;
+PrefillKernels prefill_kernels() noexcept;
 
 // out[S][w.rows] = x[S][w.cols] W^T with the best kernel family, rows split over the engine's
 // threads (engine/parallel.h). Q8_0 weights with Q8_0 activations quantize x once per call into
