@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "eval/resources.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/config.h"
+#include "veloxquant/registry.h"
 
 namespace vq {
 namespace {
@@ -327,6 +329,36 @@ TEST(PrefillAttention, NoProbabilityBufferForMethodsThatReadNone) {
   const double with = eval::engine_run_bytes(c, 64, 128, true);
   const double without = eval::engine_run_bytes(c, 64, 128, false);
   EXPECT_EQ(with - without, 4.0 * 8 * 64 * 128);
+}
+
+TEST(PrefillAttention, EveryMethodSaysWhetherItReadsTheProbabilities) {
+  // By reading each method's end_step: these score rows by the step's attention (source=auto
+  // resolves to attention when the engine passes probabilities); the others never look at them.
+  const std::set<std::string> reading = {"cam",       "chunkkv", "h2o",     "keyformer", "morphkv",
+                                         "pyramidkv", "snapkv",  "squeeze", "tova"};
+  const std::set<std::string> not_reading = {"full", "knorm", "keydiff", "kivi", "streaming_llm"};
+  const ModelShape shape{2, 2, 8, 4};
+  std::size_t seen = 0;
+  for (const std::string& id : method_ids()) {
+    ASSERT_TRUE(reading.count(id) + not_reading.count(id) == 1) << id << " is in neither list";
+    const ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse(id), shape);
+    EXPECT_EQ(cache.layer(0).reads_attention(), reading.count(id) == 1) << id;
+    ++seen;
+  }
+  EXPECT_EQ(seen, reading.size() + not_reading.size());
+  for (const char* spec :
+       {"h2o:source=proxy", "tova:source=proxy", "chunkkv:chunkkv_score=key_norm",
+        "streaming_llm:budget=64,quantize=kivi2",
+        "streaming_llm:budget=4,n_sink=1,demote=kivi4,demote_budget=2", "full:kv_dtype=f32"}) {
+    const ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+    EXPECT_FALSE(cache.layer(0).reads_attention()) << spec;
+  }
+  for (const char* spec :
+       {"h2o:budget=512,quantize=kivi2", "h2o:budget=64,demote=kivi2,demote_budget=32",
+        "snapkv:source=attention", "squeeze:source=attention"}) {
+    const ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+    EXPECT_TRUE(cache.layer(0).reads_attention()) << spec;
+  }
 }
 
 TEST(PrefillAttention, CacheTakesProbabilitiesWithoutDataOnlyWhenItReadsNone) {

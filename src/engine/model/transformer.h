@@ -12,9 +12,12 @@
 //
 // A forward step takes S tokens (a prefill chunk, or S = 1 when decoding) as one cache step:
 // matmuls run over S rows and each token attends to the kept rows and to the new rows at or
-// before its own position. Everything is preallocated in RunState; the forward allocates
-// nothing (the cache manages its own storage). Matmuls are threaded over output rows and
-// attention over KV heads (engine/parallel.h); each output element is computed by one thread
+// before its own position. Activations are preallocated in RunState; the attention's per-thread
+// tile scratch and, for a cache that reads them, the step's probabilities grow on first use
+// (the cache manages its own storage). Attention runs a tile of T query tokens of one KV head
+// at a time (docs/engine.md "Prefill attention"), bit-identical to one query at a time.
+// Matmuls are threaded over output rows and attention over (KV head, tile) units
+// (engine/parallel.h); each output element is computed by one thread
 // in a fixed order, so the same tokens and cache give bit-identical logits for every thread
 // count, and for a cache that keeps every row a chunk of S tokens gives the same logits as S
 // single steps.
