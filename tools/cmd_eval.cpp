@@ -88,8 +88,11 @@ void run_eval(EvalCliOptions& o) {
         o.eval.windows > 0 ? std::min(windows, static_cast<double>(engine::threads())) : 1.0;
     const double logits = 4.0 * windows * static_cast<double>(o.eval.tokens) *
                           static_cast<double>(c.vocab_size);
+    // The chunk's probabilities count when a method reads them (every method: some do).
+    bool probs = o.eval.methods.empty();
+    for (const std::string& m : o.eval.methods) probs = probs || eval::reads_attention(m, c);
     eval::check_memory(
-        "eval", runs_at_once * eval::engine_run_bytes(c, chunk, o.eval.tokens) + logits,
+        "eval", runs_at_once * eval::engine_run_bytes(c, chunk, o.eval.tokens, probs) + logits,
         "the engine's buffers and a " + std::to_string(o.eval.tokens) + "-position cache per " +
             "run at once, and the reference logits of every window",
         o.max_memory);

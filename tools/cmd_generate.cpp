@@ -49,7 +49,8 @@ void run_generate(const GenerateCliOptions& o) {
     const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt, true).size());
     eval::check_memory(
         "generate",
-        eval::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context),
+        eval::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context,
+                               eval::reads_attention(g.method, c)),
         "the engine's buffers and a " + std::to_string(context) + "-position cache for " +
             model.path(),
         o.max_memory);

@@ -78,7 +78,20 @@ class VQ_API LayerCache {
   // probabilities every step gets the papers' rules, and update() gets the proxy). Throws
   // Error(kShapeMismatch) for a wrongly shaped attention input, kInvalidState without an open
   // step.
+  //
+  // attention->data may be null when reads_attention() is false (an engine that skips computing
+  // probabilities nobody reads): the shape is still checked and the step counts as one that
+  // passes probabilities (source=auto), but the policy gets none. A null data with
+  // reads_attention() true throws Error(kShapeMismatch), the step left open.
   void end_step(const AttentionRef* attention = nullptr);
+
+  // Whether end_step of a step with new rows reads the probabilities it is passed: true for a
+  // method scored by attention with source=attention, or source=auto not yet resolved (passing
+  // probabilities resolves it to attention); false for methods that score without attention
+  // (full, streaming_llm, the key scorers, kivi, ...) and for the proxy source. Quantized and
+  // demoted storage (quantize=, demote=) read none. An engine may skip materialising the
+  // probabilities when it is false (AttentionRef with data null, above).
+  bool reads_attention() const noexcept;
 
   // begin_step + an owning copy of the view + end_step(). Reference-library semantics.
   KVRows update(const TensorRef& keys, const TensorRef& values);

@@ -114,6 +114,8 @@ class StepView {
 // R = view.n_rows(). Query head q belongs to KV head q / (Hq / Hkv). Entries the causal mask
 // hid must be 0. Column r is row r of the query head's KV head; a KV head with fewer rows than R
 // (head-wise budgets) has 0 in the columns from its own n_rows on.
+// data may be null where the cache does not read them (LayerCache::reads_attention() false):
+// the shape fields still describe the step; a consumer must test data before reading.
 struct AttentionRef {
   const float* data = nullptr;
   std::int64_t batch = 0, n_query_heads = 0, n_queries = 0, n_rows = 0;

@@ -285,8 +285,10 @@ void LayerCache::end_step(const AttentionRef* attention) {
   if (attention != nullptr && st.step_new > 0) {
     const AttentionRef& a = *attention;
     const std::int64_t R = st.step_prev + st.step_new;
-    if (a.data == nullptr || a.batch != st.batch || a.n_query_heads != st.shape.n_query_heads ||
-        a.n_queries != st.step_new || a.n_rows != R) {
+    // No data is fine only for a cache that reads none (cache.h, end_step).
+    if ((a.data == nullptr && reads_attention()) || a.batch != st.batch ||
+        a.n_query_heads != st.shape.n_query_heads || a.n_queries != st.step_new ||
+        a.n_rows != R) {
       throw Error(ErrorCode::kShapeMismatch,
                   "[cache] attention must be [B, Hq, S, R] = [" + std::to_string(st.batch) + ", " +
                       std::to_string(st.shape.n_query_heads) + ", " +
@@ -319,9 +321,12 @@ void LayerCache::end_step(const AttentionRef* attention) {
                 "step (it passed no probabilities), and this step passes them: pass none, or set "
                 "source=attention; the step stays open");
   }
-  st.attention = attention;
+  // Probabilities passed without data (the cache reads none): the policy gets none.
+  const AttentionRef* given =
+      attention != nullptr && attention->data != nullptr ? attention : nullptr;
+  st.attention = given;
   if (st.step_new > 0) {
-    policy_->end_step(st, attention);
+    policy_->end_step(st, given);
     // The policy's per-row arrays follow the store's rows (live is empty between steps and
     // refilled with every row at the next step).
     const std::int64_t before = st.step_prev + st.step_new;
@@ -337,6 +342,10 @@ void LayerCache::end_step(const AttentionRef* attention) {
   st.attention = nullptr;
   st.step_open = false;
   st.step_new = 0;
+}
+
+bool LayerCache::reads_attention() const noexcept {
+  return policy_->needs_attention() || policy_->source_unresolved();
 }
 
 KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {

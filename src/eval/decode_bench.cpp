@@ -63,7 +63,8 @@ CacheConfig method_config(const std::string& spec, const DecodeBenchOptions& o) 
 // Fills every layer of `cache` with n positions of synthetic K/V ([1, Hkv, C, D] fp32 chunks,
 // uniform in [-1, 1) keyed by (seed, layer, position, head, d)). Every step passes uniform
 // attention probabilities over each query's visible rows, as an engine passes its own, so
-// source=auto resolves to attention as it does in the decode steps that follow.
+// source=auto resolves to attention as it does in the decode steps that follow (a cache that
+// reads none gets their shape without data, as the engine passes it).
 void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_t n,
                     std::int64_t chunk, std::uint64_t seed) {
   const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim, Hq = c.n_heads, G = Hq / Hkv;
@@ -88,6 +89,12 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
       const StepView view = lc.begin_step(TensorRef::f32(k.data(), 1, Hkv, S, D),
                                           TensorRef::f32(v.data(), 1, Hkv, S, D));
       const std::int64_t R = view.n_rows();
+      if (!lc.reads_attention()) {
+        // A cache that reads no probabilities gets their shape alone, as the engine passes it.
+        const AttentionRef shape_only{nullptr, 1, Hq, S, R};
+        lc.end_step(&shape_only);
+        continue;
+      }
       probs.assign(sz(Hq * S * R), 0.0f);
       for (std::int64_t q = 0; q < Hq; ++q) {
         const HeadRows& hr = view.head(0, q / G);  // hr.n_rows <= R (head-wise budgets)
@@ -134,14 +141,21 @@ double decode_bench_bytes(const DecodeBenchOptions& o, const engine::ModelConfig
   const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
   const std::int64_t rows = max_ctx + o.warmup + o.steps + 1;
   const std::int64_t chunk = o.prefill_real ? std::min<std::int64_t>(64, max_ctx) : 1;
-  const double per_method = engine_run_bytes(c, chunk, rows);
+  // The chunk's probabilities only for the methods that read them (the engine and the
+  // synthetic fill materialise them for those alone).
+  double methods = 0;
+  bool any_reads = false;
+  for (const std::string& m : o.methods) {
+    const bool reads = reads_attention(m, c);
+    any_reads = any_reads || reads;
+    methods += engine_run_bytes(c, chunk, rows, reads);
+  }
   const double fill_chunk = d(std::min(o.fill_chunk, max_ctx));
   const double fill = o.prefill_real
                           ? 4.0 * d(max_ctx)
                           : 4.0 * (2.0 * d(c.n_kv_heads) * fill_chunk * d(c.head_dim) +
-                                   d(c.n_heads) * fill_chunk * d(max_ctx));
-  return model_bytes + d(static_cast<std::int64_t>(o.methods.size())) * per_method + fill +
-         d(o.bandwidth_mib) * 1024.0 * 1024.0;
+                                   (any_reads ? d(c.n_heads) * fill_chunk * d(max_ctx) : 0.0));
+  return model_bytes + methods + fill + d(o.bandwidth_mib) * 1024.0 * 1024.0;
 }
 
 }  // namespace

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <fstream>
 
+#include "engine/compute/parallel.h"
+#include "engine/model/transformer.h"
+#include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {
@@ -117,16 +121,36 @@ double model_weight_bytes(const engine::ModelConfig& c, engine::WeightType type)
   return d(c.n_params()) * per_elem + 4.0 * d(c.dim) * d(2 * c.n_layers + 1);
 }
 
-double engine_run_bytes(const engine::ModelConfig& c, std::int64_t chunk, std::int64_t context) {
+double engine_run_bytes(const engine::ModelConfig& c, std::int64_t chunk, std::int64_t context,
+                        bool attention_probs) {
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
   const double S = d(chunk), R = d(context), T = d(context);
   const double per_position =
       3 * d(c.dim) + 2 * d(c.q_dim()) + 2 * d(c.kv_dim()) + 2 * d(c.hidden_dim) + d(c.vocab_size);
+  // Per thread: a tile's scores [TG][R], queries, positions and partial sums (RunState).
+  const std::int64_t G = c.n_heads / std::max<std::int64_t>(1, c.n_kv_heads);
+  const double TG = d(engine::RunState::tile_tokens(G) * G);
+  const double tile = d(engine::threads()) *
+                      (TG * R + TG * 6 * d(c.head_dim) + 8 * d(G * c.head_dim) + d(c.head_dim));
+  const double probs = attention_probs ? d(c.n_heads) * S * R : 0.0;
   const double work =
-      4 * (S * per_position + d(c.n_heads) * S * R + R * d(c.head_dim) + 2 * d(c.vocab_size));
+      4 * (S * per_position + probs + tile + R * d(c.head_dim) + 2 * d(c.vocab_size));
   // K and V rows (fp32 worst case) plus a position per row and head.
   const double cache = d(c.n_layers) * d(c.n_kv_heads) * T * (8 * d(c.head_dim) + 8);
   return work + cache;
+}
+
+bool reads_attention(const CacheConfig& method, const engine::ModelConfig& model) {
+  const ModelCache cache = KVCacheBuilder::for_model(method, engine::model_shape(model));
+  return cache.layer(0).reads_attention();
+}
+
+bool reads_attention(const std::string& method, const engine::ModelConfig& model) {
+  try {
+    return reads_attention(CacheConfig::parse(method), model);
+  } catch (const Error&) {
+    return true;
+  }
 }
 
 }  // namespace vq::eval

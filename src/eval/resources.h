@@ -7,6 +7,7 @@
 
 #include "engine/compute/weights.h"
 #include "engine/model/model.h"
+#include "veloxquant/config.h"
 
 namespace vq::eval {
 
@@ -33,9 +34,18 @@ void check_memory(const std::string& command, double estimate_bytes, const std::
 double model_weight_bytes(const engine::ModelConfig& model, engine::WeightType type);
 
 // An upper estimate of what the reference engine allocates for one run of `model`: its working
-// buffers for `chunk` positions per forward call over a `context`-position run (attention
-// scores, RoPE tables and logits are sized by the model's seq_len, as engine/transformer.cpp
-// allocates them), plus a cache holding all `context` positions of every layer in fp32.
-double engine_run_bytes(const engine::ModelConfig& model, std::int64_t chunk, std::int64_t context);
+// buffers for `chunk` positions per forward call over a `context`-position run (RoPE tables and
+// the attention tiles' per-thread scratch, for engine::threads() threads, sized by the
+// context), plus a cache holding all `context` positions of every layer in fp32. The chunk's
+// attention probabilities [Hq][chunk][context] count only when `attention_probs`: the engine
+// materialises them only for a method that reads them (reads_attention below).
+double engine_run_bytes(const engine::ModelConfig& model, std::int64_t chunk, std::int64_t context,
+                        bool attention_probs);
+
+// Whether a cache of `method` for `model` reads the attention probabilities the engine passes
+// (LayerCache::reads_attention). A spec that does not parse counts as reading (the estimate
+// stays an upper one; the run reports the spec's error).
+bool reads_attention(const std::string& method, const engine::ModelConfig& model);
+bool reads_attention(const CacheConfig& method, const engine::ModelConfig& model);
 
 }  // namespace vq::eval

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -101,6 +102,9 @@ void TokenPolicy::remove_row(HeadState& hs, std::int64_t i) {
 const float* TokenPolicy::attention_row(const HeadCtx& h, std::int64_t j) {
   const LayerState& st = h.st;
   const AttentionRef& a = *st.attention;
+  // Read only with source=attention, whose cache never takes probabilities without data
+  // (LayerCache::end_step hands the policy none then).
+  assert(a.data != nullptr);
   const std::int64_t H = st.shape.n_kv_heads, Hq = a.n_query_heads, R = a.n_rows, S = a.n_queries;
   const std::int64_t g = Hq / H, b = h.index / H, kv = h.index % H;
   att_.resize(static_cast<std::size_t>(R));
@@ -128,6 +132,9 @@ const float* TokenPolicy::attention_row(const HeadCtx& h, std::int64_t j) {
 const float* TokenPolicy::attention_row_all_heads(const LayerState& st, std::int64_t b,
                                                   std::int64_t j) {
   const AttentionRef& a = *st.attention;
+  // Read only with source=attention, whose cache never takes probabilities without data
+  // (LayerCache::end_step hands the policy none then).
+  assert(a.data != nullptr);
   const std::int64_t Hq = a.n_query_heads, R = a.n_rows, S = a.n_queries;
   att_.assign(static_cast<std::size_t>(R), 0.0f);
   for (std::int64_t q = 0; q < Hq; ++q) {

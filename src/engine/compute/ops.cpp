@@ -308,10 +308,17 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
 namespace {
 
 #ifdef VQ_ENGINE_AVX
+// Query j of the group sees the rows with positions[r] <= qpos[j]; a block whose rows every
+// query sees takes the unmasked loop.
 template <int NQ, bool kF16>
 void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std::uint8_t* base,
                   std::int64_t row_bytes, const std::int32_t* positions, std::int64_t n_rows,
-                  std::int64_t pos, float* sums) noexcept {
+                  const std::int64_t* qpos, float* sums) noexcept {
+  std::int64_t pos = qpos[0], pos_max = qpos[0];  // the lowest and the highest query position
+  for (int j = 1; j < NQ; ++j) {
+    pos = std::min(pos, qpos[j]);
+    pos_max = std::max(pos_max, qpos[j]);
+  }
   // Rows in blocks of kBlock, each block's rows read for every 8-lane chunk while they are in
   // L1; the partial sums live in `sums` between blocks. Every partial sum still adds its rows in
   // increasing r, so blocking does not change a result.
@@ -347,9 +354,10 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
       } else {
         for (std::int64_t r = r0; r < r1; r += 4) {
           for (int k = 0; k < 4; ++k) {
-            if (r + k >= r1 || positions[r + k] > pos) continue;
+            if (r + k >= r1 || positions[r + k] > pos_max) continue;
             const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
             for (int j = 0; j < NQ; ++j) {
+              if (positions[r + k] > qpos[j]) continue;
               part[j][k] = _mm256_add_ps(part[j][k],
                                          _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
             }
@@ -366,7 +374,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
 template <bool kF16>
 void values_dispatch(std::int64_t nj, const float* probs, std::int64_t ld, std::int64_t D,
                      const std::uint8_t* base, std::int64_t row_bytes,
-                     const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                     const std::int32_t* positions, std::int64_t n_rows, const std::int64_t* pos,
                      float* sums) noexcept {
   switch (nj) {
     case 4:
@@ -383,10 +391,14 @@ void values_dispatch(std::int64_t nj, const float* probs, std::int64_t ld, std::
 
 }  // namespace
 
-void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
-                          const void* values, DType dtype, std::int64_t stride,
-                          const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
-                          float* sums) noexcept {
+namespace {
+
+// attention_values_add with query j's position at pos[j * pos_step] (pos_step 0: one position
+// for every query).
+void values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                const void* values, DType dtype, std::int64_t stride,
+                const std::int32_t* positions, std::int64_t n_rows, const std::int64_t* pos,
+                std::int64_t pos_step, float* sums) noexcept {
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(dtype));
   const auto* base = static_cast<const std::uint8_t*>(values);
 #ifdef VQ_ENGINE_AVX
@@ -394,12 +406,14 @@ void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld,
     // Queries in groups of up to four share each value row load.
     for (std::int64_t j0 = 0; j0 < n_q; j0 += 4) {
       const std::int64_t nj = std::min<std::int64_t>(4, n_q - j0);
+      std::int64_t qpos[4];
+      for (std::int64_t j = 0; j < nj; ++j) qpos[j] = pos[(j0 + j) * pos_step];
       if (dtype == DType::kF16) {
         values_dispatch<true>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
-                              pos, sums + j0 * 4 * D);
+                              qpos, sums + j0 * 4 * D);
       } else {
-        values_dispatch<false>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions, n_rows,
-                               pos, sums + j0 * 4 * D);
+        values_dispatch<false>(nj, probs + j0 * ld, ld, D, base, stride * esize, positions,
+                               n_rows, qpos, sums + j0 * 4 * D);
       }
     }
     return;
@@ -408,8 +422,9 @@ void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld,
   for (std::int64_t j = 0; j < n_q; ++j) {
     const float* p = probs + j * ld;
     float* sj = sums + j * 4 * D;
+    const std::int64_t pj = pos[j * pos_step];
     for (std::int64_t r = 0; r < n_rows; ++r) {
-      if (positions[r] > pos) continue;
+      if (positions[r] > pj) continue;
       const std::uint8_t* row = base + r * stride * esize;
       float* part = sj + (r & 3) * D;
       for (std::int64_t d = 0; d < D; ++d) {
@@ -425,6 +440,23 @@ void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld,
       }
     }
   }
+}
+
+}  // namespace
+
+void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
+                          const void* values, DType dtype, std::int64_t stride,
+                          const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
+                          float* sums) noexcept {
+  values_add(probs, n_q, ld, D, values, dtype, stride, positions, n_rows, &pos, 0, sums);
+}
+
+void attention_values_add_each(const float* probs, std::int64_t n_q, std::int64_t ld,
+                               std::int64_t D, const void* values, DType dtype,
+                               std::int64_t stride, const std::int32_t* positions,
+                               std::int64_t n_rows, const std::int64_t* pos,
+                               float* sums) noexcept {
+  values_add(probs, n_q, ld, D, values, dtype, stride, positions, n_rows, pos, 1, sums);
 }
 
 void attention_values_finish(const float* sums, std::int64_t n_q, std::int64_t D,

@@ -70,6 +70,14 @@ void attention_values_add(const float* probs, std::int64_t n_q, std::int64_t ld,
                           const void* values, DType dtype, std::int64_t stride,
                           const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
                           float* sums) noexcept;
+// attention_values_add for queries at different positions (a tile of a prompt chunk's tokens):
+// query j adds the rows with positions[r] <= pos[j]. Each query's partial sums are exactly
+// those attention_values_add gives it alone at its own position.
+void attention_values_add_each(const float* probs, std::int64_t n_q, std::int64_t ld,
+                               std::int64_t D, const void* values, DType dtype,
+                               std::int64_t stride, const std::int32_t* positions,
+                               std::int64_t n_rows, const std::int64_t* pos,
+                               float* sums) noexcept;
 void attention_values_finish(const float* sums, std::int64_t n_q, std::int64_t D,
                              float* out) noexcept;
 

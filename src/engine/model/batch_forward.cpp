@@ -138,11 +138,16 @@ void BatchForward::forward(std::span<const BatchItem> items) {
       std::memcpy(as.k.data(), k_.data() + r0 * kvd, sz(n * kvd) * sizeof(float));
       std::memcpy(as.v.data(), v_.data() + r0 * kvd, sz(n * kvd) * sizeof(float));
       const AttentionRef a = attn_.attention(l, n, pos0[i], items[i].cache->layer(l));
-      const std::size_t count = sz(a.n_query_heads * a.n_queries * a.n_rows);
-      std::vector<float>& p = probs_[i];
-      if (p.size() < count) p.resize(count);
-      std::copy(a.data, a.data + count, p.begin());
-      refs_[i] = AttentionRef{p.data(), a.batch, a.n_query_heads, a.n_queries, a.n_rows};
+      // A cache that reads the probabilities gets its own copy (the next sequence's attention
+      // reuses the transformer's buffer); one that reads none gets their shape alone.
+      refs_[i] = a;
+      if (a.data != nullptr) {
+        const std::size_t count = sz(a.n_query_heads * a.n_queries * a.n_rows);
+        std::vector<float>& p = probs_[i];
+        if (p.size() < count) p.resize(count);
+        std::copy(a.data, a.data + count, p.begin());
+        refs_[i].data = p.data();
+      }
       std::memcpy(att_out_.data() + r0 * qd, as.att_out.data(), sz(n * qd) * sizeof(float));
     }
     matmul(xb2, att_out_.data(), lw.wo, T);

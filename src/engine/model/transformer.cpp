@@ -47,10 +47,6 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   k.resize(sz(S * c.kv_dim()));
   v.resize(sz(S * c.kv_dim()));
   att_out.resize(sz(S * c.q_dim()));
-  att.resize(sz(c.n_heads * S * R));
-  row.resize(sz(c.n_kv_heads * D));
-  sums.resize(sz(c.n_heads * S * 4 * D));
-  packed_sums.resize(sz(c.n_heads * 8 * D));
   hb.resize(sz(S * c.hidden_dim));
   hb2.resize(sz(S * c.hidden_dim));
   logits.resize(sz(S * c.vocab_size));
@@ -140,7 +136,6 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
                                     LayerCache& cache) {
   const ModelConfig& c = model_->config();
   const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
-  const std::int64_t qd = c.q_dim();
 
   // The step's new rows as [B=1, Hkv, S, D] views of k, v ([S][Hkv][D] in memory).
   TensorRef kref = TensorRef::f32(s_.k.data(), 1, Hkv, S, D);
@@ -166,57 +161,121 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
                     std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
   }
 
-  float* att = s_.att.data();                            // [Hq][S][R]
+  // The probabilities [Hq][S][R] exist only for a cache that reads them; otherwise the cache
+  // gets their shape with no data (LayerCache::end_step's contract).
+  const bool keep_probs = cache.reads_attention();
+  float* att = nullptr;
+  if (keep_probs) {
+    if (s_.att.size() < sz(Hq * S * R)) s_.att.resize(sz(Hq * S * R));
+    att = s_.att.data();
+  }
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
-  // One KV head per thread at a time: a head's G query heads, all S tokens, its own scratch
-  // row; the heads write disjoint parts of att and att_out.
-  const int nt = S * R * D * G >= 4096 ? threads() : 1;
-  parallel_for(Hkv, nt, [&](std::int64_t g0, std::int64_t g1) {
-    for (std::int64_t g = g0; g < g1; ++g) {
-      const HeadRows hr = view.head(0, g);
-      float* scratch = s_.row.data() + g * D;
-      float* sums = s_.sums.data() + g * S * G * 4 * D;  // [S][G][4][D]
-      // The head's own rows: with head-wise budgets a head may hold fewer than R, and the
-      // columns past its rows stay 0 (AttentionRef's contract).
-      const std::int64_t n = hr.n_rows;
-      // The group's G query heads (adjacent in q) for token t, at position pos0 + t: scores over
-      // every row (masked by position), softmax, weighted sum of the values.
-      auto q_of = [&](std::int64_t t) { return s_.q.data() + t * qd + g * G * D; };
-      auto scores_of = [&](std::int64_t t) {
-        return att + (g * G * S + t) * R;
-      };  // head j: + j*S*R
-      auto out_of = [&](std::int64_t t) { return s_.att_out.data() + t * qd + g * G * D; };
-      auto normalize = [&](std::int64_t t) {
-        for (std::int64_t j = 0; j < G; ++j) {
-          float* p = scores_of(t) + j * S * R;
-          ops::softmax(p, n, scale);
-          std::fill(p + n, p + R, 0.0f);
-        }
-      };
-      if (hr.packed == nullptr) {
-        for (std::int64_t t = 0; t < S; ++t) {
-          ops::attention_scores(q_of(t), G, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n,
-                                pos0 + t, scores_of(t), S * R, scratch);
-          normalize(t);
-          ops::attention_values(scores_of(t), G, S * R, D, hr.values, hr.dtype, hr.row_stride,
-                                hr.positions, n, pos0 + t, out_of(t), sums);
-        }
-        continue;
-      }
-      // A packed (quantized) head: scores and value sums read straight from its codes, the
-      // scales and zeros folded into the query and the probabilities (no row dequantized).
-      float* psums = s_.packed_sums.data() + g * G * 8 * D;
-      for (std::int64_t t = 0; t < S; ++t) {
-        hr.packed->attend_scores(q_of(t), G, pos0 + t, scores_of(t), S * R);
-        normalize(t);
-        hr.packed->attend_values(scores_of(t), G, S * R, pos0 + t, out_of(t), psums);
+
+  // Tiled: a unit is T query tokens of one KV head's G query heads (TG queries), whose scores
+  // over the head's rows are computed together, so each key and value row is read once per
+  // tile instead of once per query. Every element is still computed as the per-query
+  // definition computes it (ops::attention_scores, ops::softmax, ops::attention_values: the
+  // same dot order, the same two-pass softmax over the whole row, the same partial sums); only
+  // the order in which rows are visited across queries changes, so the result is bit-identical
+  // to one query at a time and memory is O(TG * R) per thread.
+  const std::int64_t T = std::min(S, RunState::tile_tokens(G)), TG = T * G;
+  const std::int64_t n_tiles = (S + T - 1) / T, n_units = Hkv * n_tiles;
+  const int nt =
+      static_cast<int>(std::min<std::int64_t>(S * R * D * G >= 4096 ? threads() : 1, n_units));
+  if (s_.att_scratch.size() < sz(nt)) s_.att_scratch.resize(sz(nt));
+  for (int i = 0; i < nt; ++i) {
+    RunState::AttentionScratch& w = s_.att_scratch[sz(i)];
+    if (w.scores.size() < sz(TG * R)) w.scores.resize(sz(TG * R));
+    if (w.q.size() < sz(TG * D)) {
+      w.q.resize(sz(TG * D));
+      w.pos.resize(sz(TG));
+      w.sums.resize(sz(TG * 4 * D));
+    }
+    if (w.packed_sums.size() < sz(G * 8 * D)) w.packed_sums.resize(sz(G * 8 * D));
+    if (w.row.size() < sz(D)) w.row.resize(sz(D));
+  }
+  // Thread i takes units [n_units * i / nt, n_units * (i + 1) / nt) with scratch i; a unit
+  // writes its own tokens' outputs and probability rows, whichever thread runs it.
+  parallel_for(nt, nt, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      RunState::AttentionScratch& w = s_.att_scratch[sz(i)];
+      for (std::int64_t u = n_units * i / nt; u < n_units * (i + 1) / nt; ++u) {
+        attend_tile(view.head(0, u / n_tiles), u / n_tiles, (u % n_tiles) * T, T, S, R, pos0, scale,
+                    att, w);
       }
     }
   });
   laps.mark(times_.attention);
-  // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the caller
-  // closes the step with them once the layer's similarity signal is known.
+  // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0), or their
+  // shape alone; the caller closes the step with them once the layer's similarity signal is
+  // known.
   return AttentionRef{att, 1, Hq, S, R};
+}
+
+void Transformer::attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t0, std::int64_t T,
+                              std::int64_t S, std::int64_t R, std::int64_t pos0, float scale,
+                              float* att, RunState::AttentionScratch& w) {
+  const ModelConfig& c = model_->config();
+  const std::int64_t D = c.head_dim, G = c.n_heads / c.n_kv_heads, qd = c.q_dim();
+  const std::int64_t nt = std::min(T, S - t0), nq = nt * G;  // this tile's tokens, queries
+  // The head's own rows: with head-wise budgets a head may hold fewer than R, and the columns
+  // past its rows stay 0 (AttentionRef's contract).
+  const std::int64_t n = hr.n_rows;
+  // Query j = tl * G + h: token t0 + tl (position pos0 + t0 + tl), query head g * G + h.
+  for (std::int64_t tl = 0; tl < nt; ++tl) {
+    std::copy_n(s_.q.data() + (t0 + tl) * qd + g * G * D, G * D, w.q.data() + tl * G * D);
+    for (std::int64_t h = 0; h < G; ++h) w.pos[sz(tl * G + h)] = pos0 + t0 + tl;
+  }
+  const std::int64_t last = pos0 + t0 + nt - 1;  // the tile's last position
+  float* scores = w.scores.data();               // [nq][R]
+  // Scores of every query over the rows the tile's last token sees (a score does not depend on
+  // the position it is masked at), then each query's own mask: the rows past its position are
+  // -inf, as ops::attention_scores writes them for that query alone.
+  if (hr.packed == nullptr) {
+    ops::attention_scores(w.q.data(), nq, D, hr.keys, hr.dtype, hr.row_stride, hr.positions, n,
+                          last, scores, R, w.row.data());
+  } else {
+    hr.packed->attend_scores(w.q.data(), nq, last, scores, R);
+  }
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float* p = scores + j * R;
+    const std::int64_t pj = w.pos[sz(j)];
+    if (pj < last) {
+      for (std::int64_t r = 0; r < n; ++r) {
+        if (hr.positions[r] > pj) p[r] = neg_inf;
+      }
+    }
+    ops::softmax(p, n, scale);
+  }
+  if (att != nullptr) {
+    // The probability rows the cache reads: head g * G + h, token t at ((g*G + h) * S + t) * R.
+    for (std::int64_t tl = 0; tl < nt; ++tl) {
+      for (std::int64_t h = 0; h < G; ++h) {
+        float* dst = att + ((g * G + h) * S + t0 + tl) * R;
+        std::copy_n(scores + (tl * G + h) * R, n, dst);
+        std::fill(dst + n, dst + R, 0.0f);
+      }
+    }
+  }
+  float* out = s_.att_out.data() + g * G * D;  // token t's G heads at out + t * qd
+  if (hr.packed == nullptr) {
+    // The weighted values of every query at once, each row read once per tile; each query
+    // adds exactly the rows it sees, in attention_values' order.
+    std::fill(w.sums.begin(), w.sums.begin() + nq * 4 * D, 0.0f);
+    ops::attention_values_add_each(scores, nq, R, D, hr.values, hr.dtype, hr.row_stride,
+                                   hr.positions, n, w.pos.data(), w.sums.data());
+    for (std::int64_t tl = 0; tl < nt; ++tl) {
+      ops::attention_values_finish(w.sums.data() + tl * G * 4 * D, G, D, out + (t0 + tl) * qd);
+    }
+    return;
+  }
+  // A packed (quantized) head: value sums read straight from its codes, the scales and zeros
+  // folded into the probabilities (no row dequantized), one token's G queries at a time.
+  for (std::int64_t tl = 0; tl < nt; ++tl) {
+    hr.packed->attend_values(scores + tl * G * R, G, R, pos0 + t0 + tl, out + (t0 + tl) * qd,
+                             w.packed_sums.data());
+  }
 }
 
 const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,

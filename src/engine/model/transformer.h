@@ -12,9 +12,12 @@
 //
 // A forward step takes S tokens (a prefill chunk, or S = 1 when decoding) as one cache step:
 // matmuls run over S rows and each token attends to the kept rows and to the new rows at or
-// before its own position. Everything is preallocated in RunState; the forward allocates
-// nothing (the cache manages its own storage). Matmuls are threaded over output rows and
-// attention over KV heads (engine/parallel.h); each output element is computed by one thread
+// before its own position. Activations are preallocated in RunState; the attention's per-thread
+// tile scratch and, for a cache that reads them, the step's probabilities grow on first use
+// (the cache manages its own storage). Attention runs a tile of T query tokens of one KV head
+// at a time (docs/engine.md "Prefill attention"), bit-identical to one query at a time.
+// Matmuls are threaded over output rows and attention over (KV head, tile) units
+// (engine/parallel.h); each output element is computed by one thread
 // in a fixed order, so the same tokens and cache give bit-identical logits for every thread
 // count, and for a cache that keeps every row a chunk of S tokens gives the same logits as S
 // single steps.
@@ -44,11 +47,22 @@ struct RunState {
   std::vector<float> k;             // [S][Hkv * D]     the step's keys, RoPE applied (to the cache)
   std::vector<float> v;             // [S][Hkv * D]     the step's values (to the cache)
   std::vector<float> att_out;       // [S][Hq * D]      attention-weighted values per query head
-  std::vector<float> att;           // [Hq][S][R]       attention probabilities of the current step
-  std::vector<float> row;           // [Hkv][D]         per KV head: a cached row as fp32
-  std::vector<float> sums;          // [Hkv][S][G][4][D] attention_values' partial sums
-  std::vector<float> packed_sums;   // [Hkv][G][8][D]   a packed head's fused value sums
-                                    //                  (PackedRows::attend_values' scratch)
+  // [Hq][S][R] attention probabilities of the current step, for a cache that reads them
+  // (LayerCache::reads_attention()): empty until such a step, then grown to that step's
+  // Hq * S * R (never shrunk). Methods that read no probabilities never allocate it.
+  std::vector<float> att;
+  // Per thread of the attention loop: the scratch of one tile (T query tokens of one KV head's
+  // G query heads; TG = T * G), grown to the view's rows R on use. O(TG * R) per thread, never
+  // S-bounded.
+  struct AttentionScratch {
+    std::vector<float> q;            // [TG][D]       the tile's queries, token-major
+    std::vector<std::int64_t> pos;   // [TG]          each query's position
+    std::vector<float> scores;       // [TG][R]       scores, then probabilities
+    std::vector<float> sums;         // [TG][4][D]    attention_values' partial sums
+    std::vector<float> packed_sums;  // [G][8][D]     PackedRows::attend_values' scratch
+    std::vector<float> row;          // [D]           a cached row as fp32
+  };
+  std::vector<AttentionScratch> att_scratch;  // one per thread (grown on use)
   std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
   std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
   std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)
@@ -56,6 +70,11 @@ struct RunState {
                                     // attention residual add), mean over the step's tokens
   std::vector<float> rope_cos;      // [R][D / 2] cos(pos * theta^(-2i/D))
   std::vector<float> rope_sin;      // [R][D / 2] sin(pos * theta^(-2i/D))
+
+  // Query tokens per attention tile for G query heads per KV head: T * G about 32 queries.
+  static std::int64_t tile_tokens(std::int64_t G) noexcept {
+    return G >= 8 ? 4 : G >= 2 ? 32 / G : 16;  // 16, 16, 10, 8, 6, 5, 4, ... for G = 1, 2, ...
+  }
 
   // max_rows = 0: the model's seq_len. Throws Error(kInvalidArgument) for max_chunk outside
   // [1, max_rows] or max_rows outside [1, seq_len].
@@ -102,7 +121,13 @@ class Transformer {
   friend class BatchForward;  // engine/model/batch_forward.h: one sequence's attention at a time
   // Runs the layer's attention over the cache's view (the cache step stays open) and returns
   // the probabilities [B=1, Hq, S, R], valid until the next call; forward() closes the step.
+  // The probabilities are materialised only when the cache reads them (data null otherwise).
   AttentionRef attention(std::int64_t layer, std::int64_t S, std::int64_t pos0, LayerCache& cache);
+  // One tile: tokens [t0, min(t0 + T, S)) of KV head g (rows hr), outputs into att_out and,
+  // when att is not null, the probability rows into att ([Hq][S][R]).
+  void attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t0, std::int64_t T,
+                   std::int64_t S, std::int64_t R, std::int64_t pos0, float scale, float* att,
+                   RunState::AttentionScratch& w);
 
   const Model* model_;
   RunState s_;
