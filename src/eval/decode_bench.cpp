@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
@@ -61,15 +62,19 @@ CacheConfig method_config(const std::string& spec, const DecodeBenchOptions& o) 
 }
 
 // Fills every layer of `cache` with n positions of synthetic K/V ([1, Hkv, C, D] fp32 chunks,
-// uniform in [-1, 1) keyed by (seed, layer, position, head, d)). Every step passes uniform
-// attention probabilities over each query's visible rows, as an engine passes its own, so
-// source=auto resolves to attention as it does in the decode steps that follow.
+// uniform in [-1, 1) keyed by (seed, layer, position, head, d)). Every step of an
+// attention-scored method passes uniform attention probabilities over each query's visible
+// rows, as an engine passes its own, so source=auto resolves to attention as it does in the
+// decode steps that follow; a method that uses no attention (score source "none") gets none.
 void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_t n,
                     std::int64_t chunk, std::uint64_t seed) {
   const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim, Hq = c.n_heads, G = Hq / Hkv;
   std::vector<float> k(sz(Hkv * chunk * D)), v(k.size()), probs;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     LayerCache& lc = cache.layer(l);
+    // A method that scores without attention (score source "none") never reads the
+    // probabilities, and building them is O(Hq x n^2) per layer (minutes at 32k): skip them.
+    const bool uses_no_attention = std::string_view(lc.score_source()) == "none";
     for (std::int64_t p0 = 0; p0 < n; p0 += chunk) {
       const std::int64_t S = std::min(chunk, n - p0);
       for (std::int64_t h = 0; h < Hkv; ++h) {
@@ -87,6 +92,10 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
       }
       const StepView view = lc.begin_step(TensorRef::f32(k.data(), 1, Hkv, S, D),
                                           TensorRef::f32(v.data(), 1, Hkv, S, D));
+      if (uses_no_attention) {  // full, kivi, streaming_llm, ...: the probabilities are unread
+        lc.end_step();
+        continue;
+      }
       const std::int64_t R = view.n_rows();
       probs.assign(sz(Hq * S * R), 0.0f);
       for (std::int64_t q = 0; q < Hq; ++q) {
