@@ -1,11 +1,12 @@
 // Per-row cost of attention on a quantized row against an fp16 row (issue 21's kernel targets:
-// 2-bit <= 0.4x, 4-bit <= 0.6x, 8-bit <= 0.8x of fp16). One decode query per KV head (n_q = 1,
-// head_dim 64, as llama-110m) over `rows` rows of each of `heads` heads: scores then value sums,
-// the way the engine's attention calls them. fp16: the engine's plain path (ops::attention_*);
-// the others: PackedRows::attend_scores / attend_values of the stores (kivi2 / kivi4: KIVI's
-// store, group 32, residual 32; q8_0 / q4_0: ggml's blocks). The kinds run alternately inside
-// every iteration (so a shared machine's load falls on all of them alike); the counters are ns
-// per row (keys and values) and the ratio to fp16 measured in the same iterations.
+// 2-bit <= 0.4x, 4-bit <= 0.6x, 8-bit <= 0.8x of fp16). n_q decode queries per KV head (n_q = 1,
+// head_dim 64, as llama-110m; n_q = 4: a GQA group of 4 query heads, as llama-3.2-1b) over
+// `rows` rows of each of `heads` heads: scores then value sums, the way the engine's attention
+// calls them (every query of the group in one call). fp16: the engine's plain path
+// (ops::attention_*); the others: PackedRows::attend_scores / attend_values of the stores (kivi2 /
+// kivi4: KIVI's store, group 32, residual 32; q8_0 / q4_0: ggml's blocks). The kinds run
+// alternately inside every iteration (so a shared machine's load falls on all of them alike); the
+// counters are ns per row (keys and values) and the ratio to fp16 measured in the same iterations.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -29,7 +30,7 @@ struct Kind {
 };
 
 void BM_AttentionPerRow(benchmark::State& state) {
-  const std::int64_t rows = state.range(0), H = state.range(1), D = 64;
+  const std::int64_t rows = state.range(0), H = state.range(1), nq = state.range(2), D = 64;
   std::vector<Kind> kinds;
   for (const char* name : {"fp16", "kivi2", "kivi4", "q8_0", "q4_0"}) {
     Kind k;
@@ -61,8 +62,9 @@ void BM_AttentionPerRow(benchmark::State& state) {
       s.settle_keep_all();
     }
   }
-  std::vector<float> q(static_cast<std::size_t>(D)), scores(static_cast<std::size_t>(rows)),
-      out(static_cast<std::size_t>(D)), sums(static_cast<std::size_t>(8 * D)), row(q.size());
+  std::vector<float> q(static_cast<std::size_t>(nq * D)),
+      scores(static_cast<std::size_t>(nq * rows)), out(static_cast<std::size_t>(nq * D)),
+      sums(static_cast<std::size_t>(nq * 8 * D)), row(static_cast<std::size_t>(D));
   for (float& x : q) x = normal(rng) * 0.125f;
   const auto pos = static_cast<std::int64_t>(rows);
   for (auto _ : state) {
@@ -71,16 +73,17 @@ void BM_AttentionPerRow(benchmark::State& state) {
       for (const auto& s : k.heads) {
         const vq::detail::RowsRef r = s->rows();
         if (r.packed == nullptr) {
-          vq::engine::ops::attention_scores(q.data(), 1, D, r.keys, r.dtype, r.stride,
-                                            r.positions, r.n_rows, pos, scores.data(), rows,
-                                            row.data());
-          vq::engine::ops::softmax(scores.data(), r.n_rows, 8.0f);
-          vq::engine::ops::attention_values(scores.data(), 1, rows, D, r.values, r.dtype, r.stride,
+          vq::engine::ops::attention_scores(q.data(), nq, D, r.keys, r.dtype, r.stride, r.positions,
+                                            r.n_rows, pos, scores.data(), rows, row.data());
+          for (std::int64_t j = 0; j < nq; ++j)
+            vq::engine::ops::softmax(scores.data() + j * rows, r.n_rows, 8.0f);
+          vq::engine::ops::attention_values(scores.data(), nq, rows, D, r.values, r.dtype, r.stride,
                                             r.positions, r.n_rows, pos, out.data(), sums.data());
         } else {
-          r.packed->attend_scores(q.data(), 1, pos, scores.data(), rows);
-          vq::engine::ops::softmax(scores.data(), r.n_rows, 8.0f);
-          r.packed->attend_values(scores.data(), 1, rows, pos, out.data(), sums.data());
+          r.packed->attend_scores(q.data(), nq, pos, scores.data(), rows);
+          for (std::int64_t j = 0; j < nq; ++j)
+            vq::engine::ops::softmax(scores.data() + j * rows, r.n_rows, 8.0f);
+          r.packed->attend_values(scores.data(), nq, rows, pos, out.data(), sums.data());
         }
         benchmark::DoNotOptimize(out.data());
       }
@@ -97,7 +100,13 @@ void BM_AttentionPerRow(benchmark::State& state) {
 }
 
 // 8192 rows x 48 heads: 48 MiB of fp16 K/V (beyond the caches, as a long decode reads), and a
-// cache-resident case (2048 rows x 4 heads, 2 MiB).
-BENCHMARK(BM_AttentionPerRow)->Args({8192, 48})->Args({2048, 4})->Unit(benchmark::kMillisecond);
+// cache-resident case (2048 rows x 4 heads, 2 MiB); one query per head, and a GQA group of four
+// (8192 x 48 again: the rows cost the same to read, the arithmetic is four times).
+BENCHMARK(BM_AttentionPerRow)
+    ->ArgNames({"rows", "heads", "nq"})
+    ->Args({8192, 48, 1})
+    ->Args({2048, 4, 1})
+    ->Args({8192, 48, 4})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_util.h"
@@ -250,10 +251,12 @@ TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
   std::mt19937 rng(99);
   for (Fmt fmt : {Fmt::kU2, Fmt::kU4}) {
     for (std::int64_t D : {3, 8, 64, 72, 128, 256}) {
-      for (std::int64_t n : {1, 5, 8, 32, 45}) {
-        const std::int64_t n_q = 1 + static_cast<std::int64_t>(rng() % 4), pos = 50;
+      // One query (codes unpacked in registers) and GQA groups (unpacked once per row block).
+      for (const auto& [n, n_q] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+               {1, 1}, {5, 2}, {8, 1}, {8, 4}, {32, 1}, {32, 2}, {32, 4}, {45, 1}, {45, 3}}) {
+        const std::int64_t pos = 50;
         const std::string what = std::string(name(fmt)) + " D " + std::to_string(D) + " n " +
-                                 std::to_string(n);
+                                 std::to_string(n) + " n_q " + std::to_string(n_q);
         Rows rows = make_rows(rng, fmt, n, D, D, pos);
         std::vector<std::uint16_t> scale, zero;
         std::uniform_real_distribution<float> sc(0.01f, 2.0f), zr(-3.0f, 3.0f);

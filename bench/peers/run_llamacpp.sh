@@ -4,6 +4,7 @@
 #   bench/peers/run_llamacpp.sh [--shape NAME] [--weights f16[,q8_0]] [--contexts 1024,4096]
 #                               [--threads 1,2] [--reps 3] [--steps 16] [--budget 512]
 #                               [--out results/decode/peers.json] [--samples FILE]
+#                               [--methods full,kivi,full:kv_dtype=q8_0]
 #
 # 1. Installs llama.cpp from npm (bench/peers/llamacpp/setup.sh; without npm or the registry it
 #    says so and exits 0) and builds VeloxQuant (scripts/build.sh).
@@ -22,6 +23,7 @@
 #    step. What is timed is one decode step (one token through the model, attention over the
 #    cache, the method's cache work, argmax); loading and prefill are not. A row's figure is the
 #    median over the REPS rounds.
+#    --methods (comma-separated specs) replaces VeloxQuant's method list.
 # 4. Writes OUT (docs/results.md, kind `peers`; bench/peers/peers_json.py) and prints a table.
 #    --samples FILE keeps the raw per-round samples (tab-separated, see peers_json.py), so runs
 #    of separate contexts or thread counts can be combined with peers_json.py.
@@ -51,12 +53,14 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --samples) keep_samples=$2; shift 2 ;;
+    --methods) IFS=, read -r -a methods <<<"$2"; shift 2 ;;
     *) echo "run_llamacpp: unknown argument '$1' (see the header of $0)" >&2; exit 1 ;;
   esac
 done
 for v in "$reps" "$steps" "$budget"; do
   case $v in '' | *[!0-9]*) echo "run_llamacpp: --reps, --steps and --budget must be positive integers, got '$v'" >&2; exit 1 ;; esac
 done
+[ ${#methods[@]} -gt 0 ] || { echo "run_llamacpp: --methods needs at least one method spec" >&2; exit 1; }
 for w in ${weights//,/ }; do
   case $w in f16 | bf16 | q8_0 | f32) ;; *) echo "run_llamacpp: --weights must list f32, f16, bf16 or q8_0, got '$w'" >&2; exit 1 ;; esac
 done
@@ -73,7 +77,7 @@ case $? in
 esac
 export LLAMACPP_LIB_DIR
 LLAMACPP_LIB_DIR=$(cd build/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64 && pwd)
-scripts/build.sh >/dev/null || { echo "run_llamacpp: building veloxquant failed" >&2; exit 1; }
+scripts/build.sh --target veloxquant_cli --target vq_crosscheck >/dev/null || { echo "run_llamacpp: building veloxquant failed" >&2; exit 1; }
 vq=build/veloxquant
 vqx=build/bench/peers/llamacpp/vq_crosscheck
 
@@ -136,7 +140,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 [ -n "$keep_samples" ] && cp "$samples" "$keep_samples"
 
 python3 bench/peers/peers_json.py --samples "$samples" --out "$out" --vq-json "$tmp/vq.json" \
-  --command "bench/peers/run_llamacpp.sh --shape $shape --weights $weights --contexts $contexts --threads $threads --reps $reps --steps $steps --budget $budget --out $out" \
+  --command "bench/peers/run_llamacpp.sh --shape $shape --weights $weights --contexts $contexts --threads $threads --reps $reps --steps $steps --budget $budget --methods $(IFS=,; echo "${methods[*]}") --out $out" \
   --shape "$shape" --weights "$weights" --contexts "$contexts" --threads "$threads" \
   --rounds "$reps" --steps "$steps" --warmup 2 --budget "$budget" --methods "${methods[*]}" \
   --llama-cpp "$lc_version (npm @node-llama-cpp/linux-x64@3.22.1)" \

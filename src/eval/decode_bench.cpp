@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
