@@ -82,7 +82,7 @@ check_bad() {  # check_bad NAME PATTERN -- ARGS...
 }
 check_bad "no method" "--method is required" -- --json "$bad_json"
 check_bad "no json" "--json is required" -- --method cam
-check_bad "empty seq" "--seq expects comma-separated integers >= 1 .*got an empty value" -- --method cam --seq "" --json "$bad_json"
+check_bad "empty seq" "--seq expects comma-separated integers in \\[1, [0-9]+\\] .*got an empty value" -- --method cam --seq "" --json "$bad_json"
 check_bad "empty item" "--seq expects .*got ''" -- --method cam --seq 64,,128 --json "$bad_json"
 check_bad "zero budget" "--budget expects .*got 0" -- --method cam --budget 0 --json "$bad_json"
 check_bad "short seq" "--seq must be in \[8, [0-9]+\], got 4" -- --method cam --seq 4 --json "$bad_json"
@@ -114,9 +114,9 @@ check "bench decode both models" 2 "exactly one of --shape NAME and --model PATH
   "$bin" bench decode --shape llama-110m --model x --context 8 --method full --json "$tmp/nd/x.json"
 check "bench decode unknown shape" 2 "unknown model shape 'gpt-9'; known: llama-110m" -- \
   "$bin" bench decode --shape gpt-9 --context 8 --method full --json "$tmp/nd/x.json"
-check "bench decode bad context" 2 "--context expects comma-separated integers in \\[1, " -- \
+check "bench decode bad context" 2 "--context expects comma-separated integers \\(e.g. 64,128\\); each must be an integer in \\[1, 16777216\\], got 0" -- \
   "$bin" bench decode --shape llama-110m --context 0 --method full --json "$tmp/nd/x.json"
-check "bench decode too long" 2 "exceeds the model's seq_len 131072" -- \
+check "bench decode too long" 2 "--context 131072 \\+ --warmup [0-9]+ \\+ --steps [0-9]+ \\+ 1 = [0-9]+ positions exceed the model's context \\(seq_len 131072\\)" -- \
   "$bin" bench decode --shape llama-110m --layers 1 --context 131072 --method full --bandwidth-mib 16 --json "$tmp/nd/x.json"
 check "bench decode bad weights" 2 "--weights must be one of f32, f16, bf16, q8_0, got 'int4'" -- \
   "$bin" bench decode --shape llama-110m --weights int4 --context 8 --method full

@@ -317,6 +317,18 @@ TEST(Stories260K, RejectsBadForwardCalls) {
         engine::run_forced(stories(), {1, 2, 3, 4}, CacheConfig("full"), o);
       },
       ErrorCode::kInvalidArgument, {"prefill must be in [0, 3]"});
+  // The run's context: the engine's own check is a last guard that says so (the front ends
+  // name their flags); generate's steps are checked against seq_len (512 in the header).
+  test::expect_error([&] { engine::Transformer t(stories(), 1, 513); }, ErrorCode::kInvalidArgument,
+                     {"internal: a run's context (max_rows) must be an integer in [1, 512], got 513",
+                      "the caller should have refused"});
+  test::expect_error([&] { engine::Transformer t(stories(), 1, INT64_MIN); },
+                     ErrorCode::kInvalidArgument, {"got -9223372036854775808"});
+  engine::GenerateOptions g;
+  g.steps = 513;
+  test::expect_error([&] { engine::generate(stories(), stories_tok(), g); },
+                     ErrorCode::kInvalidArgument,
+                     {"[generate] steps must be an integer in [0, 512], got 513"});
 }
 
 // --- TinyStories-656K (Hugging Face safetensors + tokenizer.json), from ../shared ----------

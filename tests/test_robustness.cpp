@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 
 #include "base/checked_math.h"
+#include "base/validate.h"
 #include "engine/formats/gguf.h"
 #include "engine/formats/gguf_writer.h"
 #include "engine/formats/json_limits.h"
@@ -280,6 +282,79 @@ TEST(NonFinite, FoundAndNamed) {
   // Huge finite values are finite (a sum of them would overflow; the test must not).
   std::vector<float> big(100, 3e38f);
   EXPECT_TRUE(engine::all_finite(big.data(), 100));
+}
+
+// ---- The shared validators (base/validate.h) ------------------------------------------------
+// Expected texts written by hand from the documented wording; bounds and values chosen at the
+// edges of int64 / uint64 (2^63 - 1 = 9223372036854775807, 2^64 - 1 = 18446744073709551615).
+
+TEST(Validate, IntegersParseExactlyAndNameTheRange) {
+  std::int64_t v = 0;
+  EXPECT_EQ(validate::parse_int("16", 1, 16, v), "");
+  EXPECT_EQ(v, 16);
+  EXPECT_EQ(validate::parse_int("-9223372036854775808", INT64_MIN, 0, v), "");
+  EXPECT_EQ(v, INT64_MIN);
+  EXPECT_EQ(validate::parse_int("17", 1, 16, v), "must be an integer in [1, 16], got 17");
+  EXPECT_EQ(validate::parse_int("9223372036854775808", 1, 16, v),
+            "must be an integer in [1, 16], got 9223372036854775808 (out of range)");
+  for (const char* bad : {"", "+3", " 3", "3 ", "0x10", "1e3", "3.0", "--1"}) {
+    EXPECT_EQ(validate::parse_int(bad, 1, 16, v),
+              "must be an integer in [1, 16], got '" + std::string(bad) + "'")
+        << bad;
+  }
+  EXPECT_EQ(validate::parse_int(std::string_view("1\0" "2", 3), 1, 16, v),
+            "must be an integer in [1, 16], got '1\\x002'");
+  std::uint64_t u = 0;
+  EXPECT_EQ(validate::parse_uint("18446744073709551615", 0, UINT64_MAX, u), "");
+  EXPECT_EQ(u, UINT64_MAX);
+  EXPECT_EQ(validate::parse_uint("-1", 0, UINT64_MAX, u),
+            "must be an integer in [0, 18446744073709551615], got -1 (out of range)");
+  EXPECT_EQ(validate::parse_uint("18446744073709551616", 0, UINT64_MAX, u),
+            "must be an integer in [0, 18446744073709551615], got 18446744073709551616 (out of "
+            "range)");
+  EXPECT_EQ(validate::int_problem(-1, 0, 7), "must be an integer in [0, 7], got -1");
+  EXPECT_EQ(validate::index_problem(3, 3), "must be an integer in [0, 2], got 3");
+  EXPECT_EQ(validate::index_problem(0, 0),
+            "must be an integer in [0, n - 1], but there are none (got 0)");
+  test::expect_error([] { validate::check_int(0, "--steps", 1, 1048576); },
+                     ErrorCode::kInvalidArgument, {"--steps must be an integer in [1, 1048576], got 0"});
+}
+
+TEST(Validate, RealsAreFiniteAndInRange) {
+  double v = 0;
+  EXPECT_EQ(validate::parse_real("0.5", 0, 1, v), "");
+  EXPECT_EQ(v, 0.5);
+  EXPECT_EQ(validate::parse_real("1.0000001", 0, 1, v), "must be in [0, 1], got 1.0000001");
+  EXPECT_EQ(validate::parse_real("nan", 0, 1, v), "must be a finite number in [0, 1], got nan");
+  EXPECT_EQ(validate::parse_real("1e400", 0, 1, v), "must be a finite number in [0, 1], got 1e400");
+  // 1e-5000 reads as 0 with ERANGE: refused, never taken as 0.
+  EXPECT_EQ(validate::parse_real("1e-5000", 0, 1, v),
+            "must be 0 or at least 1e-30 in magnitude, got 1e-5000");
+  EXPECT_EQ(validate::parse_real("1e-40", 0, 1, v),
+            "must be 0 or at least 1e-30 in magnitude, got 1e-40");
+  EXPECT_EQ(validate::parse_real(" 1", 0, 1, v), "must be a number in [0, 1], got ' 1'");
+  EXPECT_EQ(validate::parse_real("1x", 0, 1, v), "must be a number in [0, 1], got '1x'");
+  EXPECT_EQ(validate::real_problem(2.0, 0, 1e6), "");
+  EXPECT_EQ(validate::real_problem(-0.25, 0, 1e6), "must be in [0, 1e+06], got -0.25");
+  EXPECT_EQ(validate::real_problem(-HUGE_VAL, 0, 1), "must be a finite number in [0, 1], got -inf");
+  EXPECT_EQ(validate::real_problem(NAN, -DBL_MAX, DBL_MAX), "must be a finite number, got nan");
+}
+
+TEST(Validate, ThreadsAndSizes) {
+  EXPECT_EQ(validate::thread_problem(0, 2), "");
+  EXPECT_EQ(validate::thread_problem(2, 2), "");
+  EXPECT_EQ(validate::thread_problem(65536, 2),
+            "must be at most the 2 core(s) this process may use (0 = all of them), got 65536");
+  EXPECT_EQ(validate::thread_problem(-1, 2),
+            "must be an integer in [0, 2] (0 = every core this process may use), got -1");
+  // 2^20 x 2^20 x 2^20 x 4 = 2^62 fits; x 2 more does not.
+  EXPECT_EQ(validate::checked_size({1 << 20, 1 << 20, 1 << 20, 4}, "kv"), std::int64_t{1} << 62);
+  test::expect_error([] { validate::checked_size({1 << 20, 1 << 20, 1 << 20, 8}, "--fill-chunk"); },
+                     ErrorCode::kInvalidArgument,
+                     {"--fill-chunk: the size 1048576 x 1048576 x 1048576 x 8 overflows a 64-bit count"});
+  test::expect_error([] { validate::checked_size({4, -3}, "x"); }, ErrorCode::kInvalidArgument,
+                     {"x: the size has a negative factor -3"});
+  EXPECT_EQ(validate::excerpt(std::string(70, 'a')), std::string(60, 'a') + "...");
 }
 
 }  // namespace

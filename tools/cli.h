@@ -33,8 +33,9 @@ void add_q8_activations_option(CLI::App* cmd);
 // f32 | f16 | bf16 | q8_0 (engine/weights.h), throws Error(kInvalidArgument) naming the flag.
 engine::WeightType parse_weight_type(const std::string& text, const std::string& flag);
 
-// Parses comma-separated integers in [min_value, max_value] ("64,128"); throws
-// Error(kInvalidArgument) naming the flag, the range and the item (no wrapping of 2^63).
+// Parses comma-separated integers in [min_value, max_value] ("64,128"), each with
+// validate::parse_int; throws Error(kInvalidArgument) naming the flag, the range and the item
+// (no wrapping of 2^63).
 std::vector<std::int64_t> parse_int_list(
     const std::string& text, const std::string& flag, std::int64_t min_value,
     std::int64_t max_value = std::numeric_limits<std::int64_t>::max());
@@ -47,7 +48,9 @@ CLI::Validator thread_count();
 // method with its defaults.
 std::vector<CacheConfig> parse_methods(const std::vector<std::string>& specs);
 
-// Flag checks run by CLI11 before a command runs (the error names the flag):
+// Flag checks run by CLI11 before a command runs (the error names the flag), the CLI11 form of
+// the validators every surface shares (base/validate.h: parse_int, parse_uint, parse_real,
+// thread_problem), so the messages read as the C API's and the Python module's:
 // an integer flag must parse exactly (no wrapping or saturation of 2^63, 2^64, -1) and lie in
 // [min_value, max_value]: "--steps must be an integer in [0, 1048576], got 18446744073709551616".
 CLI::Validator int_range(std::int64_t min_value, std::int64_t max_value);

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 
+#include "base/validate.h"
 #include "cli.h"
 #include "eval/decode_bench.h"
 #include "engine/formats/json_limits.h"
@@ -119,12 +120,7 @@ void run_bench_decode(DecodeArgs& a) {
   o.threads.clear();
   const int cores = engine::available_cores();
   for (const std::int64_t t : parse_int_list(a.threads, "--threads", 0, 1 << 30)) {
-    if (t > cores) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "--threads values must be at most the " + std::to_string(cores) +
-                      " core(s) this process may use (0 = all of them), got " +
-                      std::to_string(t));
-    }
+    validate::check_threads(t, "--threads values", cores);
     o.threads.push_back(t == 0 ? cores : static_cast<int>(t));
   }
   o.weight_type = parse_weight_type(a.weights, "--weights");

@@ -161,13 +161,13 @@ void add_eval_command(CLI::App& app) {
   // (scripts/main.sh "$@") override its own.
   cmd->add_option("--tokens", o->eval.tokens, "Use the text's first N tokens (BOS included)")
       ->capture_default_str()
-      ->check(int_range(2, std::int64_t{1} << 20))
+      ->check(int_range(2, eval::kMaxEvalTokens))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--prefill", o->eval.prefill,
                   "Feed the first N tokens as one step (the cache sees them all before evicting); "
                   "the summaries then count only the predictions decoded after it")
       ->capture_default_str()
-      ->check(int_range(0, std::int64_t{1} << 20))
+      ->check(int_range(0, eval::kMaxEvalTokens))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--method", o->eval.methods,
                   "Method spec ID[:key=value,...]; repeatable (default: every registered method). "

@@ -24,9 +24,6 @@ struct GenerateCliOptions {
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
 
-// Most positions --steps may ask for (the engine's largest context, engine/model_builder.h).
-constexpr std::int64_t kMaxSteps = std::int64_t{1} << 20;
-
 void run_generate(const GenerateCliOptions& o) {
   apply_threads(o.threads);
   engine::GenerateOptions g;
@@ -36,16 +33,14 @@ void run_generate(const GenerateCliOptions& o) {
   g.temperature = o.temperature;
   g.top_p = o.top_p;
   g.seed = o.seed;
-  if (o.steps < 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                "--steps must be >= 0 (0 = the model's context), got " + std::to_string(o.steps));
   set_activity("loading the model '" + o.model + "'");
   const engine::Model model = engine::Model::load(o.model);
   set_activity("loading the tokenizer");
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   {
     const engine::ModelConfig& c = model.config();
-    const std::int64_t context = o.steps == 0 || o.steps > c.seq_len ? c.seq_len : o.steps;
+    // --steps against the model's context, named before anything runs.
+    const std::int64_t context = engine::generate_positions(c, o.steps, "--steps");
     const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt, true).size());
     eval::check_memory(
         "generate",
@@ -90,12 +85,13 @@ void add_generate_command(CLI::App& app) {
       ->check(non_empty_path());
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
   cmd->add_option("--steps", o->steps,
-                  "Positions to run, prompt included (0 = the model's context)")
+                  "Positions to run, prompt included (0 = the model's context; at most the "
+                  "model's context)")
       ->capture_default_str()
-      ->check(int_range(0, kMaxSteps));
+      ->check(int_range(0, engine::kMaxGenerateSteps));
   cmd->add_option("--temperature", o->temperature, "0 = greedy (argmax)")
       ->capture_default_str()
-      ->check(real_range(0, 1e6));
+      ->check(real_range(0, engine::kMaxTemperature));
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling threshold in [0, 1] (0 or 1: off)")
       ->capture_default_str()
       ->check(real_range(0, 1));

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "base/validate.h"
 #include "cli.h"
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
@@ -35,11 +36,9 @@ void add_threads_option(CLI::App* cmd, int& threads) {
 }
 
 void apply_threads(int threads) {
-  if (threads < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--threads must be >= 0 (0 = every core), got " + std::to_string(threads));
-  }
-  engine::set_threads(threads == 0 ? engine::available_cores() : threads);
+  const int cores = engine::available_cores();
+  validate::check_threads(threads, "--threads", cores);
+  engine::set_threads(threads == 0 ? cores : threads);
 }
 
 void add_q8_activations_option(CLI::App* cmd) {

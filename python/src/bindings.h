@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
@@ -23,22 +24,36 @@ void bind_engine(pybind11::module_& m);
 // merges).
 pybind11::dict stats_dict(const CacheStats& s);
 
-// A Python int as int64 (the one conversion every integer argument of the module that takes
-// arbitrary Python values goes through): an int outside [-2^63, 2^63) throws
-// Error(kInvalidArgument) "[python] budget must be an integer in [-9223372036854775808,
-// 9223372036854775807], got 1180591620717411303424" instead of pybind11's cast error.
-inline std::int64_t int64_of(const pybind11::handle& value, const std::string& what) {
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    throw Error(ErrorCode::kInvalidArgument,
-                "[python] " + what +
-                    " must be an integer in [-9223372036854775808, 9223372036854775807], got " +
-                    std::string(pybind11::str(value)).substr(0, 60));
-  }
-  return static_cast<std::int64_t>(v);
-}
+// Integer and real arguments from Python, checked by the shared validators (base/validate.h)
+// so the messages read as the CLI's and the C API's do. Every integer argument of the module
+// goes through these instead of pybind11's own casts, which refuse a Python int outside 64 bits
+// with "Unable to cast Python instance to C++ type" (or a TypeError listing the signatures).
+// `name` names the argument with its entry ("[python] LayerCache.stored: b").
+//
+// int_arg: anything with __index__ (int, bool, NumPy integers; not float or str) as an int64 in
+// [lo, hi]; a value outside the range, or outside 64 bits, throws Error(kInvalidArgument)
+// ("[python] budget must be an integer in [1, 16777216], got 1180591620717411303424 (out of
+// range)"), raised as veloxquant.ArgumentError (a veloxquant.Error and a ValueError); a value
+// of another kind raises TypeError "... must be an int, got float".
+std::int64_t int_arg(const pybind11::handle& value, const std::string& name,
+                     std::int64_t lo = INT64_MIN, std::int64_t hi = INT64_MAX);
+// The same with the range check left to the library (CacheConfig.set: validate() checks the
+// ranges): only a value outside 64 bits is refused here, its message showing [lo, hi].
+std::int64_t int64_arg(const pybind11::handle& value, const std::string& name, std::int64_t lo,
+                       std::int64_t hi);
+// The same for an unsigned 64-bit argument (seeds) in [lo, hi].
+std::uint64_t uint_arg(const pybind11::handle& value, const std::string& name,
+                       std::uint64_t lo = 0, std::uint64_t hi = UINT64_MAX);
+// An index in [0, n): as int_arg, but out of range (64 bits or not) raises IndexError with the
+// same wording.
+std::int64_t index_arg(const pybind11::handle& value, const std::string& name, std::int64_t n);
+// A float or int argument as a finite double in [lo, hi] (an int too large for a double is
+// refused naming the argument, as NaN and infinities are).
+double real_arg(const pybind11::handle& value, const std::string& name, double lo, double hi);
+// A sequence of ints (list, tuple, NumPy array) as int64s, each checked as int_arg does and
+// named by its position ("[python] run_forced: tokens[3]").
+std::vector<std::int64_t> int_list_arg(const pybind11::handle& value, const std::string& name,
+                                       std::int64_t lo, std::int64_t hi);
 
 // Every byte the cache keeps between steps (CacheStats::resident_bytes).
 inline std::int64_t resident_bytes(const CacheStats& s) { return s.resident_bytes; }

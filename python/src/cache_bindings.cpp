@@ -12,10 +12,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/finite_check.h"
@@ -95,12 +97,11 @@ void check_open(const PyStepView& v) {
   }
 }
 
-void check_head(const StepView& v, std::int64_t b, std::int64_t h) {
-  if (b < 0 || b >= v.batch() || h < 0 || h >= v.n_kv_heads()) {
-    throw py::index_error("(b, h) must be in [0, " + std::to_string(v.batch()) + ") x [0, " +
-                          std::to_string(v.n_kv_heads()) + "), got (" + std::to_string(b) + ", " +
-                          std::to_string(h) + ")");
-  }
+// (b, h) of an open step's view, checked against its batch and KV heads (IndexError).
+std::pair<std::int64_t, std::int64_t> head_of(const StepView& v, const py::handle& b,
+                                              const py::handle& h, const char* entry) {
+  const std::string name = std::string("[python] StepView.") + entry + ": (b, h): ";
+  return {index_arg(b, name + "b", v.batch()), index_arg(h, name + "h", v.n_kv_heads())};
 }
 
 // Read-only arrays over a head's rows; `base` keeps the owner alive.
@@ -205,12 +206,18 @@ void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
   ++l.step;
 }
 
-std::shared_ptr<LayerHandle> make_layer(const CacheConfig& config, std::int64_t n_kv_heads,
-                                        std::int64_t head_dim, std::int64_t n_query_heads,
-                                        std::int64_t layer, std::int64_t n_layers) {
+// The shape's sizes are any 64-bit ints here; LayerCache checks them.
+std::shared_ptr<LayerHandle> make_layer(const CacheConfig& config, const py::handle& n_kv_heads,
+                                        const py::handle& head_dim,
+                                        const py::handle& n_query_heads, const py::handle& layer,
+                                        const py::handle& n_layers) {
+  const std::string name = "[python] LayerCache: ";
   auto h = std::make_shared<LayerHandle>();
   h->owned = std::make_unique<LayerCache>(
-      config, LayerShape{n_kv_heads, head_dim, n_query_heads, layer, n_layers});
+      config, LayerShape{int_arg(n_kv_heads, name + "n_kv_heads"),
+                         int_arg(head_dim, name + "head_dim"),
+                         int_arg(n_query_heads, name + "n_query_heads"),
+                         int_arg(layer, name + "layer"), int_arg(n_layers, name + "n_layers")});
   h->cache = h->owned.get();
   return h;
 }
@@ -255,29 +262,29 @@ void bind_cache(py::module_& m) {
                              })
       .def(
           "keys",
-          [](py::object self, std::int64_t b, std::int64_t h) {
+          [](py::object self, const py::handle& b_arg, const py::handle& h_arg) {
             const PyStepView& v = self.cast<const PyStepView&>();
             check_open(v);
-            check_head(v.view, b, h);
+            const auto [b, h] = head_of(v.view, b_arg, h_arg, "keys");
             return rows_array(v.view.head(b, h), true, v.view.head_dim(), self);
           },
           py::arg("b"), py::arg("h"),
           "Keys of (b, h): [n, D] float16/float32, read-only view (n: the head's rows)")
       .def(
           "values",
-          [](py::object self, std::int64_t b, std::int64_t h) {
+          [](py::object self, const py::handle& b_arg, const py::handle& h_arg) {
             const PyStepView& v = self.cast<const PyStepView&>();
             check_open(v);
-            check_head(v.view, b, h);
+            const auto [b, h] = head_of(v.view, b_arg, h_arg, "values");
             return rows_array(v.view.head(b, h), false, v.view.head_dim(), self);
           },
           py::arg("b"), py::arg("h"), "Values of (b, h): [n, D], read-only view")
       .def(
           "positions",
-          [](py::object self, std::int64_t b, std::int64_t h) {
+          [](py::object self, const py::handle& b_arg, const py::handle& h_arg) {
             const PyStepView& v = self.cast<const PyStepView&>();
             check_open(v);
-            check_head(v.view, b, h);
+            const auto [b, h] = head_of(v.view, b_arg, h_arg, "positions");
             return positions_array(v.view.head(b, h), self);
           },
           py::arg("b"), py::arg("h"), "True token positions of (b, h): [n] int32, read-only view")
@@ -315,10 +322,12 @@ void bind_cache(py::module_& m) {
           "begin_step + fp32 copies of the rows + end_step(): (keys, values, positions)")
       .def(
           "stored",
-          [](py::object self, std::int64_t b, std::int64_t h) {
+          [](py::object self, const py::handle& b, const py::handle& h) {
             // By value: a reference to the cast result would outlive the caster's temporary.
             const auto l = self.cast<std::shared_ptr<LayerHandle>>();
-            const HeadRows r = l->cache->stored(b, h);
+            // stored() checks (b, h) against the layer's batch and heads.
+            const HeadRows r = l->cache->stored(int_arg(b, "[python] LayerCache.stored: b"),
+                                                int_arg(h, "[python] LayerCache.stored: h"));
             const std::int64_t D = l->cache->shape().head_dim;
             return py::make_tuple(rows_array(r, true, D, self), rows_array(r, false, D, self),
                                   positions_array(r, self));
@@ -328,8 +337,10 @@ void bind_cache(py::module_& m) {
           "valid until the next step")
       .def(
           "row_scores",
-          [](const LayerHandle& l, std::int64_t b, std::int64_t h) {
-            const std::vector<float> s = l.cache->row_scores(b, h);
+          [](const LayerHandle& l, const py::handle& b, const py::handle& h) {
+            const std::vector<float> s = l.cache->row_scores(
+                int_arg(b, "[python] LayerCache.row_scores: b"),
+                int_arg(h, "[python] LayerCache.row_scores: h"));
             return py::array_t<float>(static_cast<py::ssize_t>(s.size()), s.data());
           },
           py::arg("b"), py::arg("h"))
@@ -359,29 +370,32 @@ void bind_cache(py::module_& m) {
 
   py::class_<ModelHandle, std::shared_ptr<ModelHandle>>(m, "ModelCache",
                                                         "One cache per layer of a model")
-      .def(py::init([](const CacheConfig& config, std::int64_t n_layers, std::int64_t n_kv_heads,
-                       std::int64_t head_dim, std::int64_t n_query_heads) {
+      .def(py::init([](const CacheConfig& config, const py::handle& n_layers,
+                       const py::handle& n_kv_heads, const py::handle& head_dim,
+                       const py::handle& n_query_heads) {
+             // Any 64-bit ints here; ModelCache checks the shape.
+             const std::string name = "[python] ModelCache: ";
              return std::make_shared<ModelHandle>(
-                 config, ModelShape{n_layers, n_kv_heads, head_dim, n_query_heads});
+                 config, ModelShape{int_arg(n_layers, name + "n_layers"),
+                                    int_arg(n_kv_heads, name + "n_kv_heads"),
+                                    int_arg(head_dim, name + "head_dim"),
+                                    int_arg(n_query_heads, name + "n_query_heads")});
            }),
            py::arg("config"), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
            py::arg("n_query_heads") = 0)
       .def("__len__", [](const ModelHandle& h) { return h.cache.n_layers(); })
       .def(
           "layer",
-          [](const ModelHandle& h, std::int64_t i) {
-            if (i < 0 || i >= h.cache.n_layers()) {
-              throw py::index_error("layer must be in [0, " + std::to_string(h.cache.n_layers()) +
-                                    "), got " + std::to_string(i));
-            }
-            return h.layers[static_cast<std::size_t>(i)];
+          [](const ModelHandle& h, const py::handle& i) {
+            return h.layers[static_cast<std::size_t>(
+                index_arg(i, "[python] ModelCache.layer: i", h.cache.n_layers()))];
           },
           py::arg("i"), py::keep_alive<0, 1>(), "Layer i's cache (keeps the model cache alive)")
       .def(
           "__getitem__",
-          [](const ModelHandle& h, std::int64_t i) {
-            if (i < 0 || i >= h.cache.n_layers()) throw py::index_error("layer out of range");
-            return h.layers[static_cast<std::size_t>(i)];
+          [](const ModelHandle& h, const py::handle& i) {
+            return h.layers[static_cast<std::size_t>(
+                index_arg(i, "[python] ModelCache[i]: i", h.cache.n_layers()))];
           },
           py::keep_alive<0, 1>())
       .def(
@@ -391,8 +405,11 @@ void bind_cache(py::module_& m) {
       .def("mean_budget", [](const ModelHandle& h) { return h.cache.mean_budget(); })
       .def(
           "observe_layer_similarity",
-          [](ModelHandle& h, std::int64_t layer, double cosine) {
-            h.cache.observe_layer_similarity(layer, cosine);
+          [](ModelHandle& h, const py::handle& layer, const py::handle& cosine) {
+            const std::string name = "[python] ModelCache.observe_layer_similarity: ";
+            h.cache.observe_layer_similarity(
+                index_arg(layer, name + "layer", h.cache.n_layers()),
+                real_arg(cosine, name + "cosine", -DBL_MAX, DBL_MAX));  // any finite value
           },
           py::arg("layer"), py::arg("cosine"))
       .def("reset",

@@ -2,9 +2,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <variant>
 
+#include "base/validate.h"
 #include "bindings.h"
 #include "veloxquant/config.h"
 #include "veloxquant/errors.h"
@@ -19,19 +23,48 @@ py::object to_python(const FieldValue& v) {
   return std::visit([](const auto& x) -> py::object { return py::cast(x); }, v);
 }
 
+// The field `key` names ("budget": the method's budget field), nullptr for unknown keys
+// (CacheConfig::set reports those).
+const FieldSpec* field_of(const CacheConfig& c, const std::string& key) {
+  std::string canonical = c.resolve(key);
+  if (canonical.empty() && key == "budget") canonical = c.info().budget_field;
+  for (const FieldSpec& f : c.info().fields) {
+    if (f.name == canonical) return &f;
+  }
+  return nullptr;
+}
+
 // A Python value for a field: bool, int, float or str, checked against the field's type by
-// CacheConfig::set (an int is accepted for a float field).
+// CacheConfig::set (an int is accepted for a float field). Like set(), this checks no range
+// (validate() and the caches do), except what cannot be stored at all: an int outside 64 bits
+// and a float that is not finite are refused here, naming the field's documented range.
 FieldValue from_python(const CacheConfig& c, const std::string& key, const py::handle& value) {
+  const FieldSpec* f = field_of(c, key);
+  const std::string name = "[python] " + key;
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
-  if (py::isinstance<py::int_>(value)) return int64_of(value, key);
-  if (py::isinstance<py::float_>(value)) return value.cast<double>();
+  // Python ints and NumPy integers (anything with __index__ that is not a float).
+  if (py::isinstance<py::int_>(value) ||
+      (PyIndex_Check(value.ptr()) && !PyFloat_Check(value.ptr()))) {
+    if (f != nullptr && f->type == FieldType::kFloat) {
+      return real_arg(value, name, -DBL_MAX, DBL_MAX);  // stored as a double; range: validate()
+    }
+    const std::int64_t lo = f != nullptr && f->type == FieldType::kInt
+                                ? static_cast<std::int64_t>(f->min) : INT64_MIN;
+    const std::int64_t hi = f != nullptr && f->type == FieldType::kInt
+                                ? static_cast<std::int64_t>(f->max) : INT64_MAX;
+    return int64_arg(value, name, lo, hi);
+  }
+  if (py::isinstance<py::float_>(value)) {
+    const double v = value.cast<double>();
+    if (!std::isfinite(v) && f != nullptr && f->type == FieldType::kFloat) {
+      validate::check_real(v, name, f->min, f->max);  // throws: not finite
+    }
+    return v;
+  }
   if (py::isinstance<py::str>(value)) {
     // Text goes through the field's parser, so "64" and "true" work for any field type.
-    const std::string canonical = c.resolve(key);
-    if (!canonical.empty()) {
-      for (const FieldSpec& f : c.info().fields) {
-        if (f.name == canonical) return f.parse(value.cast<std::string>(), c.method());
-      }
+    if (f != nullptr && !c.resolve(key).empty()) {
+      return f->parse(value.cast<std::string>(), c.method());
     }
     return value.cast<std::string>();
   }
@@ -78,22 +111,37 @@ py::dict method_dict(const MethodInfo& m) {
 }  // namespace
 
 void bind_config(py::module_& m) {
-  // vq::Error -> veloxquant.Error(message) with .code ("invalid_config", ...) and .path.
-  // The type object lives as long as the process (never destroyed after the interpreter).
+  // vq::Error -> veloxquant.Error(message) with .code ("invalid_config", ...) and .path; an
+  // argument out of range or of the wrong kind (code invalid_argument, base/validate.h's
+  // messages) -> veloxquant.ArgumentError, a subclass of both veloxquant.Error and ValueError.
+  // The type objects live as long as the process (never destroyed after the interpreter).
   static PyObject* error_type = [&] {
     auto* type = new py::exception<Error>(m, "Error");
     type->attr("__module__") = "veloxquant";
     type->doc() = "A VeloxQuant error: the library's message, .code and .path (file errors)";
     return type->ptr();
   }();
+  static PyObject* argument_error_type = [&] {
+    const py::tuple bases = py::make_tuple(py::handle(error_type), py::handle(PyExc_ValueError));
+    PyObject* type = PyErr_NewExceptionWithDoc(
+        "veloxquant.ArgumentError",
+        "An argument out of its range or of the wrong kind (code 'invalid_argument'): a "
+        "veloxquant.Error and a ValueError",
+        bases.ptr(), nullptr);
+    if (type == nullptr) throw py::error_already_set();
+    m.add_object("ArgumentError", py::handle(type));  // the module takes its own reference
+    return type;
+  }();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      py::object instance = py::reinterpret_borrow<py::object>(error_type)(e.what());
+      PyObject* type =
+          e.code() == ErrorCode::kInvalidArgument ? argument_error_type : error_type;
+      py::object instance = py::reinterpret_borrow<py::object>(type)(e.what());
       instance.attr("code") = to_string(e.code());
       instance.attr("path") = e.path();
-      PyErr_SetObject(error_type, instance.ptr());
+      PyErr_SetObject(type, instance.ptr());
     }
   });
 
@@ -142,12 +190,15 @@ void bind_config(py::module_& m) {
       .def(
           "with_token_budget",
           [](const CacheConfig& c, const py::handle& budget) {
-            if (!py::isinstance<py::int_>(budget) || py::isinstance<py::bool_>(budget)) {
-              throw Error(ErrorCode::kInvalidArgument,
-                          "[python] budget must be an int, got " +
-                              std::string(py::str(budget.get_type().attr("__name__"))));
+            if (py::isinstance<py::bool_>(budget)) {
+              throw py::type_error("[python] budget must be an int, got bool");
             }
-            return with_token_budget(c, int64_of(budget, "budget"));
+            const FieldSpec* f = field_of(c, "budget");
+            // with_token_budget checks the range (with the sinks: streaming_llm).
+            return with_token_budget(
+                c, int64_arg(budget, "[python] budget",
+                           f != nullptr ? static_cast<std::int64_t>(f->min) : INT64_MIN,
+                           f != nullptr ? static_cast<std::int64_t>(f->max) : INT64_MAX));
           },
           py::arg("budget"),
            "A validated copy with the token budget set")

@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,14 +110,19 @@ void bind_engine(py::module_& m) {
   m.def(
       "generate",
       [](const Model& model, const py::object& tokenizer, const std::string& prompt,
-         std::int64_t steps, float temperature, float top_p, std::uint64_t seed,
-         const py::object& method) {
+         const py::handle& steps, const py::handle& temperature, const py::handle& top_p,
+         const py::handle& seed, const py::object& method) {
+        // The CLI's ranges (engine/run/generate.h), named as the arguments.
+        const std::string name = "[python] generate: ";
         engine::GenerateOptions o;
         o.prompt = prompt;
-        o.steps = steps;
-        o.temperature = temperature;
-        o.top_p = top_p;
-        o.seed = seed;
+        o.steps = engine::generate_positions(
+            model.config(), int_arg(steps, name + "steps", 0, engine::kMaxGenerateSteps),
+            name + "steps");
+        o.temperature = static_cast<float>(
+            real_arg(temperature, name + "temperature", 0.0, engine::kMaxTemperature));
+        o.top_p = static_cast<float>(real_arg(top_p, name + "top_p", 0.0, 1.0));
+        o.seed = uint_arg(seed, name + "seed");
         o.method = config_of(method);
         const std::shared_ptr<Tokenizer> tok = tokenizer_for(model, tokenizer);
         engine::GenerateResult r;
@@ -134,18 +142,25 @@ void bind_engine(py::module_& m) {
         return d;
       },
       py::arg("model"), py::arg("tokenizer") = py::none(), py::arg("prompt") = "",
-      py::arg("steps") = 256, py::arg("temperature") = 0.0f, py::arg("top_p") = 0.9f,
+      py::arg("steps") = 256, py::arg("temperature") = 0.0, py::arg("top_p") = 0.9,
       py::arg("seed") = 42, py::arg("method") = "full",
       "Generates as `veloxquant generate` does; returns a dict (ids, text, n_prompt, n_decode, "
       "stopped, timings, cache stats)");
 
   m.def(
       "run_forced",
-      [](const Model& model, const std::vector<std::int32_t>& tokens, const py::object& method,
-         std::int64_t prefill) {
+      [](const Model& model, const py::handle& token_ids, const py::object& method,
+         const py::handle& prefill) {
+        // Ids as 32-bit ints here (run_forced checks them against the vocabulary and their
+        // count against the model's context); prefill in [0, len(tokens) - 1].
+        const std::string name = "[python] run_forced: ";
+        const std::vector<std::int64_t> ids =
+            int_list_arg(token_ids, name + "tokens", INT32_MIN, INT32_MAX);
+        const std::vector<std::int32_t> tokens(ids.begin(), ids.end());
         const CacheConfig config = config_of(method);
         engine::ForcedOptions o;
-        o.prefill = prefill;
+        o.prefill = int_arg(prefill, name + "prefill", 0,
+                            std::max<std::int64_t>(0, static_cast<std::int64_t>(ids.size()) - 1));
         engine::ForcedRun r;
         {
           py::gil_scoped_release release;
@@ -169,16 +184,20 @@ void bind_engine(py::module_& m) {
   m.def(
       "eval",
       [](const std::string& model, const std::string& text, const std::string& tokenizer,
-         std::int64_t tokens, std::int64_t prefill, const std::vector<std::string>& methods,
-         const std::vector<std::int64_t>& budgets, const std::string& reference) {
+         const py::handle& tokens, const py::handle& prefill,
+         const std::vector<std::string>& methods, const py::handle& budgets,
+         const std::string& reference) {
+        // The CLI's ranges (eval/model_eval.h), named as the arguments; tokens against the
+        // model's context is checked once the model is loaded.
+        const std::string name = "[python] eval: ";
         eval::ModelEvalOptions o;
         o.model = model;
         o.text = text;
         o.tokenizer = tokenizer;
-        o.tokens = tokens;
-        o.prefill = prefill;
+        o.tokens = int_arg(tokens, name + "tokens", 2, eval::kMaxEvalTokens);
+        o.prefill = int_arg(prefill, name + "prefill", 0, o.tokens - 2);
         o.methods = methods;
-        o.budgets = budgets;
+        o.budgets = int_list_arg(budgets, name + "budgets", 1, INT64_MAX);
         o.reference = reference;
         nlohmann::json j;
         {

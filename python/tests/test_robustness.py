@@ -60,16 +60,123 @@ def test_stored_views_outlive_the_call():
     assert values.astype(np.float32)[:, 0].tolist() == [0.0, -1.0, -2.0]
 
 
+def field_range(method, name):
+    """The documented [min, max] of a method's int field, from the registry."""
+    info = next(m for m in vq.registry() if m["id"] == method)
+    f = next(f for f in info["fields"] if f["name"] == name)
+    return int(f["min"]), int(f["max"])
+
+
 def test_huge_python_ints_give_a_clear_error():
+    lo, hi = field_range("h2o", "h2o_budget")
     c = vq.CacheConfig.parse("h2o")
-    with pytest.raises(vq.Error, match=r"budget must be an integer in \[-9223372036854775808"):
+    # 2**70 = 1180591620717411303424 (by hand: 2**10 = 1024, 1024**7).
+    with pytest.raises(vq.ArgumentError,
+                       match=rf"\[python\] budget must be an integer in \[{lo}, {hi}\], "
+                             r"got 1180591620717411303424 \(out of range\)"):
         c["budget"] = 2**70
-    with pytest.raises(vq.Error, match=r"h2o_grace must be an integer in"):
+    glo, ghi = field_range("h2o", "h2o_grace")
+    with pytest.raises(ValueError, match=rf"h2o_grace must be an integer in \[{glo}, {ghi}\], "
+                                         r"got -18446744073709551616 \(out of range\)"):
         c["h2o_grace"] = -(2**64)
-    with pytest.raises(vq.Error, match=r"budget must be an integer in"):
+    with pytest.raises(ValueError, match=rf"budget must be an integer in \[{lo}, {hi}\], got 9223372036854775808"):
         c.with_token_budget(2**63)
-    with pytest.raises(vq.Error, match=r"budget must be an int, got float"):
+    with pytest.raises(TypeError, match=r"budget must be an int, got float"):
         c.with_token_budget(1.5)
+    # A huge int is summarised by its size, never printed whole.
+    with pytest.raises(vq.Error, match=r"got an integer of 100001 bits \(out of range\)") as e:
+        c["budget"] = 2**100000
+    assert len(str(e.value)) < 200
+    # Within 64 bits, set() checks the type only (validate() checks the range), as before.
+    c["budget"] = 0
+    with pytest.raises(vq.Error, match=r"h2o_budget must be in"):
+        c.validate()
+    # A float field refuses a non-finite value where it enters.
+    with pytest.raises(vq.ArgumentError, match=r"h2o_decay must be a finite number in \[0, 1\], got nan"):
+        c["h2o_decay"] = float("nan")
+
+
+def test_argument_error_is_an_error_and_a_value_error():
+    assert issubclass(vq.ArgumentError, vq.Error) and issubclass(vq.ArgumentError, ValueError)
+    with pytest.raises(vq.ArgumentError) as e:
+        vq.CacheConfig.parse("h2o")["budget"] = 2**64
+    assert e.value.code == "invalid_argument"
+
+
+def test_cache_index_arguments_take_any_int_and_name_the_range():
+    cache = vq.LayerCache(vq.CacheConfig.parse("full"), n_kv_heads=H, head_dim=D)
+    cache.update(*kv(0))
+    with pytest.raises(vq.ArgumentError, match=r"LayerCache.stored: b must be an integer in "
+                                               r"\[-9223372036854775808, 9223372036854775807\], "
+                                               r"got 1180591620717411303424 \(out of range\)"):
+        cache.stored(2**70, 0)
+    with pytest.raises(vq.Error, match=r"stored\(b, h\) needs b in \[0, 0\] and h in \[0, 1\], got \(0, 2\)"):
+        cache.stored(0, 2)
+    with pytest.raises(vq.ArgumentError, match=r"row_scores: h must be an integer in"):
+        cache.row_scores(0, -(2**64))
+    with pytest.raises(TypeError, match=r"LayerCache.stored: h must be an int, got float"):
+        cache.stored(0, 1.0)
+    # NumPy integers are ints.
+    assert cache.stored(np.int64(0), np.int32(1))[2].tolist() == [0]
+    view = cache.begin_step(*kv(1))
+    with pytest.raises(IndexError, match=r"StepView.keys: \(b, h\): h must be an integer in \[0, 1\], got 2"):
+        view.keys(0, 2)
+    with pytest.raises(IndexError, match=r"StepView.values: \(b, h\): b must be an integer in \[0, 0\], "
+                                         r"got 1180591620717411303424 \(out of range\)"):
+        view.values(2**70, 0)
+    assert view.positions(np.int8(0), 1).tolist() == [0, 1]
+    cache.end_step()
+    with pytest.raises(vq.ArgumentError, match=r"LayerCache: n_kv_heads must be an integer in .*"
+                                               r"got 18446744073709551616 \(out of range\)"):
+        vq.LayerCache(vq.CacheConfig("full"), n_kv_heads=2**64)
+    model = vq.ModelCache(vq.CacheConfig.parse("full"), 2, H, D)
+    with pytest.raises(IndexError, match=r"ModelCache.layer: i must be an integer in \[0, 1\], got 2"):
+        model.layer(2)
+    with pytest.raises(IndexError, match=r"ModelCache\[i\]: i must be an integer in \[0, 1\], "
+                                         r"got -1180591620717411303424 \(out of range\)"):
+        model[-(2**70)]
+    with pytest.raises(vq.ArgumentError, match=r"ModelCache: n_layers must be an integer in"):
+        vq.ModelCache(vq.CacheConfig.parse("full"), 2**63, H, D)
+    with pytest.raises(vq.ArgumentError, match=r"observe_layer_similarity: cosine must be a finite number, got nan"):
+        model.observe_layer_similarity(0, float("nan"))
+    with pytest.raises(vq.ArgumentError, match=r"cosine must be a finite number, got an integer of 1025 bits"):
+        model.observe_layer_similarity(0, 2**1024)
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="data/stories260K.bin missing")
+def test_engine_arguments_are_checked_where_they_enter():
+    model = vq.Model.load(str(MODEL))
+    seq_len = model.config["seq_len"]  # 512 for stories260K (its llama2.c header)
+    # steps: the model's context bounds the run's positions (the engine's max_rows), named as
+    # the argument; run.c would silently have run seq_len positions instead.
+    with pytest.raises(vq.ArgumentError, match=rf"generate: steps must be an integer in \[0, {seq_len}\], got {seq_len + 1}$"):
+        vq.generate(model, steps=seq_len + 1)
+    with pytest.raises(vq.ArgumentError, match=r"generate: steps must be an integer in \[0, 1048576\], "
+                                               r"got 9223372036854775808 \(out of range\)"):
+        vq.generate(model, steps=2**63)
+    with pytest.raises(vq.ArgumentError, match=r"generate: seed must be an integer in "
+                                               r"\[0, 18446744073709551615\], got -1 \(out of range\)"):
+        vq.generate(model, steps=4, seed=-1)
+    with pytest.raises(vq.ArgumentError, match=r"generate: temperature must be a finite number in \[0, 1e\+06\], got nan"):
+        vq.generate(model, steps=4, temperature=float("nan"))
+    with pytest.raises(vq.ArgumentError, match=r"generate: top_p must be in \[0, 1\], got 1.5"):
+        vq.generate(model, steps=4, top_p=1.5)
+    assert vq.generate(model, steps=4, seed=2**64 - 1)["n_decode"] <= 4
+    with pytest.raises(vq.ArgumentError, match=r"run_forced: tokens\[1\] must be an integer in "
+                                               r"\[-2147483648, 2147483647\], got 1099511627776"):
+        vq.run_forced(model, [1, 2**40, 3])
+    with pytest.raises(TypeError, match=r"run_forced: tokens\[2\] must be an int, got str"):
+        vq.run_forced(model, [1, 2, "3"])
+    with pytest.raises(vq.ArgumentError, match=r"run_forced: prefill must be an integer in \[0, 2\], got 3"):
+        vq.run_forced(model, [1, 2, 3], prefill=3)
+    with pytest.raises(vq.ArgumentError, match=r"eval: tokens must be an integer in \[2, 1048576\], "
+                                               r"got 1180591620717411303424 \(out of range\)"):
+        vq.eval(str(MODEL), "x.txt", tokens=2**70)
+    with pytest.raises(vq.ArgumentError, match=r"eval: budgets\[1\] must be an integer in \[1, 9223372036854775807\], "
+                                               r"got 18446744073709551616 \(out of range\)"):
+        vq.eval(str(MODEL), "x.txt", budgets=[64, 2**64])
+    with pytest.raises(vq.ArgumentError, match=r"eval: prefill must be an integer in \[0, 14\], got 15"):
+        vq.eval(str(MODEL), "x.txt", tokens=16, prefill=15)
 
 
 @pytest.mark.skipif(not MODEL.exists(), reason="data/stories260K.bin missing")

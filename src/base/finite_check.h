@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/validate.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/rows.h"
 #include "veloxquant/types.h"
@@ -46,7 +47,9 @@ inline void check_finite(const TensorRef& t, const std::string& where, const std
 inline void check_finite(const AttentionRef& a, const std::string& where) {
   if (a.data == nullptr || a.batch < 0 || a.n_query_heads < 0 || a.n_queries < 0 || a.n_rows < 0)
     return;
-  const std::int64_t n = a.batch * a.n_query_heads * a.n_queries * a.n_rows;
+  // Overflow-safe: a caller's shape could claim more elements than 64 bits count.
+  const std::int64_t n = validate::checked_size({a.batch, a.n_query_heads, a.n_queries, a.n_rows},
+                                                where + ": the attention's shape");
   for (std::int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(a.data[i])) {
       const std::int64_t r = i % a.n_rows, q = i / a.n_rows % a.n_queries,

@@ -7,7 +7,10 @@
 #include "veloxquant/veloxquant_c.h"
 
 #include "base/finite_check.h"
+#include "base/validate.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -190,12 +193,14 @@ void fill_stats(const vq::CacheStats& s, vq_cache_stats* out) {
 }
 
 void check_head(const vq::LayerCache& cache, std::int64_t b, std::int64_t h, std::int64_t batch) {
-  const std::int64_t heads = cache.shape().n_kv_heads;
-  if (b < 0 || b >= batch || h < 0 || h >= heads) {
-    throw bad_argument("(b, h) must be in [0, " + std::to_string(batch) + ") x [0, " +
-                       std::to_string(heads) + "), got (" + std::to_string(b) + ", " +
-                       std::to_string(h) + ")");
-  }
+  vq::validate::check_index(b, "[capi] vq_layer_view_head: (b, h): b", batch);
+  vq::validate::check_index(h, "[capi] vq_layer_view_head: (b, h): h", cache.shape().n_kv_heads);
+}
+
+// A registry index (size_t) checked against the registry's size.
+void check_registry_index(size_t i, const char* name, size_t n) {
+  vq::validate::check_index(static_cast<std::int64_t>(std::min<size_t>(i, INT64_MAX)), name,
+                            static_cast<std::int64_t>(n));
 }
 
 // Registry strings the C structs point at, built once (thread-safe static initialisation).
@@ -305,7 +310,7 @@ vq_status vq_registry_method(size_t index, vq_method_info* out) {
       [&] {
         const auto& reg = vq::registry();
         need(out, "out");
-        if (index >= reg.size()) throw bad_argument("method index out of range");
+        check_registry_index(index, "[capi] vq_registry_method: index", reg.size());
         const vq::MethodInfo& m = reg[index];
         out->id = m.id.c_str();
         out->prefix = m.prefix.c_str();
@@ -326,8 +331,8 @@ vq_status vq_registry_field(size_t index, size_t field, vq_field_info* out) {
       [&] {
         const auto& reg = vq::registry();
         need(out, "out");
-        if (index >= reg.size()) throw bad_argument("method index out of range");
-        if (field >= reg[index].fields.size()) throw bad_argument("field index out of range");
+        check_registry_index(index, "[capi] vq_registry_field: index", reg.size());
+        check_registry_index(field, "[capi] vq_registry_field: field", reg[index].fields.size());
         const vq::FieldSpec& f = reg[index].fields[field];
         const FieldStrings& s = registry_strings()[index][field];
         out->name = f.name.c_str();
@@ -678,10 +683,7 @@ int64_t vq_model_cache_n_layers(const vq_model_cache* cache) {
 vq_status vq_model_cache_layer(vq_model_cache* cache, int64_t i, vq_layer_cache** out) {
   VQ_MODEL_CALL(cache, {
     need(out, "out");
-    if (i < 0 || i >= m.cache->n_layers()) {
-      throw bad_argument("layer must be in [0, " + std::to_string(m.cache->n_layers()) + "), got " +
-                         std::to_string(i));
-    }
+    vq::validate::check_index(i, "[capi] vq_model_cache_layer: i", m.cache->n_layers());
     *out = &m.layers[static_cast<size_t>(i)];
   });
 }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string_view>
 
+#include "base/validate.h"
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
@@ -207,12 +208,7 @@ void validate_decode_options(const DecodeBenchOptions& o) {
   if (!o.shape.empty()) (void)engine::find_shape(o.shape);
   // Every count is bounded, so the sums and products sized from them cannot overflow.
   const auto in_range = [](const std::string& flag, std::int64_t v, std::int64_t lo,
-                           std::int64_t hi) {
-    if (v < lo || v > hi) {
-      bad(flag + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-          std::to_string(v));
-    }
-  };
+                           std::int64_t hi) { validate::check_int(v, "bench decode: " + flag, lo, hi); };
   if (!o.model_path.empty() && o.layers != 0)
     bad("--layers " + std::to_string(o.layers) + " applies to --shape only, not to --model " +
         o.model_path);
@@ -456,8 +452,10 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
   const double load_s = seconds_since(t_load);
   const engine::ModelConfig& c = model.config();
   if (rows_needed > c.seq_len) {
-    bad("context " + std::to_string(max_ctx) + " + " + std::to_string(o.warmup + o.steps + 1) +
-        " decode positions exceeds the model's seq_len " + std::to_string(c.seq_len));
+    // The engine's run state holds rows_needed positions (engine/model/transformer.h).
+    bad(fmt::format("--context {} + --warmup {} + --steps {} + 1 = {} positions exceed the "
+                    "model's context (seq_len {})",
+                    max_ctx, o.warmup, o.steps, rows_needed, c.seq_len));
   }
   check_memory("bench decode", decode_bench_bytes(o, c, 0),
                "every method's cache and engine buffers at context " +

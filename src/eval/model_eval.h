@@ -28,6 +28,10 @@
 
 namespace vq::eval {
 
+// The largest --tokens / --prefill (the engine's largest context), checked by the front ends
+// (the CLI's flags, the Python arguments) with base/validate.h.
+inline constexpr std::int64_t kMaxEvalTokens = std::int64_t{1} << 20;
+
 struct ModelEvalOptions {
   std::string model, tokenizer, text;  // paths (tokenizer "" = next to the model)
   std::vector<std::string> more_texts;  // windows mode: further texts (--text repeated)

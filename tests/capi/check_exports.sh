@@ -26,7 +26,7 @@ done
 # public API instantiates are allowed: their names start with std:: or are operator new/delete).
 bad=$(grep -v -e '^vq_' -e '^vq::' -e '^typeinfo for vq::' -e '^typeinfo name for vq::' \
         -e '^vtable for vq::' -e '^std::' -e '^typeinfo for std::' -e '^typeinfo name for std::' \
-        -e '^vtable for std::' -e '^void std::' -e '^_init$' -e '^_fini$' \
+        -e '^vtable for std::' -e '^void std::' -e '^bool std::' -e '^_init$' -e '^_fini$' \
         -e '^guard variable for ' -e '^__' -e '^_edata$' -e '^_end$' <<<"$syms" || true)
 internal=$(grep -E '(^|for )vq::(detail|engine|eval)::' <<<"$syms" | grep -v 'vq::detail::assert_fail' || true)
 if [ -n "$bad" ] || [ -n "$internal" ]; then

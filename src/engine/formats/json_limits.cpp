@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/validate.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -15,21 +16,7 @@ struct TooDeep {
 }  // namespace
 
 std::string text_excerpt(std::string_view text, std::size_t max_chars) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size() && i < max_chars; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else if (c == '\\') {
-      out += "\\\\";
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    }
-  }
-  if (text.size() > max_chars) out += "...";
-  return out;
+  return validate::excerpt(text, max_chars);
 }
 
 std::string json_excerpt(const nlohmann::json& value, std::size_t max_chars) {

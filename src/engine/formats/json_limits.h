@@ -25,7 +25,8 @@ nlohmann::json parse_json_limited(std::string_view text, const std::string& path
 // (non-ASCII and control bytes escaped). For values from parse_json_limited (shallow).
 std::string json_excerpt(const nlohmann::json& value, std::size_t max_chars = 60);
 
-// The same for raw text: at most `max_chars` characters, control and non-ASCII bytes as \xNN.
+// The same for raw text: at most `max_chars` characters, control and non-ASCII bytes as \xNN
+// (validate::excerpt, base/validate.h).
 std::string text_excerpt(std::string_view text, std::size_t max_chars = 60);
 
 }  // namespace vq::engine

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "base/kernels.h"
+#include "base/validate.h"
 #include "engine/compute/matmul.h"
 #include "engine/compute/ops.h"
 #include "engine/compute/parallel.h"
@@ -30,9 +31,14 @@ ModelShape model_shape(const ModelConfig& c) {
 
 RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
     : max_chunk(chunk), max_rows(rows == 0 ? c.seq_len : rows) {
+  // A last guard: every front end checks and names the flag or argument that sets the run's
+  // context (generate --steps, eval --tokens, bench decode --context, serve --max-context, the
+  // Python arguments), so reaching this is a caller's bug, reported as such.
   if (max_rows < 1 || max_rows > c.seq_len) {
-    bad_argument("max_rows must be in [1, seq_len = " + std::to_string(c.seq_len) + "], got " +
-                 std::to_string(rows));
+    bad_argument("internal: a run's context (max_rows) " +
+                 validate::int_problem(rows, 1, c.seq_len) +
+                 " (1 to the model's seq_len; the caller should have refused the flag or "
+                 "argument that asked for it)");
   }
   if (chunk < 1 || chunk > max_rows) {
     bad_argument("max_chunk must be in [1, " +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/validate.h"
 #include "engine/run/sampler.h"
 #include "engine/model/transformer.h"
 #include "engine/model/weights_check.h"
@@ -11,15 +12,17 @@
 
 namespace vq::engine {
 
+std::int64_t generate_positions(const ModelConfig& config, std::int64_t steps,
+                                const std::string& name) {
+  validate::check_int(steps, name, 0, config.seq_len);
+  return steps == 0 ? config.seq_len : steps;
+}
+
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const GenerateOptions& o,
                         const std::function<void(const std::string&)>& on_text) {
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = model.config();
-  if (o.steps < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "[generate] steps must be >= 0, got " + std::to_string(o.steps));
-  }
-  const std::int64_t steps = o.steps == 0 || o.steps > c.seq_len ? c.seq_len : o.steps;  // as run.c
+  const std::int64_t steps = generate_positions(c, o.steps, "[generate] steps");
   std::vector<std::int32_t> prompt = tokenizer.encode(o.prompt, true);
   if (prompt.empty()) {
     if (c.bos_id < 0) {

@@ -16,9 +16,22 @@
 
 namespace vq::engine {
 
+// The ranges of generate's settings, checked by every front end (the CLI's flags, the Python
+// arguments) with base/validate.h: steps in [0, min(kMaxGenerateSteps, seq_len)] (see
+// generate_positions), temperature in [0, kMaxTemperature], top_p in [0, 1], any seed.
+inline constexpr std::int64_t kMaxGenerateSteps = std::int64_t{1} << 20;  // the largest context
+inline constexpr double kMaxTemperature = 1e6;
+
+// The positions a run of `steps` holds: the model's context for 0, else `steps`. A value outside
+// [0, seq_len] throws Error(kInvalidArgument) "<name> must be an integer in [0, 512], got 600"
+// (run.c silently ran seq_len positions instead: a value the user wrote is not replaced).
+std::int64_t generate_positions(const ModelConfig& config, std::int64_t steps,
+                                const std::string& name);
+
 struct GenerateOptions {
   std::string prompt;        // "" = BOS only (run.c without -i)
-  std::int64_t steps = 256;  // positions to run, prompt included (run.c -n); 0 = seq_len
+  std::int64_t steps = 256;  // positions to run, prompt included (run.c -n); 0 = seq_len;
+                             // at most seq_len (generate_positions)
   float temperature = 0.0f;  // 0 = argmax
   float top_p = 0.9f;        // nucleus sampling when in (0, 1)
   std::uint64_t seed = 42;   // xorshift state (run.c -s); must be nonzero
