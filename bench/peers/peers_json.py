@@ -50,6 +50,17 @@ def cpu_model():
     return "unknown"
 
 
+def write_json_atomically(doc, out):
+    """Writes doc to out through a temporary file in the same folder, renamed over out."""
+    out_dir = os.path.dirname(out) or "."
+    os.makedirs(out_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=out_dir, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(path, out)
+
+
 def matrix_main(argv):
     p = argparse.ArgumentParser(prog="peers_json.py matrix")
     for name in ("samples", "out", "command", "llama_cpp", "native_bin", "load_before",
@@ -117,13 +128,7 @@ def matrix_main(argv):
         },
         "rows": rows,
     }
-    out_dir = os.path.dirname(a.out) or "."
-    os.makedirs(out_dir, exist_ok=True)
-    fd, path = tempfile.mkstemp(dir=out_dir, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(path, a.out)
+    write_json_atomically(doc, a.out)
     print("| model | type | threads | test | VeloxQuant tok/s | llama.cpp native | llama.cpp npm "
           "| VQ / native | VQ / npm |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -194,13 +199,7 @@ def main():
            "veloxquant_version": last.get("veloxquant_version"), "git_commit": commit,
            "machine": last.get("machine"), "command": a.command, "settings": settings,
            "rows": rows}
-    out_dir = os.path.dirname(a.out) or "."
-    os.makedirs(out_dir, exist_ok=True)
-    fd, path = tempfile.mkstemp(dir=out_dir, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(path, a.out)
+    write_json_atomically(doc, a.out)
 
     print(f"| weights | context | threads | engine, cache | ms/token (median of {a.rounds}) "
           "| tok/s | vs llama.cpp f16 KV |")
