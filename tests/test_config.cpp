@@ -1,6 +1,8 @@
 // Method specs, field validation, the guards of every method, the registry.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -258,6 +260,25 @@ TEST(Registry, TokenBudgetHelpers) {
     if (!has_token_budget(c)) continue;
     EXPECT_EQ(token_budget(with_token_budget(c, 100)), 100) << id;
   }
+  // A negative n_sink (out of range until validate()) cannot split a budget: an error naming
+  // the field, not budget - offset overflowing (found by fuzz_capi_steps: n_sink=-1 then
+  // budget=INT64_MAX).
+  expect_error(
+      [] {
+        CacheConfig c("streaming_llm");
+        c.set("n_sink", std::int64_t{-1});
+        c.set("budget", std::numeric_limits<std::int64_t>::max());
+      },
+      ErrorCode::kInvalidConfig, {"stream_n_sink is -1", "must be >= 0"});
+  // The sum of window and sink that does not fit 64 bits is an error, not a wrapped budget.
+  expect_error(
+      [] {
+        CacheConfig c("streaming_llm");
+        c.set("window_size", std::numeric_limits<std::int64_t>::max());
+        c.set("n_sink", std::int64_t{8});
+        (void)token_budget(c);
+      },
+      ErrorCode::kInvalidConfig, {"stream_window_size", "does not fit"});
   // Setting a budget that breaks a guard is an error, not a silent clamp.
   expect_error([] { with_token_budget(CacheConfig::parse("h2o:grace=16"), 16); },
                ErrorCode::kInvalidConfig, {"h2o_n_sink + h2o_grace"});

@@ -73,6 +73,13 @@ void set_budget_fields(CacheConfig& config, std::int64_t budget) {
     return;
   }
   const std::int64_t offset = config.get_int(m.budget_offset);
+  if (offset < 0) {
+    // The offset field is out of its range (validate() says so later); the window cannot be
+    // derived from it, and budget - offset could overflow.
+    config_error(config, "budget " + std::to_string(budget) + " cannot be split: " +
+                             m.budget_offset + " is " + std::to_string(offset) +
+                             ", it must be >= 0");
+  }
   if (budget <= offset) {
     config_error(config, "budget " + std::to_string(budget) +
                              " leaves no room for the window: it must be > " + m.budget_offset +
@@ -198,8 +205,15 @@ std::int64_t token_budget(const CacheConfig& config) {
                 "[" + config.method() + "] this method has no token budget");
   }
   const MethodInfo& m = config.info();
-  return config.get_int(m.budget_field) +
-         (m.budget_offset.empty() ? 0 : config.get_int(m.budget_offset));
+  const std::int64_t field = config.get_int(m.budget_field);
+  const std::int64_t offset = m.budget_offset.empty() ? 0 : config.get_int(m.budget_offset);
+  std::int64_t total = 0;
+  if (__builtin_add_overflow(field, offset, &total)) {
+    detail::config_error(config, m.budget_field + " (" + std::to_string(field) + ") + " +
+                             m.budget_offset + " (" + std::to_string(offset) +
+                             ") does not fit a 64-bit token budget");
+  }
+  return total;
 }
 
 CacheConfig with_token_budget(const CacheConfig& config, std::int64_t budget) {
