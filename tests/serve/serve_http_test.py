@@ -141,6 +141,9 @@ def main():
         try:
             chat = "/v1/chat/completions"
             # A client that goes away mid-stream: its session is freed, others keep being served.
+            # The cancelled count is read before the request: the server may notice the closed
+            # socket before a metrics request made after close() is answered.
+            m0 = srv.metrics()["veloxquant_requests_cancelled_total"]
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             b = json.dumps({"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 900,
                             "stream": True}).encode()
@@ -154,7 +157,6 @@ def main():
                 got += more
             s.close()
             check(b"data: " in got, "disconnecting client got its first event")
-            m0 = srv.metrics()["veloxquant_requests_cancelled_total"]
             active = None
             for _ in range(50):
                 m = srv.metrics()

@@ -18,26 +18,6 @@ std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
   throw Error(ErrorCode::kInvalidArgument, "[batch forward] " + msg);
 }
 
-// Transformer's RoPE (transformer.cpp), over the same tables: rotates `n_heads` heads of each of
-// S rows (row stride n_heads * D) at positions pos0 + t.
-void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
-          RopeStyle style, const RunState& s) {
-  const std::int64_t half = D / 2;
-  for (std::int64_t t = 0; t < S; ++t) {
-    const float* cs = s.rope_cos.data() + (pos0 + t) * half;
-    const float* sn = s.rope_sin.data() + (pos0 + t) * half;
-    for (std::int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * D;
-      for (std::int64_t i = 0; i < half; ++i) {
-        float* a = style == RopeStyle::kInterleaved ? v + 2 * i : v + i;
-        float* b = style == RopeStyle::kInterleaved ? v + 2 * i + 1 : v + i + half;
-        const float x0 = *a, x1 = *b;
-        *a = x0 * cs[i] - x1 * sn[i];
-        *b = x0 * sn[i] + x1 * cs[i];
-      }
-    }
-  }
-}
 }  // namespace
 
 BatchForward::BatchForward(const Model& model, std::int64_t max_tokens, std::int64_t max_chunk,
@@ -132,8 +112,8 @@ void BatchForward::forward(std::span<const BatchItem> items) {
     // Per sequence: RoPE at its positions, attention over its own cache (Transformer's code).
     for (std::size_t i = 0; i < B; ++i) {
       const std::int64_t n = items[i].n, r0 = row0[i];
-      rope(q_.data() + r0 * qd, n, c.n_heads, c.head_dim, pos0[i], c.rope, as);
-      rope(k_.data() + r0 * kvd, n, c.n_kv_heads, c.head_dim, pos0[i], c.rope, as);
+      apply_rope(q_.data() + r0 * qd, n, c.n_heads, c.head_dim, pos0[i], c.rope, as);
+      apply_rope(k_.data() + r0 * kvd, n, c.n_kv_heads, c.head_dim, pos0[i], c.rope, as);
       std::memcpy(as.q.data(), q_.data() + r0 * qd, sz(n * qd) * sizeof(float));
       std::memcpy(as.k.data(), k_.data() + r0 * kvd, sz(n * kvd) * sizeof(float));
       std::memcpy(as.v.data(), v_.data() + r0 * kvd, sz(n * kvd) * sizeof(float));

@@ -115,9 +115,10 @@ class Laps {
   Clock::time_point last_;
 };
 
-// Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + s.
-void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
-          RopeStyle style, const RunState& s) {
+}  // namespace
+
+void apply_rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
+                RopeStyle style, const RunState& s) {
   const std::int64_t half = D / 2;
   for (std::int64_t t = 0; t < S; ++t) {
     const float* cs = s.rope_cos.data() + (pos0 + t) * half;
@@ -135,8 +136,6 @@ void rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::i
     }
   }
 }
-
-}  // namespace
 
 AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
                                     LayerCache& cache) {
@@ -348,8 +347,8 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
       }
     }
     laps.mark(times_.matmul);
-    rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
-    rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
+    apply_rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
+    apply_rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
     laps.mark(times_.attention);
     const AttentionRef probs = attention(l, S, pos0, cache.layer(l));  // times itself
     laps = Laps(timing_);

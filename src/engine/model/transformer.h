@@ -81,6 +81,13 @@ struct RunState {
   RunState(const ModelConfig& config, std::int64_t max_chunk, std::int64_t max_rows = 0);
 };
 
+// Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + t by
+// the state's RoPE tables (rope_cos/rope_sin, which must cover pos0 + S - 1). llama2.c pairs
+// (2i, 2i+1) (RopeStyle::kInterleaved); Hugging Face pairs (i, i + D/2). Same rotation. The one
+// RoPE of the engine: Transformer and BatchForward both call it.
+void apply_rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
+                RopeStyle style, const RunState& s);
+
 enum class Logits {
   kAll,   // logits for every token of the step: RunState::logits [S][vocab]
   kLast,  // only the last token's: RunState::logits [vocab]
