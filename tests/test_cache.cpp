@@ -1,6 +1,8 @@
 // The LayerCache contract: deferred eviction, positions, shapes, dtypes, step protocol, bytes.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <set>
 
 #include "base/kernels.h"
@@ -260,6 +262,44 @@ TEST(Cache, LayerShapeIsValidated) {
                ErrorCode::kInvalidArgument, {"n_query_heads (6) must be a multiple of n_kv_heads (4)"});
   expect_error([] { LayerCache c(CacheConfig("full"), LayerShape{4, 8, 8, 3, 2}); },
                ErrorCode::kInvalidArgument, {"layer must be in [0, 1], got 3"});
+}
+
+// Scores that overflow to +inf rank as the highest data score, never as the protected mark
+// (+inf in eviction_scores). Found by fuzz_capi_steps: probabilities near FLT_MAX summed by H2O
+// made every unprotected row look protected and the cut aborted (VQ_ASSERT). By hand, for
+// h2o:budget=4,n_sink=1,grace=1, one head, one token a step, every probability 3e38: row r's
+// score after step t is (t - r + 1) * 3e38, +inf from two terms on. At step 4 (five rows) row 0
+// is the sink and row 4 the grace row; rows 1-3 hold +inf, a three-way tie at the top, and ties
+// evict the lowest index: row 1 goes, positions 0, 2, 3, 4 stay.
+TEST(Cache, OverflowedScoresAreRankedNotProtected) {
+  KV kv(1, 1, 5, 4, 21);
+  LayerCache c(CacheConfig::parse("h2o:budget=4,n_sink=1,grace=1,source=attention"),
+               LayerShape{1, 4, 1, 0, 1});
+  for (std::int64_t t = 0; t < 5; ++t) {
+    const StepView view = c.begin_step(kv.keys(t, 1), kv.values(t, 1));
+    std::vector<float> probs(static_cast<std::size_t>(view.n_rows()), 3e38f);
+    AttentionRef a{probs.data(), 1, 1, 1, view.n_rows()};
+    ASSERT_NO_THROW(c.end_step(&a)) << "step " << t;
+  }
+  const HeadRows r = c.stored(0, 0);
+  ASSERT_EQ(r.n_rows, 4);
+  EXPECT_EQ(std::vector<std::int32_t>(r.positions, r.positions + r.n_rows),
+            (std::vector<std::int32_t>{0, 2, 3, 4}));
+  // TOVA ranks by the last query's probabilities: +inf for rows 1 and 2 ranks them highest,
+  // tied, so at step 3 (four rows, budget 3, row 0 the sink) row 3 (probability 0.5) goes.
+  LayerCache t(CacheConfig::parse("tova:budget=3,n_sink=1,source=attention"),
+               LayerShape{1, 4, 1, 0, 1});
+  for (std::int64_t s = 0; s < 4; ++s) {
+    const StepView view = t.begin_step(kv.keys(s, 1), kv.values(s, 1));
+    std::vector<float> probs(static_cast<std::size_t>(view.n_rows()), 0.5f);
+    for (std::int64_t i = 1; i < std::min<std::int64_t>(3, view.n_rows()); ++i)
+      probs[static_cast<std::size_t>(i)] = std::numeric_limits<float>::infinity();
+    AttentionRef a{probs.data(), 1, 1, 1, view.n_rows()};
+    ASSERT_NO_THROW(t.end_step(&a)) << "step " << s;
+  }
+  const HeadRows tr = t.stored(0, 0);
+  EXPECT_EQ(std::vector<std::int32_t>(tr.positions, tr.positions + tr.n_rows),
+            (std::vector<std::int32_t>{0, 1, 2}));
 }
 
 }  // namespace

@@ -247,7 +247,9 @@ VQ_C_API vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* k
 VQ_C_API vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t h,
                                       vq_head_rows* out);
 /* Phase 2: scores, evicts, merges or quantizes down to the budget. `attention` may be NULL for
- * methods with the proxy score source; methods with source=attention require it. */
+ * methods with the proxy score source; methods with source=attention require it. Every
+ * probability must be finite and in [0, 1]: VQ_ERR_INVALID_ARGUMENT naming the element
+ * otherwise, and the step stays open. */
 VQ_C_API vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention);
 /* The rows stored between steps for (b, h) (rows may differ per head); valid until the next
  * step or reset. */

@@ -3,6 +3,7 @@ Python exception) with a clear message; nothing crashes, reads out of bounds or 
 scores with a success. Run under ASan+UBSan by scripts/test.sh --sanitize."""
 
 import gc
+import re
 
 import numpy as np
 import pytest
@@ -44,6 +45,13 @@ def test_non_finite_attention_is_refused_and_the_step_stays_open():
     with pytest.raises(vq.Error, match=r"attention probability .* = \(0, 1, 0, 0\) is nan"):
         cache.end_step(probs)
     assert cache.step_open
+    # Finite but outside [0, 1]: no probability either (3e38 summed into a score overflows).
+    for bad, shown in ((3e38, "3.00000001e+38"), (1.5, "1.5"), (-0.25, "-0.25")):
+        probs[0, 1, 0, 0] = bad
+        with pytest.raises(vq.Error, match=r"\(0, 1, 0, 0\) is " + re.escape(shown) +
+                           r"; attention probabilities must be finite and in \[0, 1\]"):
+            cache.end_step(probs)
+        assert cache.step_open
     cache.end_step(np.ones((1, H, 1, 1), dtype=np.float32))
     assert all(np.isfinite(cache.row_scores(0, h)).all() for h in range(H))
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "base/validate.h"
@@ -20,6 +21,14 @@ namespace vq::detail {
 
 inline std::string finite_value_text(float x) {
   return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
+}
+
+// A value as printed in messages: "nan", "inf", "-inf", or %.9g ("3.00000005e+38", "-0.5").
+inline std::string value_text_9g(float x) {
+  if (!std::isfinite(x)) return finite_value_text(x);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+  return buf;
 }
 
 // Throws Error(kInvalidArgument) "<where>: <what> element (b, h, s, d) = (0, 1, 3, 5) is nan;
@@ -43,7 +52,10 @@ inline void check_finite(const TensorRef& t, const std::string& where, const std
         }
 }
 
-// The same for attention probabilities [batch, n_query_heads, n_queries, n_rows] (contiguous).
+// The same for attention probabilities [batch, n_query_heads, n_queries, n_rows] (contiguous),
+// which must also lie in [0, 1] (a softmax's outputs do, exactly): a "probability" of 3e38 is
+// finite, but summed into a heavy-hitter score it overflows to +inf and every decision read
+// from it is noise.
 inline void check_finite(const AttentionRef& a, const std::string& where) {
   if (a.data == nullptr || a.batch < 0 || a.n_query_heads < 0 || a.n_queries < 0 || a.n_rows < 0)
     return;
@@ -51,15 +63,17 @@ inline void check_finite(const AttentionRef& a, const std::string& where) {
   const std::int64_t n = validate::checked_size({a.batch, a.n_query_heads, a.n_queries, a.n_rows},
                                                 where + ": the attention's shape");
   for (std::int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a.data[i])) {
+    const float p = a.data[i];
+    if (!std::isfinite(p) || p < 0.0f || p > 1.0f) {
       const std::int64_t r = i % a.n_rows, q = i / a.n_rows % a.n_queries,
                          hq = i / (a.n_rows * a.n_queries) % a.n_query_heads,
                          b = i / (a.n_rows * a.n_queries * a.n_query_heads);
       throw Error(ErrorCode::kInvalidArgument,
                   where + ": attention probability (b, query head, query, row) = (" +
                       std::to_string(b) + ", " + std::to_string(hq) + ", " + std::to_string(q) +
-                      ", " + std::to_string(r) + ") is " + finite_value_text(a.data[i]) +
-                      "; attention probabilities must be finite");
+                      ", " + std::to_string(r) + ") is " +
+                      value_text_9g(p) +
+                      "; attention probabilities must be finite and in [0, 1]");
     }
   }
 }

@@ -121,7 +121,7 @@ void H2OPolicy::eviction_scores(HeadCtx& h, float* out) {
   const float inf = std::numeric_limits<float>::infinity();
   const float* score = h.hs.score.data();
   for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = (i < n_sink_ || i >= n - grace_) ? inf : score[i];
+    out[i] = (i < n_sink_ || i >= n - grace_) ? inf : rank_of(score[i]);
   }
 }
 

@@ -137,7 +137,7 @@ class KeyformerPolicy final : public H2OPolicy {
     const float tau = source_.attention() ? 0.0f : tau_;
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) {
-      out[i] = (i < n_sink_ || i >= n - grace_) ? inf : h.hs.score[i] + tau * h.hs.aux[i];
+      out[i] = (i < n_sink_ || i >= n - grace_) ? inf : rank_of(h.hs.score[i] + tau * h.hs.aux[i]);
     }
   }
 

@@ -125,7 +125,7 @@ class MorphKVPolicy final : public TokenPolicy {
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t j = 0; j < n; ++j) {
       score[j] = out[j];
-      if (j < n_sink_ || j >= n - w) out[j] = inf;
+      out[j] = (j < n_sink_ || j >= n - w) ? inf : rank_of(out[j]);
     }
   }
 
@@ -153,7 +153,7 @@ class MorphKVPolicy final : public TokenPolicy {
     for (std::int64_t j = 0; j < n; ++j) {
       if (fusion_ == Fusion::kMean && used > 0) out[j] /= static_cast<float>(used);
       score[j] = out[j];
-      if (j < n_sink_ || j >= n - w) out[j] = inf;
+      out[j] = (j < n_sink_ || j >= n - w) ? inf : rank_of(out[j]);
     }
   }
 

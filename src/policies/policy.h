@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -177,8 +178,18 @@ class TokenPolicy : public Policy {
   // Appends physical row `row` (a new token) to h.hs.live with its initial score.
   virtual void on_token(HeadCtx& h, std::int64_t row) = 0;
   // Fills out[i] for every live row i with the eviction ranking (lowest is evicted; +inf
-  // protects). The default protects the first n_sink rows and ranks the rest by score.
+  // protects). The default protects the first n_sink rows and ranks the rest by score. A row's
+  // data score goes through rank_of(), so a score that overflowed to +inf is never read as the
+  // protected mark.
   virtual void eviction_scores(HeadCtx& h, float* out);
+  // A data score as an eviction rank: +inf (a sum that overflowed, e.g. attention mass summed
+  // from probabilities near FLT_MAX handed to the C++ API, or a key norm of huge keys) ranks as
+  // the largest finite float: highest, tied with every other overflowed row (ties evict the
+  // lowest index first), and never protected. Every other value, NaN included, is unchanged.
+  static float rank_of(float score) noexcept {
+    return score == std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::max()
+                                                           : score;
+  }
   // The live index to evict; the default is argmin of eviction_scores().
   virtual std::int64_t pick_loser(HeadCtx& h);
   // Score the merge gate compares (default: the row's score).

@@ -97,7 +97,7 @@ class SnapKVPolicy final : public TokenPolicy {
     const std::int64_t m = pool(h);
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t j = 0; j < n; ++j) {
-      out[j] = (j < n_sink_ || j >= m) ? inf : pooled_[static_cast<std::size_t>(j)];
+      out[j] = (j < n_sink_ || j >= m) ? inf : rank_of(pooled_[static_cast<std::size_t>(j)]);
     }
   }
 

@@ -192,7 +192,7 @@ void TokenPolicy::proxy_weights(const HeadCtx& h, const float* q, std::int64_t n
 void TokenPolicy::eviction_scores(HeadCtx& h, float* out) {
   const std::int64_t n = h.n_live();
   const float inf = std::numeric_limits<float>::infinity();
-  for (std::int64_t i = 0; i < n; ++i) out[i] = i < n_sink_ ? inf : h.hs.score[i];
+  for (std::int64_t i = 0; i < n; ++i) out[i] = i < n_sink_ ? inf : rank_of(h.hs.score[i]);
 }
 
 std::int64_t TokenPolicy::pick_loser(HeadCtx& h) {

@@ -118,7 +118,7 @@ class TovaPolicy final : public TokenPolicy {
     const float inf = std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) {
       score[i] = out[i];
-      if (i < n_sink_) out[i] = inf;
+      out[i] = i < n_sink_ ? inf : rank_of(out[i]);
     }
   }
 };

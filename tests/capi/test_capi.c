@@ -543,6 +543,16 @@ static void test_misuse(void) {
   CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_INVALID_ARGUMENT);
   CHECK(strstr(vq_layer_last_error(layer), "is nan") != NULL);
   CHECK_EQ_I64(vq_layer_step_open(layer), 1);
+  /* A finite value outside [0, 1] is no probability either (3e38 would overflow a summed
+     score): refused naming the element and the value. */
+  probs[1] = 3e38f;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "(0, 1, 0, 0) is 3.00000001e+38") != NULL);
+  probs[1] = -0.25f;
+  CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "is -0.25; attention probabilities must be finite and "
+                                           "in [0, 1]") != NULL);
+  CHECK_EQ_I64(vq_layer_step_open(layer), 1);
   probs[1] = 1.0f;
   CHECK_EQ_I64(vq_layer_end_step(layer, &att), VQ_OK);
 
