@@ -95,7 +95,9 @@ class KeyScorerPolicy final : public TokenPolicy {
       for (std::int64_t i = 0; i < n; ++i) score[i] = -kernels::cosine(key_of(h, i), anchor_.data(), d);
     }
     const float inf = std::numeric_limits<float>::infinity();
-    for (std::int64_t i = 0; i < n; ++i) out[i] = (i < n_sink_ || i >= n - grace_) ? inf : rank_of(score[i]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = (i < n_sink_ || i >= n - grace_) ? inf : rank_of(score[i]);
+    }
   }
 
   float gate_score(const HeadCtx& h, std::int64_t i) const override {
