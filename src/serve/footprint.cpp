@@ -39,8 +39,15 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
     for (std::int64_t l = 0; l < shape.n_layers; ++l) {
       const StepView view = cache.layer(l).begin_step(kref, vref);
       const std::int64_t R = view.n_rows();
-      probs.assign(static_cast<std::size_t>(Hq * S * R), 1.0f / static_cast<float>(R));
-      const AttentionRef a{probs.data(), 1, Hq, S, R};
+      // Uniform probabilities, built only for a cache that reads them (an engine's contract:
+      // AttentionRef with null data otherwise); full, kivi, the key scorers and proxy sources
+      // skip the Hq * S * R buffer (llama-110m, a 512-token chunk at 4k rows: 12 x 512 x 4096
+      // floats, 96 MiB).
+      AttentionRef a{nullptr, 1, Hq, S, R};
+      if (cache.layer(l).reads_attention()) {
+        probs.assign(static_cast<std::size_t>(Hq * S * R), 1.0f / static_cast<float>(R));
+        a.data = probs.data();
+      }
       cache.observe_layer_similarity(l, 0.9);
       cache.layer(l).end_step(&a);
     }
