@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/block_matmul.h"
 #include "engine/compute/matmul.h"
 #include "engine/compute/parallel.h"
 #include "engine/compute/weights.h"
@@ -146,5 +147,80 @@ void register_all() {
 }
 
 const int registered = (register_all(), 0);
+
+// matvec/<type>/<family>/<rows>x<cols>: one token's product (S = 1, decode) of one matrix with
+// one kernel family, one thread, through matmul_rows_blocks (matmul_rows_q8_0 for Q8_0) over
+// activations quantized once: llama-3.2-1b's shapes (2048 x 2048: q/o, 8192 x 2048: gate/up,
+// 2048 x 8192: down) and llama-110m's (768 x 768, 2048 x 768). A 2048 x 2048 Q4_K matrix is
+// 2.4 MB, past this CPU's L2, so the figures include the weights' memory traffic.
+// items_per_second is weight rows per second; bytes_per_second the weight bytes read. Compare
+// families with --benchmark_filter=matvec --benchmark_enable_random_interleaving=true
+// --benchmark_repetitions=N.
+void BM_Matvec(benchmark::State& state, vq::engine::WeightType type, Isa isa, std::int64_t rows,
+               std::int64_t cols) {
+  using vq::engine::WeightType;
+  if (!vq::engine::isa_supported(isa)) {
+    state.SkipWithError("kernel family not supported by this CPU");
+    return;
+  }
+  std::vector<std::uint8_t> bytes = prefill_matrix(type, rows, cols, 5u);
+  const auto bb = static_cast<std::size_t>(vq::engine::weight_block_bytes(type));
+  if (type == WeightType::kQ5_K || type == WeightType::kQ6_K) {  // finite fp16 scales
+    const std::size_t at = type == WeightType::kQ6_K ? 208 : 0;
+    for (std::size_t k = 0; k + bb <= bytes.size(); k += bb) {
+      bytes[k + at] = 0x00;
+      bytes[k + at + 1] = 0x20;
+      if (type == WeightType::kQ5_K) {
+        bytes[k + 2] = 0x00;
+        bytes[k + 3] = 0x1c;
+      }
+    }
+  }
+  const vq::engine::WeightMatrix w{type, rows, cols, bytes.data()};
+  std::vector<float> x(static_cast<std::size_t>(cols));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 37 % 97) - 48) / 16.0f;
+  const vq::engine::ActType at = vq::engine::activation_type(type);
+  std::vector<std::int8_t> q(x.size());
+  std::vector<float> d(x.size() / 32), s(x.size() / 32);
+  std::vector<std::int16_t> bs(x.size() / 16);
+  if (at == vq::engine::ActType::kQ8_K) {
+    vq::engine::quantize_activations_q8_k(x.data(), cols, q.data(), d.data(), bs.data());
+  } else {
+    vq::engine::quantize_activations_q8_1(x.data(), cols, q.data(), d.data(), s.data());
+  }
+  const vq::engine::BlockActs a{at, cols, q.data(), d.data(), s.data(), bs.data()};
+  std::vector<float> out(static_cast<std::size_t>(rows));
+  for (auto _ : state) {
+    if (type == WeightType::kQ8_0) {
+      vq::engine::matmul_rows_q8_0(isa, out.data(), q.data(), d.data(), w, 1, 0, rows);
+    } else {
+      vq::engine::matmul_rows_blocks(isa, out.data(), a, w, 1, 0, rows);
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes.size()));
+}
+
+void register_matvec() {
+  using vq::engine::WeightType;
+  const std::int64_t shapes[5][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}, {768, 768}, {2048, 768}};
+  for (const WeightType type : {WeightType::kQ4_0, WeightType::kQ8_0, WeightType::kQ4_K,
+                                WeightType::kQ5_K, WeightType::kQ6_K}) {
+    for (const Isa isa : {Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
+      for (const auto& sh : shapes) {
+        benchmark::RegisterBenchmark(("matvec/" + std::string(vq::engine::to_string(type)) + "/" +
+                                      vq::engine::to_string(isa) + "/" + std::to_string(sh[0]) +
+                                      "x" + std::to_string(sh[1]))
+                                         .c_str(),
+                                     BM_Matvec, type, isa, sh[0], sh[1])
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+const int registered_matvec = (register_matvec(), 0);
 
 }  // namespace

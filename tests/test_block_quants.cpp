@@ -214,7 +214,7 @@ float one_dot(WeightType t, const std::vector<std::uint8_t>& blk, std::int64_t c
 }
 
 TEST(BlockMatmul, HandComputedDots) {
-  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
     if (!engine::isa_supported(isa)) continue;
     {
       // Q2_K block above (x[0] = 8, x[1] = -1, x[16] = 10, x[144] = 20.5); activations d = 0.5,
@@ -258,7 +258,10 @@ TEST(BlockMatmul, HandComputedDots) {
       q[0] = 1;
       q[64] = 2;
       q[128] = -1;
-      std::vector<std::int16_t> bs(16, 0);
+      std::vector<std::int16_t> bs(16, 0);  // the 16-code group sums, as BlockActs has them
+      bs[0] = 1;
+      bs[4] = 2;
+      bs[8] = -1;
       const float d = 2.0f;
       const BlockActs a{ActType::kQ8_K, 256, q.data(), &d, nullptr, bs.data()};
       EXPECT_EQ(one_dot(WeightType::kQ6_K, b, 256, a, isa), 180.0f) << engine::to_string(isa);
@@ -352,7 +355,7 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
         const Acts acts = quantize(engine::activation_type(t), x, S, cols);
         std::vector<float> want(static_cast<std::size_t>(S * rows), -1.0f);
         engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, S, 0, rows);
-        for (const Isa isa : {Isa::kAvx2, Isa::kAvx2Vnni}) {
+        for (const Isa isa : {Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
           if (!engine::isa_supported(isa)) continue;
           std::vector<float> got(want.size(), -2.0f);
           engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, 5);
@@ -371,6 +374,49 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
           engine::matmul_rows_blocks(engine::best_isa(), single.data(), one.a, w, 1, 0, rows);
           EXPECT_EQ(std::memcmp(single.data(), want.data() + s * rows, single.size() * 4), 0)
               << engine::to_string(t) << " token " << s;
+        }
+      }
+    }
+  }
+}
+
+// The decode (S = 1) kernels of the AVX-512 VNNI family (Q4_0, Q4_K, Q5_K, Q6_K; the other types
+// fall back to the AVX2 kernels) against the scalar definition, bit for bit: every width from
+// one block up to past two groups of eight blocks (partial groups of every size, K super-block
+// counts past the eight accumulators), row counts that leave every remainder of the four-row
+// passes, ranges split at odd rows, random bytes (every code, scale and min value; Q8_0-style
+// extreme activations from a large value), and an activation block holding a NaN.
+TEST(BlockMatmul, Avx512DecodeKernelsAreTheScalarDefinitionBitForBit) {
+  if (!engine::isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI/VBMI here";
+  for (const WeightType t : kTypes) {
+    const bool k = engine::act_block_size(engine::activation_type(t)) == 256;
+    std::vector<std::int64_t> widths;
+    for (int n = 1; n <= (k ? 10 : 18); ++n) widths.push_back((k ? 256 : 32) * n);
+    widths.push_back(k ? 8192 : 8224);
+    for (const std::int64_t cols : widths) {
+      for (const std::int64_t rows : {1, 2, 3, 4, 5, 6, 7, 9, 19}) {
+        auto bytes = random_matrix(t, rows, cols, static_cast<std::uint64_t>(cols * 31 + rows));
+        const WeightMatrix w{t, rows, cols, bytes.data() + 1};
+        for (const bool nan : {false, true}) {
+          auto x = test::randn(static_cast<std::size_t>(cols), static_cast<std::uint64_t>(rows));
+          x[static_cast<std::size_t>(cols - 1)] = 50.0f;
+          if (nan) x[0] = std::numeric_limits<float>::quiet_NaN();
+          const Acts acts = quantize(engine::activation_type(t), x, 1, cols);
+          std::vector<float> want(static_cast<std::size_t>(rows), -1.0f);
+          engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, 1, 0, rows);
+          std::vector<float> got(want.size(), -2.0f);
+          const std::int64_t split = rows / 2 + (rows > 2 ? 1 : 0);
+          engine::matmul_rows_blocks(Isa::kAvx512Vnni, got.data(), acts.a, w, 1, 0, split);
+          engine::matmul_rows_blocks(Isa::kAvx512Vnni, got.data(), acts.a, w, 1, split, rows);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            const auto u = static_cast<std::size_t>(i);
+            ASSERT_EQ(std::memcmp(&want[u], &got[u], 4), 0)
+                << engine::to_string(t) << " " << rows << "x" << cols << (nan ? " nan" : "")
+                << " row " << i << ": " << want[u] << " vs " << got[u];
+            if (nan) {
+              ASSERT_TRUE(std::isnan(got[u]));
+            }
+          }
         }
       }
     }
@@ -405,7 +451,7 @@ TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
           engine::set_prefill_kernels(engine::PrefillKernels::kRows);
           engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, S, 0, rows);
           engine::set_prefill_kernels(engine::PrefillKernels::kTiles);
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
             if (!engine::isa_supported(isa)) continue;
             std::vector<float> got(want.size(), -2.0f);
             engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, rows / 2);

@@ -94,7 +94,7 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
           const Typed t = make_typed(type, rows, cols, 100 + static_cast<std::uint64_t>(cols));
           const auto x =
               test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
             if (!engine::isa_supported(isa)) continue;
             std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
             engine::matmul_rows(isa, out.data(), x.data(), t.m, S, 0, rows);
@@ -313,7 +313,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0DotByHand) {
   engine::quantize_activations_q8_0(x, 64, q, d);
   // Block 0: isum = 96, times 0.5 * 0.25 = 12. Block 1: isum = (-128)(-127) + 7*0 + 3*2 +
   // 5*(-2) + 1*4 = 16256, times 2 * 0.25 = 8128. Lanes 0 and 1: 12 + 8128 = 8140.
-  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
     if (!engine::isa_supported(isa)) continue;
     float out = -1.0f;
     engine::matmul_rows_q8_0(isa, &out, q, d, m, 1, 0, 1);
@@ -360,7 +360,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
         std::vector<std::int8_t> xq(x.size());
         std::vector<float> xd(x.size() / 32);
         engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
-        for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+        for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
           if (!engine::isa_supported(isa)) continue;
           std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
           engine::matmul_rows_q8_0(isa, out.data(), xq.data(), xd.data(), t.m, S, 0, rows);
@@ -436,7 +436,7 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
              {engine::PrefillKernels::kTiles, engine::PrefillKernels::kRows}) {
           engine::set_prefill_kernels(k);
           const std::string kname = k == engine::PrefillKernels::kTiles ? "tiles" : "rows";
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
+          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
             if (!engine::isa_supported(isa)) continue;
             // Two calls splitting the rows at an odd row: tiles start anywhere.
             std::vector<float> got(want.size(), -1.0f);
@@ -523,13 +523,23 @@ TEST(EngineWeights, KernelFamiliesFollowTheCpuFlagsLinuxReports) {
   };
   const bool avx2 = has("avx2") && has("f16c");
   const bool vnni = avx2 && has("avx_vnni");
+  const bool avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512vl") &&
+                      has("avx512dq") && has("avx512_vnni") && has("avx512vbmi");
   EXPECT_TRUE(engine::isa_supported(Isa::kScalar));
   EXPECT_EQ(engine::isa_supported(Isa::kAvx2), avx2);
   EXPECT_EQ(engine::isa_supported(Isa::kAvx2Vnni), vnni);
-  EXPECT_EQ(engine::best_isa(), vnni ? Isa::kAvx2Vnni : avx2 ? Isa::kAvx2 : Isa::kScalar);
+  EXPECT_EQ(engine::isa_supported(Isa::kAvx512Vnni), avx512);
+  EXPECT_EQ(engine::best_isa(), avx512 ? Isa::kAvx512Vnni
+                                : vnni ? Isa::kAvx2Vnni
+                                : avx2 ? Isa::kAvx2
+                                       : Isa::kScalar);
+  if (avx2) {
+    EXPECT_EQ(engine::avx512_base_isa(), vnni ? Isa::kAvx2Vnni : Isa::kAvx2);
+  }
   EXPECT_STREQ(engine::to_string(Isa::kScalar), "scalar");
   EXPECT_STREQ(engine::to_string(Isa::kAvx2), "avx2+f16c");
   EXPECT_STREQ(engine::to_string(Isa::kAvx2Vnni), "avx2+f16c+avxvnni");
+  EXPECT_STREQ(engine::to_string(Isa::kAvx512Vnni), "avx512vnni+vbmi");
 }
 
 }  // namespace

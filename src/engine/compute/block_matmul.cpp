@@ -806,6 +806,19 @@ namespace k_vnni {
 #undef VQ_K_TARGET
 #undef VQ_K_VNNI
 }  // namespace k_vnni
+
+// GCC 12's AVX-512 headers read an intentionally undefined vector (_mm512_undefined_epi32) in
+// their shuffles and report it (GCC bug 105593); nothing of ours is uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace mv512 {
+#include "engine/compute/block_matvec_avx512.inc"
+}  // namespace mv512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 template <class Family>
@@ -928,8 +941,24 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
   }
 }
 
+bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
+                        std::int64_t begin, std::int64_t end) noexcept {
+#ifdef VQ_BLOCKS_X86
+  return mv512::legacy_matvec<WeightType::kQ8_0>(out, xq, xd, w, begin, end);
+#else
+  (void)out, (void)xq, (void)xd, (void)w, (void)begin, (void)end;
+  return false;
+#endif
+}
+
 void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
                         std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  if (isa == Isa::kAvx512Vnni) {  // its own kernels for one token, kAvx2Vnni's / kAvx2's else
+#ifdef VQ_BLOCKS_X86
+    if (S == 1 && mv512::matvec_blocks(out, a, w, begin, end)) return;
+#endif
+    isa = avx512_base_isa();
+  }
 #ifdef VQ_BLOCKS_X86
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     switch (w.type) {
@@ -976,6 +1005,7 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
 
 void decode_block(Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
                   DecodedBlock* out) noexcept {
+  if (isa == Isa::kAvx512Vnni) isa = avx512_base_isa();
   Decoded dec{};
   const std::uint8_t* blk = w.row(row) + block * weight_block_bytes(w.type);
 #ifdef VQ_BLOCKS_X86

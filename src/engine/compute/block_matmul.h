@@ -71,7 +71,8 @@ struct BlockActs {
   const std::int8_t* q = nullptr;        // [S][cols] codes
   const float* d = nullptr;              // [S][cols / B] scales (fp32; Q8_0/Q8_1: fp16 values)
   const float* s = nullptr;              // Q8_1: [S][cols / 32] d * sum(q) (fp16 values)
-  const std::int16_t* bsums = nullptr;   // Q8_K: [S][cols / 16] sums of 16 codes
+  const std::int16_t* bsums = nullptr;   // Q8_K: [S][cols / 16] sums of 16 codes (must be
+                                         // q's: kAvx512Vnni's Q6_K kernel relies on them)
 };
 
 // One row: x[n] -> the codes and scales above (n a multiple of the block size). s may be null
@@ -85,6 +86,12 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
 // the given kernel family; w is a block type other than Q8_0 and a.type its activation_type.
 void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
                         std::int64_t S, std::int64_t row_begin, std::int64_t row_end) noexcept;
+
+// For matmul.cpp: rows [row_begin, row_end) of the Q8_0 x Q8_0 product (engine/matmul.h's
+// definition) of one token with the kAvx512Vnni family's kernel (block_matvec_avx512.inc); false,
+// with nothing written, where it has none (no AVX-512 build, rows of more than 131,072 values).
+bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
+                        std::int64_t row_begin, std::int64_t row_end) noexcept;
 
 // For tests: block b of row `row` of w decoded to its integer codes and scales as the family
 // `isa` decodes it, in a fixed layout: codes[256] (the first 32 for legacy types), sc[16] and

@@ -65,6 +65,8 @@ const char* to_string(Isa isa) noexcept {
       return "avx2+f16c";
     case Isa::kAvx2Vnni:
       return "avx2+f16c+avxvnni";
+    case Isa::kAvx512Vnni:
+      return "avx512vnni+vbmi";
   }
   return "?";
 }
@@ -422,6 +424,16 @@ bool isa_supported(Isa isa) noexcept {
   // AVX-VNNI (the VEX-coded vpdpbusd) is CPUID leaf 7 subleaf 1, EAX bit 4. Asked of the CPU,
   // not of the compiler: the build may target a CPU with it (-march=native) and run on one
   // without. It needs no OS state beyond AVX2's (ymm registers).
+  if (isa == Isa::kAvx512Vnni) {
+    // AVX-512 F/BW/VL/DQ as the CPU and the OS report them (libgcc checks that the OS saves the
+    // zmm and mask state); VNNI (vpdpbusd/vpdpwssd on zmm) and VBMI (vpermi2b) are CPUID leaf 7
+    // subleaf 0, ECX bits 11 and 1.
+    a = b = c = d = 0;
+    const bool leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0;
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && leaf7 &&
+           ((c >> 11) & 1u) != 0 && ((c >> 1) & 1u) != 0;
+  }
   a = b = c = d = 0;
   const bool vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
   return avx2 && vnni;
@@ -431,14 +443,21 @@ bool isa_supported(Isa isa) noexcept {
 }
 
 Isa best_isa() noexcept {
-  static const Isa best = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni
-                          : isa_supported(Isa::kAvx2)   ? Isa::kAvx2
-                                                        : Isa::kScalar;
+  static const Isa best = isa_supported(Isa::kAvx512Vnni) ? Isa::kAvx512Vnni
+                          : isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni
+                          : isa_supported(Isa::kAvx2)     ? Isa::kAvx2
+                                                          : Isa::kScalar;
   return best;
+}
+
+Isa avx512_base_isa() noexcept {
+  static const Isa base = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni : Isa::kAvx2;
+  return base;
 }
 
 void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t begin, std::int64_t end) noexcept {
+  if (isa == Isa::kAvx512Vnni) isa = avx512_base_isa();  // no fp32-activation kernels of its own
 #ifdef VQ_MATMUL_X86
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {  // the same kernels for fp32 activations
     switch (w.type) {
@@ -501,6 +520,10 @@ void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, f
 void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
                       const WeightMatrix& w, std::int64_t S, std::int64_t begin,
                       std::int64_t end) noexcept {
+  if (isa == Isa::kAvx512Vnni) {  // its own kernel for one token, kAvx2Vnni's / kAvx2's else
+    if (S == 1 && matvec_q8_0_avx512(out, xq, xd, w, begin, end)) return;
+    isa = avx512_base_isa();
+  }
 #ifdef VQ_MATMUL_X86
   if (isa == Isa::kAvx2) return q8q8_avx2::rows(out, xq, xd, w, S, begin, end);
   if (isa == Isa::kAvx2Vnni) return q8q8_vnni::rows(out, xq, xd, w, S, begin, end);

@@ -40,12 +40,19 @@ namespace vq::engine {
 
 // The kernel families. kAvx2 needs AVX2 and F16C; kAvx2Vnni also AVX-VNNI (CPUID leaf 7.1 EAX
 // bit 4), which only its Q8_0 x Q8_0 block dots use: for fp32 activations it runs kAvx2's
-// kernels. Support is checked at run time (CPUID), never taken from the compiler's flags.
-enum class Isa { kScalar, kAvx2, kAvx2Vnni };
+// kernels. kAvx512Vnni needs AVX2, F16C and AVX-512 F/BW/VL/DQ/VNNI/VBMI (with the OS saving the
+// zmm state): it has its own matrix-vector kernels (S = 1, decode) for Q4_0 and Q8_0 x Q8_0 and
+// Q4_K/Q5_K/Q6_K x Q8_K (engine/block_matvec_avx512.inc); everything else it runs with
+// avx512_base_isa()'s kernels. Support is checked at run time (CPUID), never taken from the
+// compiler's flags.
+enum class Isa { kScalar, kAvx2, kAvx2Vnni, kAvx512Vnni };
 const char* to_string(Isa isa) noexcept;
 // The best family this CPU supports (cached after the first call).
 Isa best_isa() noexcept;
 bool isa_supported(Isa isa) noexcept;
+// The family kAvx512Vnni runs where it has no kernel of its own: kAvx2Vnni where the CPU has
+// AVX-VNNI, else kAvx2 (cached).
+Isa avx512_base_isa() noexcept;
 
 // Rows [row_begin, row_end) of out[s][i] for s < S, one thread, with the given kernel family:
 // x is [S][w.cols], out is [S][w.rows] (row stride w.rows). For tests and benchmarks.
