@@ -6,6 +6,7 @@
 #include "engine/compute/block_matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,7 +14,16 @@
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*() (a self-initialised
+// variable), which -Wmaybe-uninitialized reports inside the header; the header's lines only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #define VQ_BLOCKS_X86 1
 #endif
 
@@ -806,6 +816,8 @@ namespace k_vnni {
 #undef VQ_K_TARGET
 #undef VQ_K_VNNI
 }  // namespace k_vnni
+
+#include "engine/compute/block_prefill_avx512.inc"
 #endif
 
 template <class Family>
@@ -871,6 +883,25 @@ bool finite_block(const float* x, std::int64_t n) noexcept {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_avx512_prefill{true};
+}  // namespace
+
+bool avx512_prefill_supported() noexcept {
+#ifdef VQ_BLOCKS_X86
+  // __builtin_cpu_supports checks the OS's zmm state (XCR0) too.
+  static const bool ok = isa_supported(Isa::kAvx2Vnni) && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
+bool avx512_prefill() noexcept { return g_avx512_prefill.load() && avx512_prefill_supported(); }
+
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
                                float* s) noexcept {
   quantize_activations_q8_0(x, n, q, d);
@@ -931,6 +962,24 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
 void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
                         std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_BLOCKS_X86
+  if (p512::use(isa, w, S)) {
+    switch (w.type) {
+      case WeightType::kQ4_0:
+        return p512::rows_q4_0(out, a, w, S, begin, end);
+      case WeightType::kQ2_K:
+        return p512::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
+      case WeightType::kQ3_K:
+        return p512::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
+      case WeightType::kQ4_K:
+        return p512::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
+      case WeightType::kQ5_K:
+        return p512::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
+      case WeightType::kQ6_K:
+        return p512::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
+      default:
+        break;
+    }
+  }
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     switch (w.type) {
       case WeightType::kQ4_0:
