@@ -451,14 +451,22 @@ TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
           engine::set_prefill_kernels(engine::PrefillKernels::kRows);
           engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, S, 0, rows);
           engine::set_prefill_kernels(engine::PrefillKernels::kTiles);
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-            if (!engine::isa_supported(isa)) continue;
-            std::vector<float> got(want.size(), -2.0f);
-            engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, rows / 2);
-            engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, rows / 2, rows);
-            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
-                << engine::to_string(t) << " " << rows << "x" << cols << " S " << S << " "
-                << engine::to_string(isa);
+          // kAvx2Vnni and kAvx512Vnni (whose prefill is kAvx2Vnni's) twice: with the AVX-512 VNNI
+          // tiles (where the CPU has them) and without.
+          for (const bool avx512 : {false, true}) {
+            engine::set_avx512_prefill(avx512);
+            for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
+              if (!engine::isa_supported(isa)) continue;
+              if (avx512 && ((isa != Isa::kAvx2Vnni && isa != Isa::kAvx512Vnni) ||
+                             !engine::avx512_prefill()))
+                continue;
+              std::vector<float> got(want.size(), -2.0f);
+              engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, rows / 2);
+              engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, rows / 2, rows);
+              ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+                  << engine::to_string(t) << " " << rows << "x" << cols << " S " << S << " "
+                  << engine::to_string(isa) << (avx512 ? " avx512 tiles" : "");
+            }
           }
           for (const int n : {1, 2, 3}) {
             engine::set_threads(n);

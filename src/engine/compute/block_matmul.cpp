@@ -6,6 +6,7 @@
 #include "engine/compute/block_matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,7 +14,16 @@
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*() (a self-initialised
+// variable), which -Wmaybe-uninitialized reports inside the header; the header's lines only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #define VQ_BLOCKS_X86 1
 #endif
 
@@ -808,7 +818,8 @@ namespace k_vnni {
 }  // namespace k_vnni
 
 // GCC 12's AVX-512 headers read an intentionally undefined vector (_mm512_undefined_epi32) in
-// their shuffles and report it (GCC bug 105593); nothing of ours is uninitialised.
+// their shuffles and report it (GCC bug 105593); nothing of ours is uninitialised. The
+// decode kernels (mv512) and the prefill tiles (p512) both use them.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -816,6 +827,7 @@ namespace k_vnni {
 namespace mv512 {
 #include "engine/compute/block_matvec_avx512.inc"
 }  // namespace mv512
+#include "engine/compute/block_prefill_avx512.inc"
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -883,6 +895,25 @@ bool finite_block(const float* x, std::int64_t n) noexcept {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_avx512_prefill{true};
+}  // namespace
+
+bool avx512_prefill_supported() noexcept {
+#ifdef VQ_BLOCKS_X86
+  // __builtin_cpu_supports checks the OS's zmm state (XCR0) too.
+  static const bool ok = isa_supported(Isa::kAvx2Vnni) && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
+bool avx512_prefill() noexcept { return g_avx512_prefill.load() && avx512_prefill_supported(); }
 
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
                                float* s) noexcept {
@@ -960,6 +991,24 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
     isa = avx512_base_isa();
   }
 #ifdef VQ_BLOCKS_X86
+  if (p512::use(isa, w, S)) {
+    switch (w.type) {
+      case WeightType::kQ4_0:
+        return p512::rows_q4_0(out, a, w, S, begin, end);
+      case WeightType::kQ2_K:
+        return p512::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
+      case WeightType::kQ3_K:
+        return p512::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
+      case WeightType::kQ4_K:
+        return p512::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
+      case WeightType::kQ5_K:
+        return p512::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
+      case WeightType::kQ6_K:
+        return p512::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
+      default:
+        break;
+    }
+  }
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     switch (w.type) {
       case WeightType::kQ4_0:

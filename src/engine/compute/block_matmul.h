@@ -93,6 +93,18 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
 bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
                         std::int64_t row_begin, std::int64_t row_end) noexcept;
 
+// AVX-512 VNNI prefill tiles (block_prefill_avx512.inc) for Q4_0 and the K-quants: within the
+// kAvx2Vnni family, a product over S > 1 tokens with PrefillKernels::kTiles runs them when the
+// CPU has AVX-512 F, BW, VL and VNNI (checked at run time) and they are switched on (the
+// default); rows wider than 16384 values keep the AVX2 tiles. They give the scalar
+// definition's bits like every family. set_avx512_prefill(false) keeps the AVX2 tiles (for
+// tests and benchmarks comparing them in one process); process-wide, like
+// set_prefill_kernels, not to be changed while a matmul runs. avx512_prefill() is whether they
+// are on and supported.
+bool avx512_prefill_supported() noexcept;
+void set_avx512_prefill(bool on) noexcept;
+bool avx512_prefill() noexcept;
+
 // For tests: block b of row `row` of w decoded to its integer codes and scales as the family
 // `isa` decodes it, in a fixed layout: codes[256] (the first 32 for legacy types), sc[16] and
 // mn[16] (legacy: unused, 0), d, dmin (legacy: m). Equal across families (tested).
