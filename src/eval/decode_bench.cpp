@@ -287,6 +287,9 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   const engine::ModelConfig& c = model.config();
   Run r{method_config(spec, o), spec, nullptr, nullptr, 0, 0, {}};
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+  // Memory only: the prompt, the warm-up and the timed steps are every position the cache gets,
+  // so the stores grow no further than that (a full cache holds exactly its rows).
+  r.cache->expect_positions(n + o.warmup + o.steps);
   r.tf = std::make_unique<engine::Transformer>(
       model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
   const auto t_fill = Clock::now();

@@ -34,6 +34,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   const std::int32_t stop = c.format == "llama2c" ? 1 : c.eos_id;
   Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.seed);
   ModelCache cache = KVCacheBuilder::for_model(o.method, model_shape(c));
+  cache.expect_positions(steps);  // memory only: the stores grow no further than the run's rows
 
   GenerateResult res;
   res.n_prompt = static_cast<std::int64_t>(prompt.size());
