@@ -306,6 +306,7 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
       logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
     }
     r.token = argmax(logits, c.vocab_size);
+    r.tf->release_chunk_buffers();  // decoding needs one token's activations, not a chunk's
   } else {
     synthetic_fill(*r.cache, c, n, o.fill_chunk, o.seed);
   }

@@ -80,6 +80,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
     if (!take(next)) break;
   }
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  tf.release_chunk_buffers();  // decoding needs one token's activations, not the prompt's
 
   // Decode: one token per step.
   t0 = clock::now();
