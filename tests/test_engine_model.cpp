@@ -2,6 +2,7 @@
 // per-token NLL and logits (stories260K, shipped in data/), and TinyStories-656K (Hugging Face
 // format, read from ../shared; skipped when it is absent).
 #include <cmath>
+#include <cstring>
 
 #include "engine/run/evaluate.h"
 #include "engine/run/generate.h"
@@ -283,6 +284,33 @@ TEST(Stories260K, LayerCosineIsExposedPerStep) {
   }
   tf.forward(&ids[8], 1, cache);
   EXPECT_NE(tf.state().layer_cosine, chunk) << "the cosine is per step";
+}
+
+// Releasing the prompt chunk's activations (what generate, eval and bench decode do after the
+// prompt) changes no logit: the buffers hold nothing between steps. h2o reads the step's
+// probabilities (RunState::att, also released); the chunk grows the buffers back.
+TEST(Stories260K, ReleasingTheChunkBuffersChangesNoLogit) {
+  const auto ids =
+      first_tokens(stories_tok(), test::data("tinystories_validation_excerpt.txt"), 48);
+  const auto shape = engine::model_shape(stories().config());
+  const std::int64_t V = stories().config().vocab_size;
+  for (const char* spec : {"full", "h2o:budget=12,source=attention"}) {
+    ModelCache kept = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+    ModelCache freed = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+    engine::Transformer a(stories(), 16), b(stories(), 16);
+    std::int64_t t = 0;
+    for (const std::int64_t S : {16, 1, 1, 1, 16, 1, 1}) {
+      const float* la = a.forward(ids.data() + t, S, kept, engine::Logits::kAll);
+      const std::vector<float> want(la, la + S * V);
+      const float* lb = b.forward(ids.data() + t, S, freed, engine::Logits::kAll);
+      ASSERT_EQ(std::memcmp(want.data(), lb, want.size() * sizeof(float)), 0)
+          << spec << " at position " << t;
+      b.release_chunk_buffers();
+      t += S;
+    }
+    EXPECT_EQ(b.state().x.size(), static_cast<std::size_t>(stories().config().dim)) << spec;
+    EXPECT_EQ(a.state().x.size(), static_cast<std::size_t>(16 * stories().config().dim)) << spec;
+  }
 }
 
 TEST(Stories260K, RejectsBadForwardCalls) {

@@ -1,8 +1,10 @@
 // The bytes a cache reports against the bytes it holds, measured independently: this test
 // binary replaces the global operator new/delete with a counter of live heap bytes, so the heap
 // a cache keeps between steps is measured without asking the cache.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -204,22 +206,78 @@ void expect_kivi_at_or_below_full(std::int64_t prefill, std::int64_t n_tokens) {
   }
 }
 
-// The full cache's capacity beyond 1024 rows grows by 1/8 (not by doubling): fed one token a
-// step, at every context n its resident bytes stay within the fp16 rows and positions of
-// 9/8 n + 1 rows (per head: 2 * 2 * D bytes of K and V, 4 of position) plus 4 KiB of
-// bookkeeping. Doubling held up to 2n rows (n = 8193: 16384 rows of capacity).
-TEST(Memory, FullCacheCapacityGrowsInBoundedSteps) {
-  const std::int64_t H = 1, D = 8, N = 8193;
+// The full cache's rows grow in bounded steps at every size (store/growth.h), never by doubling.
+// allocated_bytes counts the K and V containers' capacity: per head C rows x 2 (K, V) x D x 2
+// bytes (fp16), so C = allocated / (H * 4 * D). By hand, fed one token a step from empty: the
+// capacities are c0 = 0, c(k+1) = c(k) + max(c(k) / 8, 16) (each step is taken when c(k) + 1
+// rows are needed, and adds at least that one row), so at n rows C is the first c(k) >= n and
+// the one before it is below n:  n <= C <= (n - 1) + max((n - 1) / 8, 16). Each growth copies
+// the rows held (the old capacity, below n) and from c = 16 on every capacity is at least 9/8
+// of the one before (c + 16 >= 9c/8 for c <= 128), so the rows copied by growths up to n sum
+// to less than n (1 + 8/9 + (8/9)^2 + ...) = 9n. std::vector's doubling gave C = 1024 at
+// n = 513 (the bound: 576); the store before this bound doubled up to 1024 rows.
+TEST(Memory, FullCacheCapacityGrowsInBoundedStepsAtEverySize) {
+  const std::int64_t H = 2, D = 16, N = 5000;
   const test::KV kv(1, H, N, D, 5);
   LayerCache full = test::make_cache("full", H, D);
+  std::int64_t cap = 0, copied = 0;
   for (std::int64_t t = 0; t < N; ++t) {
     full.begin_step(kv.keys(t, 1), kv.values(t, 1));
     full.end_step();
-    if (t + 1 <= 1024) continue;
-    const double rows = 9.0 / 8.0 * static_cast<double>(t + 1) + 1;
-    const double bound = rows * static_cast<double>(H * (4 * D + 4)) + 4096;
-    ASSERT_LE(static_cast<double>(full.stats().resident_bytes), bound) << "n = " << t + 1;
+    const std::int64_t n = t + 1;
+    const std::int64_t alloc = full.stats().allocated_bytes;
+    ASSERT_EQ(alloc % (H * 4 * D), 0) << "n = " << n;
+    const std::int64_t c = alloc / (H * 4 * D);
+    if (c != cap) {
+      copied += n - 1;  // the rows held when the containers moved
+      cap = c;
+    }
+    ASSERT_GE(c, n);
+    ASSERT_LE(c, (n - 1) + std::max<std::int64_t>((n - 1) / 8, 16)) << "n = " << n;
   }
+  EXPECT_LT(copied, 9 * N);
+}
+
+// A prompt of 512 tokens in chunks of 64, then 9 tokens one at a time (bench decode's pattern:
+// 512 + 1 warm-up + 8 timed steps = 521 rows). By hand, without a hint: each chunk needs more
+// than the step c + max(c / 8, 16) gives (64 > 512 / 8), so the capacity is exactly 64, 128,
+// ..., 512 rows after each chunk; the first decode token grows it to 512 + 512 / 8 = 576. With
+// expect_positions(521) that step stops at 521: the cache ends holding exactly its 521 rows,
+// and never holds more than 521 on the way. Results do not depend on the hint.
+TEST(Memory, ExpectPositionsCapsTheFullCachesGrowthAtTheRowsItWillHold) {
+  const std::int64_t H = 2, D = 64;
+  const test::KV kv(1, H, 521, D, 6);
+  LayerCache plain = test::make_cache("full", H, D);
+  LayerCache hinted = test::make_cache("full", H, D);
+  hinted.expect_positions(521);
+  auto rows_of = [&](const LayerCache& c) { return c.stats().allocated_bytes / (H * 4 * D); };
+  std::int64_t t = 0;
+  for (const std::int64_t S : {64, 64, 64, 64, 64, 64, 64, 64, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    for (LayerCache* c : {&plain, &hinted}) {
+      c->begin_step(kv.keys(t, S), kv.values(t, S));
+      c->end_step();
+    }
+    t += S;
+    if (t <= 512) {
+      ASSERT_EQ(rows_of(plain), t);
+    } else {
+      ASSERT_EQ(rows_of(plain), 576) << "t = " << t;
+    }
+    ASSERT_EQ(rows_of(hinted), t <= 512 ? t : 521) << "t = " << t;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const HeadRows a = plain.stored(0, h), b = hinted.stored(0, h);
+      ASSERT_EQ(a.n_rows, b.n_rows);
+      ASSERT_EQ(std::memcmp(a.keys, b.keys, static_cast<std::size_t>(a.n_rows * D * 2)), 0);
+      ASSERT_EQ(std::memcmp(a.values, b.values, static_cast<std::size_t>(a.n_rows * D * 2)), 0);
+    }
+  }
+  EXPECT_EQ(hinted.stats().allocated_bytes, hinted.stats().kept_bytes);
+  // More positions than expected still fit: the store grows on in bounded steps.
+  hinted.begin_step(kv.keys(0, 1), kv.values(0, 1));
+  hinted.end_step();
+  EXPECT_EQ(rows_of(hinted), 521 + 521 / 8);
+  test::expect_error([&] { hinted.expect_positions(-1); }, ErrorCode::kInvalidArgument,
+               {"expect_positions", "-1"});
 }
 
 TEST(Memory, KiviHoldsNoMoreThanTheFp16FullCacheAtEveryContextLength) {

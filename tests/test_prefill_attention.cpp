@@ -106,6 +106,7 @@ class ReferenceForward {
     const std::int64_t dim = c.dim, hid = c.hidden_dim, D = c.head_dim, Hq = c.n_heads,
                        Hkv = c.n_kv_heads, G = Hq / Hkv, qd = c.q_dim();
     const std::int64_t pos0 = cache.layer(0).tokens_seen();
+    s_.fit_tokens(c, S, true);  // the per-token buffers start with one token's room
     float* x = s_.x.data();
     float* xb = s_.xb.data();
     float* xb2 = s_.xb2.data();
@@ -181,6 +182,7 @@ class ReferenceForward {
     }
     for (std::int64_t t = 0; t < S; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+    s_.logits.resize(sz(S * c.vocab_size));  // RunState holds one row until asked for more
     engine::matmul(s_.logits.data(), xb, w.classifier, S);
     return std::vector<float>(s_.logits.begin(), s_.logits.begin() + S * c.vocab_size);
   }

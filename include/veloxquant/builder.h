@@ -41,6 +41,9 @@ class VQ_API ModelCache {
   // schedule's floors bind). -1 when the method keeps everything.
   double mean_budget() const;
   void reset();
+  // LayerCache::expect_positions on every layer: a memory hint that at most `n` positions will
+  // be fed (0: unknown). Throws Error(kInvalidArgument) for n < 0.
+  void expect_positions(std::int64_t n);
 
   // The engine's per-layer signal for SqueezeAttention (source=attention): the cosine between
   // the hidden state entering `layer` and the hidden state after its attention residual add,

@@ -96,6 +96,14 @@ class VQ_API LayerCache {
   // begin_step + an owning copy of the view + end_step(). Reference-library semantics.
   KVRows update(const TensorRef& keys, const TensorRef& values);
 
+  // A hint, for memory only: at most `n` positions will be fed to this cache (0: unknown, the
+  // default). A store that grows its containers in steps (the plain fp16/fp32 rows of the full
+  // cache and of every dropping method) then never grows them past n rows per head while its
+  // rows fit in n, so a cache fed exactly n positions holds no unused capacity; feeding more
+  // still works (the stores grow on in bounded steps). Results never depend on it. Kept across
+  // reset(). Throws Error(kInvalidArgument) for n < 0.
+  void expect_positions(std::int64_t n);
+
   // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
   // unresolved again.
   void reset();

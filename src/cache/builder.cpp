@@ -109,6 +109,10 @@ double ModelCache::mean_budget() const {
   return sum / static_cast<double>(layers_.size());
 }
 
+void ModelCache::expect_positions(std::int64_t n) {
+  for (LayerCache& l : layers_) l.expect_positions(n);
+}
+
 void ModelCache::reset() {
   for (LayerCache& l : layers_) l.reset();
   std::fill(group_->external.begin(), group_->external.end(), 0.0);

@@ -237,7 +237,10 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
     }
     st.heads.clear();
     st.heads.resize(static_cast<std::size_t>(B * H));
-    for (HeadState& hs : st.heads) StoreAccess::set(hs, detail::make_store(st.config, D));
+    for (HeadState& hs : st.heads) {
+      StoreAccess::set(hs, detail::make_store(st.config, D));
+      StoreAccess::of(hs).expect_rows(st.expected_rows);
+    }
     st.rngs.clear();
     const auto seed = static_cast<std::uint64_t>(st.config.seed());
     for (std::int64_t h = 0; h < H; ++h) {
@@ -390,6 +393,17 @@ KVRows LayerCache::update(const TensorRef& keys, const TensorRef& values) {
   }
   end_step(nullptr);
   return out;
+}
+
+void LayerCache::expect_positions(std::int64_t n) {
+  if (n < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[cache] expect_positions needs a count >= 0 (0: unknown), got " +
+                    std::to_string(n));
+  }
+  LayerState& st = *state_;
+  st.expected_rows = n;
+  for (HeadState& hs : st.heads) StoreAccess::of(hs).expect_rows(n);
 }
 
 void LayerCache::reset() {

@@ -287,6 +287,9 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   const engine::ModelConfig& c = model.config();
   Run r{method_config(spec, o), spec, nullptr, nullptr, 0, 0, {}};
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+  // Memory only: the prompt, the warm-up and the timed steps are every position the cache gets,
+  // so the stores grow no further than that (a full cache holds exactly its rows).
+  r.cache->expect_positions(n + o.warmup + o.steps);
   r.tf = std::make_unique<engine::Transformer>(
       model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
   const auto t_fill = Clock::now();
@@ -303,6 +306,7 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
       logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
     }
     r.token = argmax(logits, c.vocab_size);
+    r.tf->release_chunk_buffers();  // decoding needs one token's activations, not a chunk's
   } else {
     synthetic_fill(*r.cache, c, n, o.fill_chunk, o.seed);
   }

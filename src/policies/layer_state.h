@@ -65,6 +65,9 @@ struct LayerState {
   const AttentionRef* attention = nullptr;
   // source=auto was resolved by a step of this cache (reset() clears it).
   bool source_resolved = false;
+  // LayerCache::expect_positions: the most rows a head is expected to hold (0: unknown), handed
+  // to every store as a growth ceiling (RowStore::expect_rows).
+  std::int64_t expected_rows = 0;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

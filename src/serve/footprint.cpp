@@ -16,6 +16,7 @@ template <class NextStep>
 std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64_t max_positions,
                   std::int64_t chunk, std::int64_t limit, NextStep next_step) {
   ModelCache cache = KVCacheBuilder::for_model(method, shape);
+  cache.expect_positions(max_positions);  // as a session's cache (scheduler.cpp)
   const std::int64_t Hkv = shape.n_kv_heads, D = shape.head_dim, Hq = shape.n_query_heads;
   std::vector<float> k(static_cast<std::size_t>(chunk * Hkv * D));
   std::vector<float> v(k.size());

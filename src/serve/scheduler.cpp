@@ -302,6 +302,9 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
                                                  r.chat, {}, {}, false, need, 0, 0, false,
                                                  Clock::now()});
       s->id = "s" + s->id;
+      // Memory only: a session holds at most --max-context positions, so its stores grow no
+      // further (the footprint is measured with the same hint).
+      s->cache.expect_positions(o_.max_context);
       reserved_ += need;
       a->s = s.get();
       a->feed = std::move(feed);

@@ -58,6 +58,7 @@
 #include "base/kernels.h"
 #include "store/lowbit_params.h"
 #include "store/packed_attention.h"
+#include "store/growth.h"
 #include "store/packed_codes.h"
 #include "store/store.h"
 #include "veloxquant/errors.h"
@@ -107,8 +108,10 @@ class KiviStore final : public RowStore, public PackedRows {
     last_append_ = S;
     grow_tail(tk_, n0 + S - kbase_, R_ + G_);
     grow_tail(tv_, n0 + S - vbase_, R_ + 1);
-    // The positions grow as the plain store's do (std::vector's own growth).
-    pos_.resize(static_cast<std::size_t>(n0 + S));
+    // The positions grow as the plain store's do (store/growth.h).
+    const auto n_pos = static_cast<std::size_t>(n0 + S);
+    if (n_pos > pos_.capacity()) pos_.reserve(grown_rows(pos_.capacity(), n_pos));
+    pos_.resize(n_pos);
     for (std::int64_t s = 0; s < S; ++s) {
       copy_input(k, b, h, s, tail_row(tk_, n0 + s - kbase_));
       copy_input(v, b, h, s, tail_row(tv_, n0 + s - vbase_));
@@ -573,16 +576,17 @@ class KiviStore final : public RowStore, public PackedRows {
 
  private:
   // Room for `rows` rows in tail buffer `buf`. The tail grows as the plain store's rows do
-  // (std::vector's doubling: max(2 x size, needed)), so while every row is in the tail the store
-  // holds what the plain fp16 store holds; the doubling is capped at `cap` rows, the most the
+  // (store/growth.h, from the tail's capacity in rows), so while every row is in the tail the
+  // store holds what the plain fp16 store holds; the step is capped at `cap` rows, the most the
   // tail holds after one decode token's append (keys: residual_length + G, values:
   // residual_length + 1).
   void grow_tail(std::vector<std::uint8_t>& buf, std::int64_t rows, std::int64_t cap) {
     const std::size_t need = static_cast<std::size_t>(rows) * tail_row_bytes_;
     if (need > buf.capacity()) {
-      const std::int64_t have = static_cast<std::int64_t>(buf.size() / tail_row_bytes_);
-      buf.reserve(static_cast<std::size_t>(std::max(rows, std::min(2 * have, cap))) *
-                  tail_row_bytes_);
+      const std::size_t have = buf.capacity() / tail_row_bytes_;
+      const std::size_t step = std::min(grown_rows(have, static_cast<std::size_t>(rows)),
+                                        static_cast<std::size_t>(cap));
+      buf.reserve(std::max(static_cast<std::size_t>(rows), step) * tail_row_bytes_);
     }
     buf.resize(need);
   }

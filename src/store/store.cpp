@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/kernels.h"
+#include "store/growth.h"
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
@@ -35,6 +36,7 @@ class PlainStore final : public RowStore {
   explicit PlainStore(std::int64_t d) : d_(d) {}
 
   std::int64_t size() const noexcept override { return n_; }
+  void expect_rows(std::int64_t n) noexcept override { expected_rows_ = n > 0 ? n : 0; }
 
   void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
               std::int32_t first_pos) override {
@@ -42,13 +44,14 @@ class PlainStore final : public RowStore {
     // Free slots in front are reclaimed before the vectors would grow for them.
     if (base_ > 0 && base_ + n_ + S > static_cast<std::int64_t>(pos_.capacity())) reclaim_front();
     const std::size_t rows = static_cast<std::size_t>(base_ + n_ + S);
-    // Beyond 1024 rows the capacity grows in bounded steps (1/8 of the rows): a full cache of
-    // N rows then holds at most about N * 9/8 rows of capacity, where std::vector's doubling
-    // held up to 2N (issue 23: 585 MiB for 288 MiB of K/V at 8k tokens). Below, the vectors
-    // double as before (cheap at that size, and grown like KIVI's fp16 tail). Appending stays
-    // amortised O(1) per row.
-    if (rows > pos_.capacity() && rows > 1024) {
-      const std::size_t cap = std::max(rows, pos_.capacity() + pos_.capacity() / 8);
+    // The capacity grows in bounded steps at every size (store/growth.h): a full cache of N rows
+    // holds fewer than N + max(N / 8, 16) rows of capacity, where std::vector's doubling held up
+    // to 2N (issue 23: 585 MiB for 288 MiB of K/V at 8k tokens), and never more than the rows
+    // the caller said to expect (expect_rows), so a cache fed exactly that many holds exactly
+    // its rows. Appending stays amortised O(1) per row.
+    if (rows > pos_.capacity()) {
+      const std::size_t cap =
+          grown_rows(pos_.capacity(), rows, static_cast<std::size_t>(expected_rows_));
       k_.reserve(cap * static_cast<std::size_t>(d_));
       v_.reserve(cap * static_cast<std::size_t>(d_));
       pos_.reserve(cap);
@@ -213,6 +216,7 @@ class PlainStore final : public RowStore {
 
   std::int64_t d_;
   std::int64_t n_ = 0;
+  std::int64_t expected_rows_ = 0;  // expect_rows(): a ceiling on growth steps (0: none)
   std::int64_t base_ = 0;          // the first row's slot: rows are slots [base_, base_ + n_)
   std::vector<T> k_, v_;           // [base_ + n_][d_] (slots before base_: free)
   std::vector<std::int32_t> pos_;  // [base_ + n_]

@@ -38,6 +38,11 @@ class RowStore {
  public:
   virtual ~RowStore() = default;
   virtual std::int64_t size() const noexcept = 0;
+  // A hint: the store is expected to hold at most `n` rows (0: unknown). A store that grows its
+  // containers in steps (store/growth.h) never grows them past n rows while its rows fit in n,
+  // so fed exactly n rows it holds no slack; more rows still fit (it grows on in its unhinted
+  // steps). Stores that ignore it: the default.
+  virtual void expect_rows(std::int64_t /*n*/) noexcept {}
   // Appends the S = k.tokens() rows of (b, h), with positions first_pos, first_pos + 1, ...
   virtual void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
                       std::int32_t first_pos) = 0;

@@ -31,6 +31,8 @@ BatchForward::BatchForward(const Model& model, std::int64_t max_tokens, std::int
                  std::to_string(max_tokens) + ", max_chunk " + std::to_string(max_chunk));
   }
   const ModelConfig& c = model.config();
+  // The attention's own per-token buffers for one sequence's chunk (the rest are ours, below).
+  attn_.s_.fit_tokens(c, max_chunk, false);
   const std::int64_t T = max_tokens;
   x_.resize(sz(T * c.dim));
   xb_.resize(sz(T * c.dim));

@@ -45,17 +45,9 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
                  (max_rows == c.seq_len ? "seq_len = " : std::string("max_rows = ")) +
                  std::to_string(max_rows) + "], got " + std::to_string(chunk));
   }
-  const std::int64_t S = chunk, R = max_rows, D = c.head_dim, half = D / 2;
-  x.resize(sz(S * c.dim));
-  xb.resize(sz(S * c.dim));
-  xb2.resize(sz(S * c.dim));
-  q.resize(sz(S * c.q_dim()));
-  k.resize(sz(S * c.kv_dim()));
-  v.resize(sz(S * c.kv_dim()));
-  att_out.resize(sz(S * c.q_dim()));
-  hb.resize(sz(S * c.hidden_dim));
-  hb2.resize(sz(S * c.hidden_dim));
-  logits.resize(sz(S * c.vocab_size));
+  const std::int64_t R = max_rows, D = c.head_dim, half = D / 2;
+  // One token's room: the steps size the per-token buffers to their own S (fit_tokens).
+  fit_tokens(c, 1, true);
   layer_cosine.assign(sz(c.n_layers), 0.0f);
   rope_cos.resize(sz(R * half));
   rope_sin.resize(sz(R * half));
@@ -90,6 +82,42 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
       rope_sin[sz(pos * half + i)] = sn;
     }
   }
+}
+
+void RunState::fit_tokens(const ModelConfig& c, std::int64_t S, bool block) {
+  auto fit = [S](std::vector<float>& buf, std::int64_t per_token) {
+    if (buf.size() < sz(S * per_token)) buf.resize(sz(S * per_token));
+  };
+  fit(q, c.q_dim());
+  fit(k, c.kv_dim());
+  fit(v, c.kv_dim());
+  fit(att_out, c.q_dim());
+  if (!block) return;
+  fit(x, c.dim);
+  fit(xb, c.dim);
+  fit(xb2, c.dim);
+  fit(hb, c.hidden_dim);
+  fit(hb2, c.hidden_dim);
+  if (logits.empty()) logits.resize(sz(c.vocab_size));
+}
+
+void RunState::release_tokens(const ModelConfig& c) {
+  auto one = [](std::vector<float>& buf, std::int64_t per_token) {
+    if (buf.size() > sz(per_token)) {
+      std::vector<float>(buf.begin(), buf.begin() + per_token).swap(buf);
+    }
+  };
+  one(x, c.dim);
+  one(xb, c.dim);
+  one(xb2, c.dim);
+  one(q, c.q_dim());
+  one(k, c.kv_dim());
+  one(v, c.kv_dim());
+  one(att_out, c.q_dim());
+  one(hb, c.hidden_dim);
+  one(hb2, c.hidden_dim);
+  one(logits, c.vocab_size);
+  std::vector<float>().swap(att);
 }
 
 Transformer::Transformer(const Model& model, std::int64_t max_chunk, std::int64_t max_rows)
@@ -308,6 +336,7 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
     bad_argument("position " + std::to_string(pos0 + S - 1) +
                  " is past this transformer's max_rows (" + std::to_string(s_.max_rows) + ")");
   }
+  s_.fit_tokens(c, S, true);
   Laps laps(timing_);
   const std::int64_t dim = c.dim, hid = c.hidden_dim;
   float* x = s_.x.data();
@@ -391,6 +420,8 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
   for (std::int64_t t = first; t < S; ++t)
     ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
   laps.mark(times_.other);
+  const auto n_logits = sz((S - first) * c.vocab_size);
+  if (s_.logits.size() < n_logits) s_.logits.resize(n_logits);
   matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first);
   laps.mark(times_.matmul);
   if (timing_) ++times_.steps;

@@ -34,8 +34,11 @@ namespace vq::engine {
 // The cache shape a model needs (one cache per layer, Hkv heads of head_dim, Hq queries).
 ModelShape model_shape(const ModelConfig& config);
 
-// Preallocated activations for steps of up to `max_chunk` tokens (S below) over at most
-// `max_rows` cached rows (R below; the positions a run uses, at most seq_len).
+// Activations for steps of up to `max_chunk` tokens (S below) over at most `max_rows` cached
+// rows (R below; the positions a run uses, at most seq_len). The per-token buffers (x .. hb2,
+// logits) hold one token's room at construction and are grown to a step's S by the step
+// (fit_tokens; never shrunk but by release_tokens), so a run that decodes holds a prompt
+// chunk's activations only while it needs them.
 struct RunState {
   std::int64_t max_chunk = 0;  // S: the most tokens one forward step takes
   std::int64_t max_rows = 0;   // R: the most rows a layer's view can hold (the context)
@@ -65,7 +68,9 @@ struct RunState {
   std::vector<AttentionScratch> att_scratch;  // one per thread (grown on use)
   std::vector<float> hb;            // [S][hidden_dim]  SwiGLU gate, then gate * up
   std::vector<float> hb2;           // [S][hidden_dim]  SwiGLU up
-  std::vector<float> logits;        // [S][vocab]       (row 0 only when just the last is asked)
+  // [S][vocab] logits: one row until a step asks for every token's (Logits::kAll with S > 1),
+  // then grown to that step's S rows (never shrunk); row 0 only when just the last is asked.
+  std::vector<float> logits;
   std::vector<float> layer_cosine;  // [n_layers] cos(hidden entering layer l, hidden after its
                                     // attention residual add), mean over the step's tokens
   std::vector<float> rope_cos;      // [R][D / 2] cos(pos * theta^(-2i/D))
@@ -79,6 +84,14 @@ struct RunState {
   // max_rows = 0: the model's seq_len. Throws Error(kInvalidArgument) for max_chunk outside
   // [1, max_rows] or max_rows outside [1, seq_len].
   RunState(const ModelConfig& config, std::int64_t max_chunk, std::int64_t max_rows = 0);
+
+  // Grows the per-token buffers to S tokens (1 <= S <= max_chunk, unchecked): q, k, v and
+  // att_out (what attention() reads and writes) always; with `block` also x, xb, xb2, hb, hb2
+  // and one row of logits (forward()'s; BatchForward keeps its own). Never shrinks.
+  void fit_tokens(const ModelConfig& config, std::int64_t S, bool block);
+  // Gives the per-token buffers' memory back down to one token's room, and the step
+  // probabilities' (att) entirely; the next step grows what it needs again.
+  void release_tokens(const ModelConfig& config);
 };
 
 // Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + t by
@@ -118,6 +131,10 @@ class Transformer {
                        Logits which = Logits::kAll);
 
   const RunState& state() const noexcept { return s_; }
+  // Frees the activations sized by the largest step so far down to one token's (RunState::
+  // release_tokens): call it after a prompt, before decoding token by token. Results do not
+  // change; a later step of S > 1 tokens grows them again.
+  void release_chunk_buffers() { s_.release_tokens(model_->config()); }
   // Timing of forward steps (off by default; a clock read per phase when on).
   void set_timing(bool on) noexcept { timing_ = on; }
   const StepTimes& times() const noexcept { return times_; }

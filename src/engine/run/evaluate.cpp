@@ -80,6 +80,7 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
 
   Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
   ModelCache cache = KVCacheBuilder::for_model(method, model_shape(c));
+  cache.expect_positions(T);  // memory only: the stores grow no further than the run's rows
   double kept_weighted = 0.0;
   std::int64_t t = 0;
   while (t < P) {
@@ -116,6 +117,7 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
     }
     kept_weighted += rows / static_cast<double>(c.n_layers * c.n_kv_heads) * static_cast<double>(S);
     t += S;
+    if (S > 1) tf.release_chunk_buffers();  // the rest is read one token a step
     if (o.progress) o.progress(t, P);
   }
   // exp(mean NLL) overflows a double past ~709 nats per token (uniform guessing over the

@@ -34,6 +34,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   const std::int32_t stop = c.format == "llama2c" ? 1 : c.eos_id;
   Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.seed);
   ModelCache cache = KVCacheBuilder::for_model(o.method, model_shape(c));
+  cache.expect_positions(steps);  // memory only: the stores grow no further than the run's rows
 
   GenerateResult res;
   res.n_prompt = static_cast<std::int64_t>(prompt.size());
@@ -79,6 +80,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
     if (!take(next)) break;
   }
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  tf.release_chunk_buffers();  // decoding needs one token's activations, not the prompt's
 
   // Decode: one token per step.
   t0 = clock::now();
