@@ -125,7 +125,7 @@ elif [ -x build/llamacpp-native/bin/llama-quantize ]; then
   native_bin=$(cd build/llamacpp-native/bin && pwd)
 fi
 scripts/build.sh --target veloxquant_cli --target vq_crosscheck >/dev/null || die "building veloxquant failed"
-vq=build/veloxquant
+vq=${VQ_BIN:-build/veloxquant}  # VQ_BIN: another VeloxQuant binary (e.g. a copy, so build/ can change meanwhile)
 vqx=build/bench/peers/llamacpp/vq_crosscheck
 files=build/peers/matrix
 mkdir -p "$files" "$(dirname "$samples")"
