@@ -246,6 +246,55 @@ TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
   }
 }
 
+// Value sums over whole blocks of visible rows (the SIMD families' block path: the weights and
+// the zeros' sums eight at a time when the rows' parameters and Z are contiguous), with Z's
+// stride tight (the stores' layout: one partial sum per group) and loose, several queries (a GQA
+// group) and every partial-sum offset: bit for bit the scalar definition. (The test above masks
+// about one row in six, so its blocks of 32 rows are rarely whole.)
+TEST(PackedAttention, WholeBlockValueSumsMatchScalar) {
+  std::mt19937 rng(777);
+  for (const Shape& sh : shapes()) {
+    if (sh.fmt == Fmt::kF32 || sh.fmt == Fmt::kF16) continue;
+    const std::int64_t ng = (sh.D + sh.G - 1) / sh.G;
+    for (std::int64_t n : {4, 12, 32, 64, 101}) {
+      for (std::int64_t n_q : {1, 2, 4, 5}) {
+        for (std::int64_t zs : {ng, ng + 3}) {
+          const std::int64_t pos = 1000, first = static_cast<std::int64_t>(rng() % 4);
+          const std::string what = std::string(name(sh.fmt)) + " D " + std::to_string(sh.D) +
+                                   " G " + std::to_string(sh.G) + " n " + std::to_string(n) +
+                                   " n_q " + std::to_string(n_q) + " zs " + std::to_string(zs) +
+                                   " first " + std::to_string(first);
+          Rows rows = make_rows(rng, sh.fmt, n, sh.D, sh.G, pos);
+          for (std::int32_t& p : rows.positions) p = static_cast<std::int32_t>(rng() % (pos + 1));
+          const std::int64_t ld = n + 5;
+          std::vector<float> probs(static_cast<std::size_t>(n_q * ld));
+          for (float& p : probs) p = static_cast<float>(rng() % 100000 + 1) / 100000.0f;
+          std::vector<float> A0(static_cast<std::size_t>(n_q * 4 * sh.D), 0.0f), A1;
+          std::vector<float> Z0(static_cast<std::size_t>(n_q * 4 * zs), 0.0f), Z1;
+          // Nonzero starting sums, as a head's second run of rows finds them.
+          for (float& a : A0) a = static_cast<float>(rng() % 1000) / 64.0f;
+          for (float& z : Z0) z = static_cast<float>(rng() % 1000) / 64.0f;
+          A1 = A0;
+          Z1 = Z0;
+          detail::attn::token_values(Isa::kScalar, rows.set, first, sh.D, probs.data(), n_q, ld,
+                                     pos, A0.data(), Z0.data(), zs);
+          for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+            if (!detail::attn::isa_supported(isa)) continue;
+            std::vector<float> A2 = A1, Z2 = Z1;
+            detail::attn::token_values(isa, rows.set, first, sh.D, probs.data(), n_q, ld, pos,
+                                       A2.data(), Z2.data(), zs);
+            const std::string w = what + " " + detail::attn::to_string(isa);
+            for (std::size_t i = 0; i < A0.size(); ++i)
+              ASSERT_EQ(bits_of(A0[i]), bits_of(A2[i])) << w << " partial sum " << i;
+            for (std::size_t i = 0; i < Z0.size(); ++i)
+              ASSERT_EQ(bits_of(Z0[i]), bits_of(Z2[i])) << w << " zero sum " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // KIVI's key groups: the query folded into per-channel scales.
 TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
   std::mt19937 rng(99);
