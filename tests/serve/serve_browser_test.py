@@ -6,17 +6,112 @@ request, and a gauge with the session's bytes; a screenshot is kept in OUTDIR as
 Exit 77 (skipped) when chromium is not installed.
 
 Usage: serve_browser_test.py VELOXQUANT_BINARY PROJECT_ROOT OUTDIR"""
+import base64
+import fcntl
 import html
+import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_util import Server  # noqa: E402
+
+
+class DevTools:
+    """Headless chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe:
+    the browser reads NUL-terminated JSON commands on fd 3 and writes replies on fd 4). Every
+    read has a deadline, so a browser that stalls fails the test instead of hanging it."""
+
+    def __init__(self, browser, profile):
+        to_browser_r, self._w = os.pipe()
+        self._r, from_browser_w = os.pipe()
+
+        def fds():  # in the child: the pipe ends onto fds 3 and 4, inheritable (copied high
+            # first, since an end may already sit on 3 or 4 marked close-on-exec)
+            high_r = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+            high_w = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(high_r, 3)
+            os.dup2(high_w, 4)
+
+        self.proc = subprocess.Popen(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--no-first-run", "--user-data-dir=" + profile, "--remote-debugging-pipe",
+             "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=fds, close_fds=False)
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self._buf, self._id, self._session = b"", 0, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.proc.poll() is None:
+                self.call("Browser.close", timeout=5)
+        except Exception:  # noqa: BLE001 -- the browser is killed below regardless
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._w)
+        os.close(self._r)
+
+    def call(self, method, params=None, timeout=30, session=True):
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session and self._session:
+            msg["sessionId"] = self._session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        end = time.time() + timeout
+        while True:
+            while b"\0" not in self._buf:
+                left = end - time.time()
+                ready, _, _ = select.select([self._r], [], [], max(left, 0))
+                if not ready:
+                    raise TimeoutError("chromium did not answer %s in %d s" % (method, timeout))
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("chromium closed its DevTools pipe during " + method)
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError("%s: %s" % (method, reply["error"]))
+                return reply.get("result", {})
+
+    def load_until(self, url, condition, deadline_s):
+        """Opens url in a 900x700 page, waits until the JavaScript condition holds (or the
+        deadline passes) and returns (the DOM as HTML, a PNG screenshot)."""
+        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)
+        self._session = self.call("Target.attachToTarget",
+                                  {"targetId": target["targetId"], "flatten": True},
+                                  session=False)["sessionId"]
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": 900, "height": 700, "deviceScaleFactor": 1, "mobile": False})
+        self.call("Page.navigate", {"url": url})
+        end = time.time() + deadline_s
+        while time.time() < end:
+            r = self.call("Runtime.evaluate", {"expression": "!!(%s)" % condition,
+                                               "returnByValue": True})
+            if r.get("result", {}).get("value") is True:
+                break
+            time.sleep(0.1)
+        dom = self.call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
+                                             "returnByValue": True})["result"].get("value", "")
+        png = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"})["data"])
+        return dom, png
 
 
 def chromium():
@@ -42,17 +137,14 @@ def main():
         st, _, body = srv.request("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0,
             "veloxquant": {"method": method}})
-        import json
         want = json.loads(body)["choices"][0]["message"]["content"]
         query = urllib.parse.urlencode({"prompt": prompt, "max_tokens": n, "temperature": 0,
                                         "method": method})
         url = "http://127.0.0.1:%d/?%s" % (srv.port, query)
-        # As root (CI) chromium needs --no-sandbox; the virtual time budget lets the page's
-        # fetch stream finish before the DOM is dumped.
-        base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--no-first-run", "--user-data-dir=" + profile, "--virtual-time-budget=20000"]
-        dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True,
-                             timeout=90).stdout
+        # The browser is driven over the DevTools protocol on a pipe (no virtual time: the page
+        # is polled in real time until it marks its reply done, or the deadline passes).
+        with DevTools(browser, profile) as dt:
+            dom, png = dt.load_until(url, "document.body.dataset.done === '1'", deadline_s=60)
         texts = [html.unescape(t) for t in re.findall(r'<span class="text">([^<]*)</span>', dom)]
         done = re.search(r'data-done="(\d+)"', dom)
         gauge = re.search(r'class="gauge" id="g-(s\d+)" data-kv-bytes="(\d+)" '
@@ -70,16 +162,12 @@ def main():
         if not label or "held of" not in label.group(1):
             failures.append("the gauge has no label")
         shot = os.path.join(outdir, "serve_page.png")
-        if os.path.exists(shot):
-            os.remove(shot)
-        subprocess.run(base + ["--window-size=900,700", "--screenshot=" + shot, url],
-                       capture_output=True, timeout=90)
-        with open(shot, "rb") if os.path.exists(shot) else open(os.devnull, "rb") as f:
-            head = f.read(8)
-        if head != b"\x89PNG\r\n\x1a\n":
-            failures.append("no screenshot written")
+        if png[:8] != b"\x89PNG\r\n\x1a\n":
+            failures.append("no screenshot taken")
         else:
-            print("screenshot: %s (%d bytes)" % (shot, os.path.getsize(shot)))
+            with open(shot, "wb") as f:
+                f.write(png)
+            print("screenshot: %s (%d bytes)" % (shot, len(png)))
     finally:
         srv.stop()
         shutil.rmtree(profile, ignore_errors=True)
