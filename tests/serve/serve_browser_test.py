@@ -94,7 +94,10 @@ class DevTools:
     def load_until(self, url, condition, deadline_s):
         """Opens url in a 900x700 page, waits until the JavaScript condition holds (or the
         deadline passes) and returns (the DOM as HTML, a PNG screenshot)."""
-        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)
+        # The first command waits for the browser to start (a fresh machine builds its font
+        # cache first).
+        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False,
+                           timeout=90)
         self._session = self.call("Target.attachToTarget",
                                   {"targetId": target["targetId"], "flatten": True},
                                   session=False)["sessionId"]
