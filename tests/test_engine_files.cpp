@@ -321,9 +321,38 @@ TEST(EngineErrors, ConfigJson) {
       {cfg([](auto& j) { j["model_type"] = "gpt2"; }),
        {"'model_type' is \"gpt2\"; only \"llama\" is supported"}},
       {cfg([](auto& j) {
+         j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}};
+       }),
+       {"'rope_scaling' type \"yarn\" is not supported", "\"llama3\""}},
+      {cfg([](auto& j) {
          j["rope_scaling"] = {{"type", "linear"}};
        }),
-       {"'rope_scaling'", "not implemented"}},
+       {"'rope_scaling' (\"linear\") is missing 'factor'"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8}};
+       }),
+       {"'rope_scaling' (\"llama3\") is missing 'low_freq_factor'"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", 4},
+                              {"high_freq_factor", 1}, {"original_max_position_embeddings", 8192}};
+       }),
+       {"'high_freq_factor' (1) must be greater than 'low_freq_factor' (4)"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4}, {"beta_fast", 32}};
+       }),
+       {"key 'beta_fast' (32) is not read by the \"linear\" type"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -1}};
+       }),
+       {"'rope_scaling' 'factor' must be a finite number > 0, found -1"}},
+      {cfg([](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}, {"type", "llama3"}, {"factor", 2}};
+       }),
+       {"has 'rope_type' \"linear\" and 'type' \"llama3\"; they must agree"}},
+      {cfg([](auto& j) { j["rope_scaling"] = {{"factor", 2}}; }),
+       {"'rope_scaling' names no 'rope_type'"}},
+      {cfg([](auto& j) { j["rope_scaling"] = 5; }),
+       {"'rope_scaling' must be an object or null, found 5"}},
       {cfg([](auto& j) { j["hidden_act"] = "gelu"; }), {"'hidden_act' is \"gelu\""}},
       {cfg([](auto& j) { j["rms_norm_eps"] = -1; }), {"'rms_norm_eps' must be in (0, 1)"}},
       {cfg([](auto& j) { j["eos_token_id"] = 99; }),

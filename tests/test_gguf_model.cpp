@@ -336,6 +336,68 @@ TEST(GgufModel, RopeFrequencyFactorsAndLinearScalingAreApplied) {
   }
 }
 
+TEST(HfModel, Llama3RopeScalingGivesLlamaCppsFrequencyDivisors) {
+  // TinyModel: head_dim 4, theta 10000, so two frequencies: 1 (wavelength 2 pi = 6.283) and
+  // 10000^(-1/2) = 0.01 (wavelength 628.3). Llama 3's rule (Hugging Face's
+  // _compute_llama3_parameters; llama.cpp's converter writes the same divisors as rope_freqs),
+  // worked by hand for factor 8, low_freq_factor 1, high_freq_factor 4:
+  //  - original_max_position_embeddings 1024: wavelengths below 1024 / 4 = 256 are kept (1), so
+  //    frequency 0 keeps 1; 628.3 lies in [256, 1024]: s = (1024 / 628.3185 - 1) / (4 - 1) =
+  //    0.2099155, divisor 1 / ((1 - s) / 8 + s) = 1 / 0.3086761 = 3.239642;
+  //  - 256: 628.3 > 256 / 1 is a low frequency, divided by the factor: 8;
+  //  - 8192 (Llama 3.1's): both wavelengths are below 8192 / 4: 1, 1.
+  const test::TempDir dir("hf_rope");
+  const TinyModel tm;
+  auto load = [&](const std::string& name, const nlohmann::json& scaling) {
+    nlohmann::json cfg = tm.hf_config();
+    cfg["rope_scaling"] = scaling;
+    std::filesystem::create_directories(dir.path / name);
+    test::write_bytes(dir.path / name / "config.json", cfg.dump());
+    test::write_bytes(dir.path / name / "model.safetensors",
+                      tm.hf_safetensors("F32", TinyModel::Head::kMissing));
+    test::write_bytes(dir.path / name / "tokenizer.json", tiny_tokenizer_json(tm.vocab));
+    return Model::load((dir.path / name).string());
+  };
+  auto llama3 = [](int original) {
+    return nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", original}};
+  };
+  const Model a = load("a", llama3(1024));
+  ASSERT_EQ(a.config().rope_freq_factors.size(), 2u);
+  EXPECT_EQ(a.config().rope_freq_factors[0], 1.0f);
+  EXPECT_NEAR(a.config().rope_freq_factors[1], 3.239642, 1e-6);
+  EXPECT_EQ(load("b", llama3(256)).config().rope_freq_factors, (std::vector<float>{1.0f, 8.0f}));
+  EXPECT_EQ(load("c", llama3(8192)).config().rope_freq_factors, (std::vector<float>{1.0f, 1.0f}));
+  const Model linear = load("linear", {{"type", "linear"}, {"factor", 4}});
+  EXPECT_TRUE(linear.config().rope_freq_factors.empty());
+  EXPECT_EQ(linear.config().rope_freq_scale, 0.25);
+  const Model plain = load("plain", nullptr);
+  EXPECT_TRUE(plain.config().rope_freq_factors.empty());
+  EXPECT_EQ(plain.config().rope_freq_scale, 1.0);
+  EXPECT_TRUE(load("default", {{"rope_type", "default"}}).config().rope_freq_factors.empty());
+
+  // The engine's RoPE tables use them: angle = pos * freq_i * scale / divisor_i.
+  const engine::Transformer t(a, 1, tm.seq_len);
+  for (const std::int64_t pos : {1, 17, 31}) {
+    const double angle = static_cast<double>(pos) * 0.01 / 3.239642;
+    EXPECT_NEAR(t.state().rope_cos[static_cast<std::size_t>(pos * 2 + 1)], std::cos(angle), 1e-6);
+    EXPECT_NEAR(t.state().rope_cos[static_cast<std::size_t>(pos * 2)], std::cos(pos * 1.0), 1e-6);
+  }
+  // A scaled model's logits differ from the plain one's, and converting to GGUF keeps them:
+  // rope_freqs.weight (and linear scaling as rope.scaling.type/factor) as llama.cpp reads them.
+  const auto la = run_logits(a);
+  EXPECT_GT(max_abs_diff(la, run_logits(plain)), 1e-4);
+  engine::convert_to_gguf(a, "", GgmlType::kF32, dir / "a.gguf");
+  const Model ga = Model::load(dir / "a.gguf");
+  EXPECT_EQ(ga.config().rope_freq_factors, a.config().rope_freq_factors);
+  EXPECT_LT(max_abs_diff(run_logits(ga), la), 2e-5);
+  engine::convert_to_gguf(linear, "", GgmlType::kF32, dir / "linear.gguf");
+  const Model gl = Model::load(dir / "linear.gguf");
+  EXPECT_EQ(gl.config().rope_freq_scale, 0.25);
+  EXPECT_LT(max_abs_diff(run_logits(gl), run_logits(linear)), 2e-5);
+}
+
 TEST(GgufModel, Qwen2BiasesAreApplied) {
   // stories260K as a 'qwen2' file (rotate-half RoPE) with q/k/v biases. One token at position 0
   // attends to itself alone with probability exactly 1, so its output is its value row:

@@ -1,6 +1,9 @@
 // Hugging Face Llama checkpoints: config.json + model.safetensors (F32, F16 or BF16 tensors).
+// RoPE scaling: none, "linear" or Llama 3.x's "llama3" (read_rope_scaling below).
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -159,6 +162,94 @@ class TensorLoader {
   std::map<std::string, bool> dtypes_;
 };
 
+// config.json's rope_scaling, as Hugging Face's rope utilities define it:
+//  - null, absent or rope_type "default": none;
+//  - "linear": every frequency divided by factor (rope_freq_scale = 1 / factor);
+//  - "llama3" (Llama 3.1-3.3): per-frequency divisors, as llama.cpp writes them to a GGUF's
+//    rope_freqs.weight. With wavelength w_i = 2 pi / freq_i, L = original_max_position_embeddings:
+//    w_i < L / high_freq_factor keeps freq_i; w_i > L / low_freq_factor divides it by factor;
+//    between, s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor) and the
+//    divisor is 1 / ((1 - s) / factor + s).
+// Any other type (dynamic, yarn, longrope) or key is an error naming it, never ignored.
+void read_rope_scaling(const std::string& path, const json& cj, ModelConfig& c) {
+  if (!cj.contains("rope_scaling") || cj["rope_scaling"].is_null()) return;
+  const json& rs = cj["rope_scaling"];
+  if (!rs.is_object()) {
+    file_error(path, "'rope_scaling' must be an object or null, found " + json_excerpt(rs));
+  }
+  const std::string where = "'rope_scaling'";
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (!rs.contains(key)) continue;
+    if (!rs[key].is_string()) {
+      file_error(path, where + " '" + key + "' must be a string, found " + json_excerpt(rs[key]));
+    }
+    const std::string t = rs[key].get<std::string>();
+    if (!type.empty() && t != type) {
+      file_error(path, where + " has 'rope_type' \"" + type + "\" and 'type' \"" + t +
+                           "\"; they must agree");
+    }
+    type = t;
+  }
+  if (type.empty()) file_error(path, where + " names no 'rope_type'");
+  std::vector<std::string> keys;  // the keys the type reads, besides rope_type / type
+  if (type == "default") {
+  } else if (type == "linear") {
+    keys = {"factor"};
+  } else if (type == "llama3") {
+    keys = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+  } else {
+    file_error(path, where + " type \"" + type +
+                         "\" is not supported (supported: \"default\", \"linear\", \"llama3\")");
+  }
+  for (auto it = rs.begin(); it != rs.end(); ++it) {
+    if (it.key() == "rope_type" || it.key() == "type") continue;
+    if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+      file_error(path, where + " key '" + it.key() + "' (" + json_excerpt(it.value()) +
+                           ") is not read by the \"" + type +
+                           "\" type; this engine would ignore it, so the file is refused");
+    }
+  }
+  auto number = [&](const std::string& key) {
+    if (!rs.contains(key)) file_error(path, where + " (\"" + type + "\") is missing '" + key + "'");
+    const json& v = rs[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0)) {
+      file_error(path, where + " '" + key + "' must be a finite number > 0, found " +
+                           json_excerpt(v));
+    }
+    return v.get<double>();
+  };
+  if (type == "default") return;
+  const double factor = number("factor");
+  if (type == "linear") {
+    c.rope_freq_scale = 1.0 / factor;
+    return;
+  }
+  const double low = number("low_freq_factor"), high = number("high_freq_factor");
+  const double old_len = number("original_max_position_embeddings");
+  if (!(high > low)) {
+    file_error(path, where + " 'high_freq_factor' (" + json_excerpt(rs["high_freq_factor"]) +
+                         ") must be greater than 'low_freq_factor' (" +
+                         json_excerpt(rs["low_freq_factor"]) + ")");
+  }
+  const double pi = 3.14159265358979323846;
+  const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+  c.rope_freq_factors.resize(static_cast<std::size_t>(c.head_dim / 2));
+  for (std::int64_t i = 0; i < c.head_dim / 2; ++i) {
+    const double freq =
+        std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    const double wavelen = 2 * pi / freq;
+    double divisor = 1.0;
+    if (wavelen > low_wavelen) {
+      divisor = factor;
+    } else if (!(wavelen < high_wavelen)) {
+      const double smooth = (old_len / wavelen - low) / (high - low);
+      divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
+    }
+    c.rope_freq_factors[static_cast<std::size_t>(i)] = static_cast<float>(divisor);
+  }
+}
+
 }  // namespace
 
 Model Model::load_hf(const std::string& path) {
@@ -187,7 +278,6 @@ Model Model::load_hf(const std::string& path) {
   const bool qwen2 = cj.contains("model_type") && cj["model_type"] == "qwen2";
   if (!qwen2) r.require_value("model_type", "llama", "a Llama-architecture model or 'qwen2'");
   r.require_value("hidden_act", "silu", "SwiGLU");
-  r.require_value("rope_scaling", nullptr, "RoPE scaling is not implemented");
   if (qwen2) {
     r.require_value("use_sliding_window", false, "no sliding-window attention");
   } else {
@@ -230,6 +320,7 @@ Model Model::load_hf(const std::string& path) {
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
   c.rope = RopeStyle::kRotateHalf;
+  read_rope_scaling(config_path, cj, c);
   c.bos_id = static_cast<std::int32_t>(r.token_id("bos_token_id"));
   c.eos_id = static_cast<std::int32_t>(r.token_id("eos_token_id"));
   for (const auto* key : {"bos_token_id", "eos_token_id"}) {

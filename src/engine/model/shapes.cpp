@@ -115,8 +115,8 @@ const std::vector<NamedShape>& named_shapes() {
        "llama2.c stories110M's shape (tied classifier)"},
       {"llama-3.2-1b",
        shape_config(2048, 8192, 16, 32, 8, 64, 128256, 500000.0, 1e-5f, true, 128000, 128001), 16,
-       "Llama 3.2 1B's shape; plain RoPE (the published model's llama3 RoPE scaling is not "
-       "implemented)"},
+       "Llama 3.2 1B's shape; plain RoPE (the published model's llama3 RoPE scaling, which the "
+       "engine applies to real files, is not written)"},
       {"qwen2.5-0.5b",
        [] {
          ModelConfig c =

@@ -307,6 +307,12 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
   w.set(A + "attention.layer_norm_rms_epsilon", GgufValue::f32(c.norm_eps));
   w.set(A + "rope.freq_base", GgufValue::f32(static_cast<float>(c.rope_theta)));
   w.set(A + "vocab_size", GgufValue::u32(static_cast<std::uint32_t>(c.vocab_size)));
+  // RoPE scaling as llama.cpp's converter writes it: linear as rope.scaling.type/factor, Llama
+  // 3.x's per-frequency divisors as the rope_freqs.weight tensor (below).
+  if (c.rope_freq_scale != 1.0) {
+    w.set(A + "rope.scaling.type", GgufValue::str("linear"));
+    w.set(A + "rope.scaling.factor", GgufValue::f32(static_cast<float>(1.0 / c.rope_freq_scale)));
+  }
 
   if (c.format == "gguf") {
     file_error(model.path(), "is already GGUF; converting GGUF to GGUF is not supported");
@@ -372,6 +378,9 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
     matrix(p + "ffn_down.weight", f32(l.w_down).data(), dim, hid);
   }
   w.add_tensor("output_norm.weight", {dim}, GgmlType::kF32, wt.final_norm);
+  if (!c.rope_freq_factors.empty()) {
+    w.add_tensor("rope_freqs.weight", {c.head_dim / 2}, GgmlType::kF32, c.rope_freq_factors.data());
+  }
   if (!c.tied_classifier) matrix("output.weight", f32(wt.classifier).data(), c.vocab_size, dim);
   w.write(out_path);
   report.n_tensors = static_cast<std::int64_t>(w.tensor_count());
