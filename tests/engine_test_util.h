@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -259,6 +261,77 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   append_pod(out, static_cast<std::uint64_t>(header.size()));
   return out + header + data;
 }
+
+// A Hugging Face sharded checkpoint made from a single safetensors file's tensors, in the
+// layout Transformers writes: shards named model-0000K-of-0000N.safetensors, each with
+// __metadata__ {"format": "pt"}, and model.safetensors.index.json whose weight_map maps every
+// tensor to its shard (metadata.total_size: the sum of the tensors' bytes). Tests edit
+// `shards` (which tensors each file holds), `tensors` and `index` before write().
+struct ShardedSafetensors {
+  struct Tensor {
+    nlohmann::json entry;  // dtype and shape (data_offsets are computed by write())
+    std::string bytes;
+  };
+  std::map<std::string, Tensor> tensors;
+  std::vector<std::pair<std::string, std::vector<std::string>>> shards;  // file, tensor names
+  std::vector<nlohmann::json> shard_metadata;                            // per shard
+  nlohmann::json index;
+
+  // Tensors in file order, tensor i of T to shard i * n / T (contiguous runs, as Transformers
+  // fills shards).
+  ShardedSafetensors(const std::string& single, int n) {
+    std::uint64_t hl = 0;
+    std::memcpy(&hl, single.data(), 8);
+    const nlohmann::json header = nlohmann::json::parse(single.substr(8, hl));
+    const std::string data = single.substr(8 + hl);
+    std::vector<std::pair<std::int64_t, std::string>> order;
+    nlohmann::json meta = {{"format", "pt"}};
+    for (const auto& [name, e] : header.items()) {
+      if (name == "__metadata__") {
+        meta = e;
+        continue;
+      }
+      const std::int64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
+      tensors[name] = {{{"dtype", e["dtype"]}, {"shape", e["shape"]}},
+                       data.substr(static_cast<std::size_t>(b), static_cast<std::size_t>(end - b))};
+      order.push_back({b, name});
+    }
+    std::sort(order.begin(), order.end());
+    std::int64_t total = 0;
+    index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    for (int k = 0; k < n; ++k) {
+      char file[64];
+      std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, n);
+      shards.push_back({file, {}});
+      shard_metadata.push_back(meta);
+    }
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      auto& shard = shards[i * static_cast<std::size_t>(n) / order.size()];
+      shard.second.push_back(order[i].second);
+      index["weight_map"][order[i].second] = shard.first;
+      total += static_cast<std::int64_t>(tensors[order[i].second].bytes.size());
+    }
+    index["metadata"]["total_size"] = total;
+  }
+
+  std::string shard_bytes(std::size_t k) const {
+    nlohmann::json header = {{"__metadata__", shard_metadata[k]}};
+    std::string data;
+    for (const std::string& name : shards[k].second) {
+      const Tensor& t = tensors.at(name);
+      header[name] = t.entry;
+      header[name]["data_offsets"] = {data.size(), data.size() + t.bytes.size()};
+      data += t.bytes;
+    }
+    return safetensors_bytes(header.dump(), data);
+  }
+
+  void write(const fs::path& dir) const {
+    for (std::size_t k = 0; k < shards.size(); ++k)
+      write_bytes(dir / shards[k].first, shard_bytes(k));
+    write_bytes(dir / "model.safetensors.index.json", index.dump(2));
+  }
+};
 
 // Logits for 12 tokens fed one at a time through a full fp32 cache: [12][vocab].
 inline std::vector<float> run_logits(const engine::Model& m) {

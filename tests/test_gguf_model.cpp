@@ -451,5 +451,31 @@ TEST(GgufModel, Qwen25ShapeHasThePublishedParameterCount) {
   EXPECT_TRUE(engine::find_shape("qwen2.5-0.5b").qkv_bias);
 }
 
+TEST(GgufModel, ShardedHfConvertsToTheSingleFilesBytes) {
+  // The same tensors as one model.safetensors and split over three shards: convert writes the
+  // same GGUF file, byte for byte (general.name "model" from both), for each stored and
+  // written type.
+  for (const char* dtype : {"F32", "BF16"}) {
+    const test::TempDir dir("gguf_shards");
+    const TinyModel tm(16, std::string(dtype) == "BF16" ? "bf16" : "f16");
+    const std::string single = tm.hf_safetensors(dtype, TinyModel::Head::kSeparate);
+    for (const char* sub : {"one", "sharded"}) {
+      test::write_bytes(dir.path / sub / "config.json", tm.hf_config().dump());
+      test::write_bytes(dir.path / sub / "tokenizer.json", tiny_tokenizer_json(tm.vocab));
+    }
+    test::write_bytes(dir.path / "one" / "model.safetensors", single);
+    test::ShardedSafetensors(single, 3).write(dir.path / "sharded");
+    const Model one = Model::load(dir / "one"), sharded = Model::load(dir / "sharded");
+    for (const GgmlType type : {GgmlType::kF32, GgmlType::kBF16, GgmlType::kQ8_0}) {
+      SCOPED_TRACE(std::string(dtype) + " -> type " + std::to_string(static_cast<int>(type)));
+      engine::convert_to_gguf(one, "", type, dir / "one.gguf");
+      engine::convert_to_gguf(sharded, "", type, dir / "sharded.gguf");
+      const std::string a = test::read_all(dir / "one.gguf");
+      EXPECT_GT(a.size(), static_cast<std::size_t>(tm.vocab * tm.dim));  // at least the embedding
+      EXPECT_TRUE(a == test::read_all(dir / "sharded.gguf")) << "the GGUF files differ";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace vq

@@ -1,4 +1,5 @@
-// Hugging Face Llama checkpoints: config.json + model.safetensors (F32, F16 or BF16 tensors).
+// Hugging Face Llama checkpoints: config.json + model.safetensors, or the shards named by
+// model.safetensors.index.json (F32, F16 or BF16 tensors; formats/safetensors_set.h).
 // RoPE scaling: none, "linear" or Llama 3.x's "llama3" (read_rope_scaling below).
 #include <sys/stat.h>
 
@@ -14,6 +15,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_builder.h"
 #include "engine/formats/safetensors.h"
+#include "engine/formats/safetensors_set.h"
 #include "veloxquant/types.h"
 
 namespace vq::engine {
@@ -86,11 +88,12 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 }
 
 // Turns safetensors entries into weights: matrices keep their stored type and are read in
-// place (copied, same type, into a buffer the model owns only when the offset is not aligned
-// for the type); norm vectors are converted once to fp32.
+// place from the file (or shard) that holds them (copied, same type, into a buffer the model
+// owns only when the offset is not aligned for the type); norm vectors are converted once to
+// fp32.
 class TensorLoader {
  public:
-  TensorLoader(const SafetensorsFile& st, ModelBuilder& b) : st_(st), b_(b) {}
+  TensorLoader(const SafetensorsSet& st, ModelBuilder& b) : st_(st), b_(b) {}
 
   WeightMatrix matrix(const SafeTensor* t, std::int64_t rows, std::int64_t cols) {
     check(t, {rows, cols});
@@ -104,7 +107,7 @@ class TensorLoader {
     }
     dtypes_[t->dtype] = true;
     if (const auto it = matrices_.find(t->name); it != matrices_.end()) return it->second;
-    const std::uint8_t* src = st_.data(*t);
+    const std::uint8_t* src = st_.file_of(*t).data(*t);
     const void* data = src;
     const std::size_t align = type == WeightType::kF32 ? 4 : 2;
     if (reinterpret_cast<std::uintptr_t>(src) % align != 0) {
@@ -121,7 +124,7 @@ class TensorLoader {
   const float* vector(const SafeTensor* t, std::int64_t n) {
     check(t, {n});
     dtypes_[t->dtype] = true;
-    const std::uint8_t* src = st_.data(*t);
+    const std::uint8_t* src = st_.file_of(*t).data(*t);
     if (t->dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % alignof(float) == 0)
       return reinterpret_cast<const float*>(src);
     if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") unsupported(t);
@@ -145,18 +148,19 @@ class TensorLoader {
   }
 
  private:
-  const SafetensorsFile& st_;
+  const SafetensorsSet& st_;
   ModelBuilder& b_;
   std::map<std::string, WeightMatrix> matrices_;
 
   void check(const SafeTensor* t, const std::vector<std::int64_t>& shape) const {
     if (t->shape != shape) {
-      file_error(st_.path(), "tensor '" + t->name + "' has shape " + shape_text(t->shape) +
-                                 ", expected " + shape_text(shape) + " from config.json");
+      file_error(st_.file_of(*t).path(), "tensor '" + t->name + "' has shape " +
+                                             shape_text(t->shape) + ", expected " +
+                                             shape_text(shape) + " from config.json");
     }
   }
   [[noreturn]] void unsupported(const SafeTensor* t) const {
-    file_error(st_.path(),
+    file_error(st_.file_of(*t).path(),
                "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
   }
   std::map<std::string, bool> dtypes_;
@@ -250,6 +254,43 @@ void read_rope_scaling(const std::string& path, const json& cj, ModelConfig& c) 
   }
 }
 
+// The weights `path` names (Model::load_hf's contract), opened after config.json is read:
+//  - an index file (*.safetensors.index.json): its shards;
+//  - a *.safetensors file: that file, unless its directory's model.safetensors.index.json
+//    lists it as a shard (then the whole sharded checkpoint);
+//  - a directory or config.json: DIR/model.safetensors;
+// and a missing X.safetensors with an X.safetensors.index.json beside it: that index's shards.
+SafetensorsSet open_weights(const std::string& path, bool is_dir, const std::string& dir) {
+  auto exists = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0;
+  };
+  auto ends_with = [&](const std::string& suffix) {
+    return !is_dir && path.size() >= suffix.size() &&
+           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".safetensors.index.json")) {
+    return SafetensorsSet::sharded(read_safetensors_index(path));
+  }
+  std::string file = (fs::path(dir) / "model.safetensors").string();
+  if (ends_with(".safetensors")) {
+    file = path;
+    const std::string name = fs::path(path).filename().string();
+    const std::string index_path = (fs::path(dir) / kSafetensorsIndexName).string();
+    if (name != "model.safetensors" && exists(file) && exists(index_path)) {
+      const SafetensorsIndex index = read_safetensors_index(index_path);
+      const std::vector<std::string> shards = index.shards();
+      if (std::find(shards.begin(), shards.end(), name) != shards.end()) {
+        return SafetensorsSet::sharded(index);
+      }
+    }
+  }
+  if (!exists(file) && exists(file + ".index.json")) {
+    return SafetensorsSet::sharded(read_safetensors_index(file + ".index.json"));
+  }
+  return SafetensorsSet::single(file);
+}
+
 }  // namespace
 
 Model Model::load_hf(const std::string& path) {
@@ -258,15 +299,6 @@ Model Model::load_hf(const std::string& path) {
   const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
   const std::string dir_s = dir.empty() ? "." : dir.string();
   const std::string config_path = (fs::path(dir_s) / "config.json").string();
-  std::string weights_path = (fs::path(dir_s) / "model.safetensors").string();
-  if (!is_dir && path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
-    weights_path = path;
-  }
-  if (!fs::exists(weights_path) && fs::exists(weights_path + ".index.json")) {
-    file_error(
-        weights_path + ".index.json",
-        "sharded safetensors checkpoints are not supported (expected one model.safetensors)");
-  }
 
   // config.json
   json cj = parse_json_limited(read_text_file(config_path), config_path, "config.json");
@@ -337,21 +369,20 @@ Model Model::load_hf(const std::string& path) {
     tie_flag_false = !cj["tie_word_embeddings"].get<bool>();
   }
 
-  // model.safetensors
-  SafetensorsFile stf(weights_path);
+  // model.safetensors, or the shards an index names
+  SafetensorsSet stf = open_weights(path, is_dir, dir_s);
   TensorLoader load(stf, b);
   auto find = [&](const std::string& name) -> const SafeTensor* {
     if (const SafeTensor* t = stf.find(name)) return t;
     // Tied tensors are stored once; __metadata__ maps the missing name to the stored one.
-    const auto it = stf.metadata().find(name);
-    if (it != stf.metadata().end()) {
-      if (const SafeTensor* t = stf.find(it->second)) return t;
+    if (const std::string* alias = stf.metadata(name)) {
+      if (const SafeTensor* t = stf.find(*alias)) return t;
     }
     return nullptr;
   };
   auto need = [&](const std::string& name) {
     const SafeTensor* t = find(name);
-    if (t == nullptr) file_error(weights_path, "missing tensor '" + name + "'");
+    if (t == nullptr) file_error(stf.path(), "missing tensor '" + name + "'");
     return t;
   };
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
@@ -381,7 +412,7 @@ Model Model::load_hf(const std::string& path) {
   const SafeTensor* head = find("lm_head.weight");
   if (head == nullptr) {
     if (tie_flag_false) {
-      file_error(weights_path,
+      file_error(stf.path(),
                  "missing tensor 'lm_head.weight' and config.json sets "
                  "tie_word_embeddings to false");
     }
@@ -391,8 +422,8 @@ Model Model::load_hf(const std::string& path) {
   c.tied_classifier = head == embed;
   c.weights_dtype = load.dtype_summary();
 
-  b.set_paths(weights_path, dir_s);
-  b.set_file(stf.release());
+  b.set_paths(stf.path(), dir_s);
+  b.set_files(stf.release());
   return b.finish();
 }
 

@@ -1,5 +1,6 @@
 // A Llama-architecture model: its configuration and its weights, loaded from a llama2.c
-// checkpoint or a Hugging Face Llama checkpoint (config.json + model.safetensors).
+// checkpoint or a Hugging Face Llama checkpoint (config.json + model.safetensors, or the
+// shards model.safetensors.index.json names).
 //
 // Weight matrices keep the type the file stores (fp32, fp16, bf16, Q8_0 and, from GGUF, the
 // block types Q4_0..Q6_K; engine/weights.h) and
@@ -85,7 +86,9 @@ class Model {
  public:
   // Loads a checkpoint, choosing the format from the path:
   //  - a directory, a *.safetensors file or a *.json file: Hugging Face Llama (config.json and
-  //    model.safetensors in that directory);
+  //    model.safetensors in that directory; without one, the shards named by
+  //    model.safetensors.index.json there. A shard's path or the index's path loads the
+  //    sharded checkpoint too);
   //  - a *.gguf file or any file starting with the magic "GGUF": GGUF (llama.cpp);
   //  - any other file: a llama2.c legacy (v0) checkpoint.
   // Throws Error(kFileError) naming the file and what is wrong (expected vs found).
@@ -100,7 +103,8 @@ class Model {
 
   const ModelConfig& config() const noexcept { return config_; }
   const Weights& weights() const noexcept { return weights_; }
-  // The checkpoint file (llama2.c .bin or model.safetensors) and, for HF, config.json.
+  // The checkpoint file (llama2.c .bin, model.safetensors, or a sharded HF checkpoint's
+  // model.safetensors.index.json) and the directory (for HF, of config.json).
   const std::string& path() const noexcept { return path_; }
   const std::string& directory() const noexcept { return directory_; }
   // Bytes of buffers this Model owns (converted norms, copied or generated tensors); 0 when
@@ -116,7 +120,7 @@ class Model {
   ModelConfig config_;
   Weights weights_;
   std::string path_, directory_;
-  std::unique_ptr<MappedFile> file_;
+  std::vector<std::unique_ptr<MappedFile>> files_;  // every mapping the weights point into
   std::vector<std::unique_ptr<std::uint8_t[]>> owned_;
   std::vector<std::int64_t> owned_sizes_;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/formats/file_error.h"
 #include "engine/formats/mapped_file.h"
@@ -22,7 +23,12 @@ struct ModelBuilder {
     model.path_ = std::move(path);
     model.directory_ = std::move(directory);
   }
-  void set_file(std::unique_ptr<MappedFile> f) { model.file_ = std::move(f); }
+  void set_file(std::unique_ptr<MappedFile> f) {
+    model.files_.clear();
+    model.files_.push_back(std::move(f));
+  }
+  // Several mappings (a sharded checkpoint), all kept for the Model's lifetime.
+  void set_files(std::vector<std::unique_ptr<MappedFile>> fs) { model.files_ = std::move(fs); }
   // A new owned fp32 buffer of n floats (converted weights), zero-initialised.
   float* own(std::int64_t n) {
     void* p = own_bytes(n * 4);

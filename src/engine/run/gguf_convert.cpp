@@ -291,7 +291,15 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
   const std::string arch = qwen2 ? "qwen2" : "llama";
   const std::string A = arch + ".";
   w.set("general.architecture", GgufValue::str(arch));
-  w.set("general.name", GgufValue::str(std::filesystem::path(model.path()).stem().string()));
+  // The checkpoint file's stem; a sharded HF checkpoint's model.safetensors.index.json names
+  // the model as its model.safetensors would ("model").
+  std::string file = std::filesystem::path(model.path()).filename().string();
+  const std::string index_suffix = ".index.json";
+  if (c.format == "hf" && file.size() > index_suffix.size() &&
+      file.compare(file.size() - index_suffix.size(), index_suffix.size(), index_suffix) == 0) {
+    file.resize(file.size() - index_suffix.size());
+  }
+  w.set("general.name", GgufValue::str(std::filesystem::path(file).stem().string()));
   w.set("general.file_type", GgufValue::u32(file_type(type)));
   w.set(A + "context_length", GgufValue::u32(static_cast<std::uint32_t>(c.seq_len)));
   w.set(A + "embedding_length", GgufValue::u32(static_cast<std::uint32_t>(c.dim)));
