@@ -265,15 +265,11 @@ SafetensorsSet open_weights(const std::string& path, bool is_dir, const std::str
     struct stat st {};
     return ::stat(p.c_str(), &st) == 0;
   };
-  auto ends_with = [&](const std::string& suffix) {
-    return !is_dir && path.size() >= suffix.size() &&
-           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(".safetensors.index.json")) {
+  if (!is_dir && path.ends_with(".safetensors.index.json")) {
     return SafetensorsSet::sharded(read_safetensors_index(path));
   }
   std::string file = (fs::path(dir) / "model.safetensors").string();
-  if (ends_with(".safetensors")) {
+  if (!is_dir && path.ends_with(".safetensors")) {
     file = path;
     const std::string name = fs::path(path).filename().string();
     const std::string index_path = (fs::path(dir) / kSafetensorsIndexName).string();

@@ -295,8 +295,7 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
   // the model as its model.safetensors would ("model").
   std::string file = std::filesystem::path(model.path()).filename().string();
   const std::string index_suffix = ".index.json";
-  if (c.format == "hf" && file.size() > index_suffix.size() &&
-      file.compare(file.size() - index_suffix.size(), index_suffix.size(), index_suffix) == 0) {
+  if (c.format == "hf" && file.size() > index_suffix.size() && file.ends_with(index_suffix)) {
     file.resize(file.size() - index_suffix.size());
   }
   w.set("general.name", GgufValue::str(std::filesystem::path(file).stem().string()));
