@@ -152,6 +152,12 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
                                                  std::to_string(shape.config.n_layers) + "] for " +
                                                  name + ", got " + std::to_string(layers));
   }
+  if (o.vocab_size < 0 || o.vocab_size > shape.config.vocab_size) {
+    throw Error(ErrorCode::kInvalidArgument, "[shape] vocab_size must be in [0, " +
+                                                 std::to_string(shape.config.vocab_size) +
+                                                 "] for " + name + " (0: the shape's), got " +
+                                                 std::to_string(o.vocab_size));
+  }
   if (o.type != WeightType::kF32 && o.type != WeightType::kF16 && o.type != WeightType::kBF16 &&
       o.type != WeightType::kQ8_0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -168,6 +174,11 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
   c = shape.config;
   c.n_layers = layers;
   c.weights_dtype = to_string(o.type);
+  if (o.vocab_size != 0) {
+    c.vocab_size = o.vocab_size;
+    if (c.bos_id >= c.vocab_size) c.bos_id = -1;
+    if (c.eos_id >= c.vocab_size) c.eos_id = -1;
+  }
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   const auto scale = [](std::int64_t fan_in) {
     return static_cast<float>(std::sqrt(3.0 / static_cast<double>(fan_in)));
