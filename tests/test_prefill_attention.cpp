@@ -106,7 +106,7 @@ class ReferenceForward {
     const std::int64_t dim = c.dim, hid = c.hidden_dim, D = c.head_dim, Hq = c.n_heads,
                        Hkv = c.n_kv_heads, G = Hq / Hkv, qd = c.q_dim();
     const std::int64_t pos0 = cache.layer(0).tokens_seen();
-    s_.fit_tokens(c, S, true);  // the per-token buffers start with one token's room
+    s_.fit_tokens(c, S);  // the per-token buffers start with one token's room
     float* x = s_.x.data();
     float* xb = s_.xb.data();
     float* xb2 = s_.xb2.data();

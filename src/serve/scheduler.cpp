@@ -139,9 +139,10 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
       chat_(&chat),
       o_(std::move(options)),
       stop_token_(model.config().format == "llama2c" ? 1 : model.config().eos_id),
-      forward_(model, std::max<std::int64_t>(1, o_.step_tokens),
+      forward_(model,
                std::clamp<std::int64_t>(o_.chunk, 1, std::max<std::int64_t>(1, o_.step_tokens)),
-               std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len)) {
+               std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len),
+               std::max<std::int64_t>(1, o_.step_tokens)) {
   const auto& c = model.config();
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
   if (o_.max_context < 2 || o_.max_context > c.seq_len)
@@ -452,11 +453,12 @@ void Scheduler::step(std::vector<Active*>& run) {
     if (a->fed < a->feed.size()) {
       it.n = std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed));
       it.tokens = a->feed.data() + a->fed;
-      it.want_logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size();
+      it.logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size() ? engine::Logits::kLast
+                                                                            : engine::Logits::kNone;
     } else {
       it.n = 1;
       it.tokens = &a->last;
-      it.want_logits = true;
+      it.logits = engine::Logits::kLast;
     }
     items.push_back(it);
   }
@@ -496,7 +498,7 @@ void Scheduler::step(std::vector<Active*>& run) {
       a.job->kv_resident_ = s.resident;
       a.job->kv_full_ = s.full;
     }
-    if (!items[i].want_logits) continue;
+    if (items[i].logits == engine::Logits::kNone) continue;
     const float* logits = forward_.logits(i);
     std::copy(logits, logits + c.vocab_size, work.begin());
     const std::int32_t next = a.sampler->sample(work.data());

@@ -1,6 +1,7 @@
 // The server's engine side: sessions (a conversation and its compressed cache), memory
 // admission, and the scheduler thread that runs every active request's prefill chunks and
-// decode steps together as batched forward steps (engine/model/batch_forward.h).
+// decode steps together as batched forward steps (engine/model/transformer.h: one step over a
+// batch of sequences, each with its own cache).
 //
 // Sessions. A chat request whose messages extend a live idle session's conversation exactly
 // (the session's messages, its last the reply it generated, are a strict prefix of the request's,
@@ -36,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/model/batch_forward.h"
+#include "engine/model/transformer.h"
 #include "engine/model/model.h"
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
@@ -177,7 +178,7 @@ class Scheduler {
   const ChatTemplate* chat_;
   SchedulerOptions o_;
   std::int32_t stop_token_;  // the model's own stop token (generate.h's rule)
-  engine::BatchForward forward_;
+  engine::Transformer forward_;  // the engine's one forward, over the step's sessions
 
   std::mutex m_;
   std::condition_variable cv_;
