@@ -1,4 +1,4 @@
-// Batched decode against one sequence: the server's step (engine/model/batch_forward.h) with B
+// Batched decode against one sequence: the server's step (engine/model/transformer.h's batched forward) with B
 // sessions decoding together vs one session, alternating rounds so both see the same machine
 // load. Each session first prefills `prompt` tokens; then each round runs `steps` decode steps
 // (greedy tokens) with B = 1 and with B = batch. Prints one JSON object: tokens/s of each and
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "engine/compute/parallel.h"
-#include "engine/model/batch_forward.h"
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
 #include "veloxquant/builder.h"
@@ -50,7 +49,7 @@ int main(int argc, char** argv) {
   const engine::Model model = engine::Model::load(argv[1]);
   const auto& c = model.config();
   const std::int64_t ctx = prompt + rounds * steps * 2 + 2;
-  engine::BatchForward bf(model, std::max<std::int64_t>(batch, 32), 32, ctx);
+  engine::Transformer bf(model, 32, ctx, std::max<std::int64_t>(batch, 32));
   std::vector<ModelCache> caches;
   std::vector<std::int32_t> last(static_cast<std::size_t>(batch));
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -60,7 +59,7 @@ int main(int argc, char** argv) {
       toks.push_back(static_cast<std::int32_t>((t * 131 + b * 17 + 3) % c.vocab_size));
     for (std::int64_t t0 = 0; t0 < prompt; t0 += 32) {
       const engine::BatchItem it{toks.data() + t0, std::min<std::int64_t>(32, prompt - t0),
-                                 &caches[static_cast<std::size_t>(b)], false};
+                                 &caches[static_cast<std::size_t>(b)], engine::Logits::kNone};
       bf.forward({&it, 1});
     }
     last[static_cast<std::size_t>(b)] = toks.back();
@@ -68,7 +67,8 @@ int main(int argc, char** argv) {
   auto decode = [&](std::int64_t B) {
     std::vector<engine::BatchItem> items;
     for (std::int64_t b = 0; b < B; ++b)
-      items.push_back({&last[static_cast<std::size_t>(b)], 1, &caches[static_cast<std::size_t>(b)], true});
+      items.push_back({&last[static_cast<std::size_t>(b)], 1, &caches[static_cast<std::size_t>(b)],
+                       engine::Logits::kLast});
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t s = 0; s < steps; ++s) {
       bf.forward(items);

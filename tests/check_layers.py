@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""The layering rule, checked over every quoted #include of the library, engine and front ends.
+"""The layering rule, checked over every #include of the library, engine and front ends.
 
 Layers, lowest first (docs/design.md, "Layers"). A file may include only files of its own layer
 or a layer below it; the engine's subfolders are ordered the same way among themselves. A file
 under src/, include/, tools/ or python/src/ that no layer claims is an error too, so a new
 folder has to be placed before it can be used. Tests, benchmarks and fuzz targets sit above
-everything and are not checked.
+everything and are not checked. A quoted include must name a file of the project; an
+angle-bracket include is checked when it names one (<veloxquant/cache.h> from include/, or a
+path under src/) and is otherwise a system or third-party header.
 
 Usage: check_layers.py [ROOT]      (exit 0: clean; 1: violations, each printed with its line)
-       check_layers.py --self-test  (plants an upward include and a file in no layer in a
-                                     scratch tree; exit 0 when both are reported)
+       check_layers.py --self-test  (plants upward includes, quoted and angle-bracket, and a
+                                     file in no layer in a scratch tree; exit 0 when exactly
+                                     those are reported)
 """
 import os
 import re
@@ -35,7 +38,7 @@ LAYERS = [
                        "include/veloxquant/veloxquant_c.h"]),
 ]
 SOURCE = re.compile(r"\.(h|hpp|c|cc|cpp|inc)$")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<([^>]+)>)')
 
 
 def layer_of(rel):
@@ -48,9 +51,11 @@ def layer_of(rel):
     return None if best is None else best[:2]
 
 
-def resolve(root, including, target):
-    """The file a quoted include names: beside the including file, then src/, then include/."""
-    for base in (os.path.dirname(including), "src", "include"):
+def resolve(root, including, target, quoted=True):
+    """The file an include names: beside the including file (quoted only), then src/, then
+    include/; None when it names no file of the project."""
+    bases = ((os.path.dirname(including),) if quoted else ()) + ("src", "include")
+    for base in bases:
         rel = os.path.normpath(os.path.join(base, target))
         if os.path.isfile(os.path.join(root, rel)):
             return rel
@@ -76,11 +81,14 @@ def check(root):
                         m = INCLUDE.match(line)
                         if not m:
                             continue
-                        target = resolve(root, rel, m.group(1))
+                        quoted = m.group(1) is not None
+                        name = m.group(1) if quoted else m.group(2)
+                        target = resolve(root, rel, name, quoted)
                         if target is None:
-                            problems.append(f"{rel}:{n}: includes \"{m.group(1)}\", which is no "
-                                            "file of the project")
-                            continue
+                            if quoted:
+                                problems.append(f"{rel}:{n}: includes \"{name}\", which is no "
+                                                "file of the project")
+                            continue  # <...>: a system or third-party header
                         theirs = layer_of(target)
                         if theirs is None:
                             problems.append(f"{rel}:{n}: includes {target}, which is in no layer")
@@ -97,14 +105,20 @@ def self_test():
             os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
             with open(os.path.join(root, rel), "w") as fh:
                 fh.write(text)
-        put("src/policies/policy.h", '#include "store/store.h"\n')
-        put("src/store/store.h", "// clean\n")
+        put("src/policies/policy.h", '#include "store/store.h"\n#include <store/store.h>\n')
+        put("src/store/store.h", "#include <vector>\n#include <nlohmann/json.hpp>\n")
+        put("include/veloxquant/cache.h", '#include <veloxquant/rows.h>\n')
+        put("include/veloxquant/rows.h", "#include <cstdint>\n")
         clean, _ = check(root)
-        put("src/store/store.h", '#include "policies/policy.h"\n')
+        put("src/store/store.h", '#include "policies/policy.h"\n#include <vector>\n')
+        put("src/store/rows.h", '#include <veloxquant/cache.h>\n')
         put("src/newfolder/x.h", "// unplaced\n")
         found, _ = check(root)
     want = ["src/store/store.h:1: store includes src/policies/policy.h from policies, a layer "
-            "above it", "src/newfolder/x.h: in no layer (add its folder to tests/check_layers.py)"]
+            "above it",
+            "src/store/rows.h:1: store includes include/veloxquant/cache.h from cache, a layer "
+            "above it",
+            "src/newfolder/x.h: in no layer (add its folder to tests/check_layers.py)"]
     ok = clean == [] and sorted(found) == sorted(want)
     print("layers self-test:", "ok" if ok else f"FAILED: clean={clean} found={found}")
     return 0 if ok else 1

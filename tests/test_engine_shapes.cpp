@@ -64,6 +64,29 @@ TEST(EngineShapes, NamedShapesMatchThePublishedModels) {
     EXPECT_NE(std::string(e.what()).find("known: llama-110m"), std::string::npos) << e.what();
   }
   EXPECT_THROW((void)engine::make_random_model("llama-110m", {1, WeightType::kBF16, 13}), Error);
+  test::expect_error(
+      [] { (void)engine::make_random_model("llama-110m", {1, WeightType::kBF16, 1, 32001}); },
+      ErrorCode::kInvalidArgument,
+      {"[shape] vocab_size must be in [0, 32000] for llama-110m (0: the shape's), got 32001"});
+}
+
+TEST(EngineShapes, ASmallerVocabularyKeepsTheShapesFirstRows) {
+  const Model full = engine::make_random_model("llama-110m", {5, WeightType::kBF16, 1});
+  const Model small = engine::make_random_model("llama-110m", {5, WeightType::kBF16, 1, 300});
+  EXPECT_EQ(small.config().vocab_size, 300);
+  EXPECT_EQ(small.config().bos_id, 1);  // below 300: kept
+  EXPECT_EQ(small.weights().token_embedding.rows, 300);
+  const auto& a = full.weights().token_embedding;
+  EXPECT_EQ(std::memcmp(a.data, small.weights().token_embedding.data,
+                        static_cast<std::size_t>(300 * a.row_bytes())),
+            0);
+  const auto& wq = full.weights().layers[0].wq;
+  EXPECT_EQ(std::memcmp(wq.data, small.weights().layers[0].wq.data,
+                        static_cast<std::size_t>(wq.bytes())),
+            0);
+  // Qwen2.5's EOS (151643) is past a 512-token vocabulary: none.
+  EXPECT_EQ(engine::make_random_model("qwen2.5-0.5b", {5, WeightType::kBF16, 1, 512}).config().eos_id,
+            -1);
 }
 
 TEST(EngineShapes, RandomWeightsDoNotDependOnTheThreadCount) {

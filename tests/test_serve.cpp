@@ -1,7 +1,8 @@
-// The server's engine side: the batched forward against Transformer::forward (bit for bit), the
-// scheduler's tokens against run.c's reference and against themselves alone vs batched, session
-// reuse, the measured footprint against real sessions, admission and the queue, chat templates
-// and request parsing.
+// The server's engine side (its batched forward against the single-sequence one is
+// tests/test_forward_batch.cpp): the scheduler's tokens against run.c's reference, against
+// generate() (also on a Qwen2 checkpoint with q/k/v biases) and against themselves alone vs
+// batched, session reuse, the measured footprint against real sessions, admission and the queue,
+// chat templates and request parsing.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/model/batch_forward.h"
+#include "engine/model/model_builder.h"
+#include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
 #include "engine/run/generate.h"
 #include "engine/tokenizers/tokenizer.h"
@@ -35,67 +37,14 @@ const engine::Tokenizer& stories_tok() {
   return *t;
 }
 
-// ---- Batched forward -------------------------------------------------------------------------
-
-TEST(BatchForward, EachSequenceMatchesTransformerForwardBitForBit) {
-  const engine::Model& m = stories();
-  const engine::ModelConfig& c = m.config();
-  const ModelShape shape = engine::model_shape(c);
-  // Three sequences with different methods (plain rows, an evicting method, packed KIVI rows)
-  // and different step sizes, run together; each alone through Transformer::forward.
-  const std::vector<std::string> specs = {"full", "h2o:budget=12", "kivi:bit_width_inlier=4,group_size=32,residual_length=32"};
-  std::vector<std::vector<std::int32_t>> tokens(3);
-  for (std::size_t i = 0; i < 3; ++i) {
-    for (std::int32_t t = 0; t < 60; ++t)
-      tokens[i].push_back(static_cast<std::int32_t>((t * 37 + 11 * i + 5) % c.vocab_size));
-  }
-  // Per step the tokens each sequence takes (a prefill chunk, then single decode tokens).
-  const std::vector<std::vector<std::int64_t>> steps = {
-      {7, 16, 3}, {1, 1, 16}, {1, 1, 1}, {5, 1, 1}, {1, 9, 1}, {1, 1, 1}};
-  std::vector<ModelCache> batched, alone;
-  for (const auto& s : specs) {
-    batched.push_back(KVCacheBuilder::for_model(CacheConfig::parse(s), shape));
-    alone.push_back(KVCacheBuilder::for_model(CacheConfig::parse(s), shape));
-  }
-  engine::BatchForward bf(m, 64, 16, 128);
-  engine::Transformer tf(m, 16, 128);
-  std::vector<std::int64_t> at(3, 0);
-  for (const auto& step : steps) {
-    std::vector<engine::BatchItem> items;
-    for (std::size_t i = 0; i < 3; ++i) {
-      items.push_back({tokens[i].data() + at[i], step[i], &batched[i], true});
-    }
-    bf.forward(items);
-    for (std::size_t i = 0; i < 3; ++i) {
-      const float* want = tf.forward(tokens[i].data() + at[i], step[i], alone[i], engine::Logits::kLast);
-      ASSERT_EQ(std::memcmp(want, bf.logits(i), sizeof(float) * static_cast<std::size_t>(c.vocab_size)), 0)
-          << specs[i] << " at position " << at[i];
-      at[i] += step[i];
-      EXPECT_EQ(batched[i].stats().resident_bytes, alone[i].stats().resident_bytes) << specs[i];
-    }
-  }
-}
-
-TEST(BatchForward, RefusesBadSteps) {
-  engine::BatchForward bf(stories(), 8, 4, 64);
-  ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(stories().config()));
-  const std::int32_t toks[5] = {1, 2, 3, 4, 5};
-  std::vector<engine::BatchItem> too_long = {{toks, 5, &cache, true}};
-  EXPECT_THROW(bf.forward(too_long), Error);
-  std::vector<engine::BatchItem> twice = {{toks, 1, &cache, true}, {toks, 1, &cache, true}};
-  EXPECT_THROW(bf.forward(twice), Error);
-  EXPECT_THROW(bf.forward({}), Error);
-  EXPECT_EQ(cache.layer(0).tokens_seen(), 0);  // refused before any cache step began
-}
-
 // ---- Scheduler -------------------------------------------------------------------------------
 
 struct Rig {
-  serve::ChatTemplate chat{serve::TemplateKind::kPlain, stories_tok(), stories().config().bos_id,
-                           stories().config().eos_id};
+  serve::ChatTemplate chat;
   std::unique_ptr<serve::Scheduler> sched;
-  explicit Rig(serve::SchedulerOptions o) {
-    sched = std::make_unique<serve::Scheduler>(stories(), stories_tok(), chat, std::move(o));
+  explicit Rig(serve::SchedulerOptions o, const engine::Model& m = stories())
+      : chat(serve::TemplateKind::kPlain, stories_tok(), m.config().bos_id, m.config().eos_id) {
+    sched = std::make_unique<serve::Scheduler>(m, stories_tok(), chat, std::move(o));
   }
 };
 
@@ -194,6 +143,70 @@ TEST(Scheduler, TokensAreTheSameAloneAndInABatch) {
        i < r.ids.size() && i < static_cast<std::size_t>(r.n_prompt + 50); ++i)
     want += stories_tok().piece(r.ids[i - 1], r.ids[i]);
   EXPECT_EQ(alone[1], want);
+}
+
+// A Qwen2 checkpoint (q/k/v biases) of stories260K's shape and vocabulary: its weights (read as
+// a Hugging Face model: rotate-half RoPE) with random biases, written by write_hf_checkpoint.
+const engine::Model& qwen2() {
+  static const test::TempDir dir("serve_qwen2");
+  static const engine::Model m = [] {
+    engine::ModelBuilder b;
+    b.config() = stories().config();
+    b.config().qkv_bias = true;
+    b.weights() = stories().weights();  // stories() outlives the builder's model
+    const auto& c = stories().config();
+    std::uint64_t seed = 900;
+    auto bias = [&](std::int64_t n) {
+      const std::vector<float> v = test::randn(static_cast<std::size_t>(n), seed++, 0.3f);
+      float* p = b.own(n);
+      std::copy(v.begin(), v.end(), p);
+      return p;
+    };
+    for (engine::LayerWeights& l : b.weights().layers) {
+      l.bq = bias(c.q_dim());
+      l.bk = bias(c.kv_dim());
+      l.bv = bias(c.kv_dim());
+    }
+    engine::write_hf_checkpoint(b.finish(), dir.path.string());
+    return engine::Model::load(dir.path.string());
+  }();
+  return m;
+}
+
+TEST(Scheduler, AQwen2CheckpointWithBiasesGivesGeneratesText) {
+  // The server's batched step and generate()'s single-sequence forward compute the same model:
+  // Qwen2's biases included. Two requests at once (greedy and sampled, prompts longer than a
+  // prefill chunk), each against generate() with the same prompt and sampler.
+  const engine::Model& m = qwen2();
+  ASSERT_TRUE(m.config().qkv_bias);
+  ASSERT_EQ(m.config().format, "hf");
+  const std::vector<serve::GenRequest> reqs = {
+      completion("Once upon a time, there was a little girl named Lily who liked to play", 40,
+                 0.0f, 3),
+      completion("The cat and the dog went to the park to play with a big red ball", 40, 0.8f,
+                 5)};
+  Rig rig(small_options(), m);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (const auto& r : reqs) {
+    jobs.push_back(std::make_shared<serve::Job>(r));
+    rig.sched->submit(jobs.back());
+  }
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const std::string got = finish(jobs[i]).first;
+    engine::GenerateOptions g;
+    g.prompt = reqs[i].prompt;
+    g.temperature = reqs[i].temperature;
+    g.top_p = reqs[i].top_p;
+    g.seed = reqs[i].seed;
+    g.steps = 200;
+    const auto r = engine::generate(m, stories_tok(), g);
+    std::string want;
+    for (std::size_t t = static_cast<std::size_t>(r.n_prompt);
+         t < r.ids.size() && t < static_cast<std::size_t>(r.n_prompt + 40); ++t)
+      want += stories_tok().piece(r.ids[t - 1], r.ids[t]);
+    EXPECT_EQ(got, want) << "request " << i;
+    EXPECT_GT(got.size(), 20u) << "request " << i;
+  }
 }
 
 TEST(Scheduler, AChatThatExtendsASessionContinuesItsCache) {

@@ -139,9 +139,10 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
       chat_(&chat),
       o_(std::move(options)),
       stop_token_(model.config().format == "llama2c" ? 1 : model.config().eos_id),
-      forward_(model, std::max<std::int64_t>(1, o_.step_tokens),
+      forward_(model,
                std::clamp<std::int64_t>(o_.chunk, 1, std::max<std::int64_t>(1, o_.step_tokens)),
-               std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len)) {
+               std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len),
+               std::max<std::int64_t>(1, o_.step_tokens)) {
   const auto& c = model.config();
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
   if (o_.max_context < 2 || o_.max_context > c.seq_len)
@@ -221,94 +222,131 @@ void Scheduler::drop_session_locked(Session* s) {
   }
 }
 
+bool Scheduler::reuse_session_locked(const GenRequest& r, const std::string& spec, Active& a) {
+  for (auto& sp : sessions_) {
+    Session& s = *sp;
+    if (s.busy || !s.chat || s.spec != spec || s.history.size() >= r.messages.size()) continue;
+    if (!std::equal(s.history.begin(), s.history.end(), r.messages.begin())) continue;
+    std::vector<std::int32_t> feed = s.tail;
+    const std::string text =
+        (s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end()) +
+        chat_->render(r.messages, s.history.size());
+    const auto ids = chat_->tokenize(text, false);
+    feed.insert(feed.end(), ids.begin(), ids.end());
+    if (s.cache.layer(0).tokens_seen() + static_cast<std::int64_t>(feed.size()) + 1 >
+        o_.max_context) {
+      return false;  // the conversation no longer fits: a new session says so
+    }
+    a.s = &s;
+    a.feed = std::move(feed);
+    ++counters_.sessions_reused;
+    return true;
+  }
+  return false;
+}
+
+std::vector<std::int32_t> Scheduler::prompt_tokens(const GenRequest& r) const {
+  std::vector<std::int32_t> feed;
+  if (r.chat) {
+    feed = chat_->tokenize(chat_->render(r.messages, 0), true);
+  } else {
+    feed = tok_->encode(r.prompt, true);
+  }
+  if (feed.empty()) {
+    if (model_->config().bos_id < 0)
+      throw bad_request("the prompt is empty and the model has no BOS token", "prompt");
+    feed.push_back(model_->config().bos_id);
+  }
+  if (static_cast<std::int64_t>(feed.size()) + 1 > o_.max_context) {
+    throw ServeError{400, "invalid_request_error",
+                     "the prompt has " + std::to_string(feed.size()) +
+                         " tokens; with one to generate that passes --max-context " +
+                         std::to_string(o_.max_context),
+                     r.chat ? "messages" : "prompt", 0};
+  }
+  return feed;
+}
+
+bool Scheduler::make_room_locked(std::int64_t need) {
+  auto fits = [&] {
+    return reserved_ + need <= o_.kv_memory &&
+           static_cast<std::int64_t>(sessions_.size()) < o_.max_sessions;
+  };
+  if (fits()) return true;
+  // Would dropping every idle session make room? Then drop them LRU-first until it fits.
+  std::int64_t idle_bytes = 0, idle_n = 0;
+  for (auto& s : sessions_) {
+    if (!s->busy) {
+      idle_bytes += s->reserved;
+      ++idle_n;
+    }
+  }
+  if (reserved_ - idle_bytes + need > o_.kv_memory ||
+      static_cast<std::int64_t>(sessions_.size()) - idle_n >= o_.max_sessions)
+    return false;
+  while (!fits()) {
+    auto it = sessions_.end();
+    do {
+      --it;
+    } while ((*it)->busy);
+    reserved_ -= (*it)->reserved;
+    sessions_.erase(it);
+    ++counters_.sessions_evicted;
+  }
+  return true;
+}
+
+Scheduler::Session* Scheduler::new_session_locked(const GenRequest& r, const std::string& spec,
+                                                  std::int64_t need) {
+  auto s = std::make_unique<Session>(Session{std::to_string(next_session_++), r.method, spec,
+                                             KVCacheBuilder::for_model(
+                                                 r.method, engine::model_shape(model_->config())),
+                                             r.chat, {}, {}, false, need, 0, 0, false,
+                                             Clock::now()});
+  s->id = "s" + s->id;
+  // Memory only: a session holds at most --max-context positions, so its stores grow no
+  // further (the footprint is measured with the same hint).
+  s->cache.expect_positions(o_.max_context);
+  reserved_ += need;
+  sessions_.push_front(std::move(s));
+  return sessions_.front().get();
+}
+
+void Scheduler::start_locked(std::unique_ptr<Active> a, std::int64_t cached) {
+  const GenRequest& r = a->job->req;
+  Session& s = *a->s;
+  s.busy = true;
+  s.tail.clear();
+  s.last_used = Clock::now();
+  a->sampler.emplace(model_->config().vocab_size, r.temperature, r.top_p, r.seed);
+  for (const auto& st : r.stop) a->max_stop = std::max(a->max_stop, st.size());
+  a->prev = a->feed.back();
+  Job& job = *a->job;
+  {
+    std::lock_guard lock(job.m_);
+    job.prompt_tokens_ = cached + static_cast<std::int64_t>(a->feed.size());
+    job.cached_tokens_ = cached;
+    job.session_ = s.id;
+    job.kv_reserved_ = s.reserved;
+  }
+  job.set_admitted();
+  active_.push_back(std::move(a));
+}
+
 bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
   const GenRequest& r = job->req;
   const std::string spec = r.method.spec(true);
   auto a = std::make_unique<Active>();
   a->job = job;
-  std::int64_t cached = 0;
+  std::int64_t cached = 0;  // positions of a reused session's cache
   try {
-    if (r.chat) {
-      for (auto& sp : sessions_) {
-        Session& s = *sp;
-        if (s.busy || !s.chat || s.spec != spec || s.history.size() >= r.messages.size()) continue;
-        if (!std::equal(s.history.begin(), s.history.end(), r.messages.begin())) continue;
-        std::vector<std::int32_t> feed = s.tail;
-        const std::string text =
-            (s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end()) +
-            chat_->render(r.messages, s.history.size());
-        const auto ids = chat_->tokenize(text, false);
-        feed.insert(feed.end(), ids.begin(), ids.end());
-        if (s.cache.layer(0).tokens_seen() + static_cast<std::int64_t>(feed.size()) + 1 >
-            o_.max_context) {
-          break;  // the conversation no longer fits: a new session says so below
-        }
-        a->s = &s;
-        a->feed = std::move(feed);
-        cached = s.cache.layer(0).tokens_seen();
-        ++counters_.sessions_reused;
-        break;
-      }
-    }
+    if (r.chat && reuse_session_locked(r, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
     if (a->s == nullptr) {
-      std::vector<std::int32_t> feed;
-      if (r.chat) {
-        feed = chat_->tokenize(chat_->render(r.messages, 0), true);
-      } else {
-        feed = tok_->encode(r.prompt, true);
-      }
-      if (feed.empty()) {
-        if (model_->config().bos_id < 0)
-          throw bad_request("the prompt is empty and the model has no BOS token", "prompt");
-        feed.push_back(model_->config().bos_id);
-      }
-      if (static_cast<std::int64_t>(feed.size()) + 1 > o_.max_context) {
-        throw ServeError{400, "invalid_request_error",
-                         "the prompt has " + std::to_string(feed.size()) +
-                             " tokens; with one to generate that passes --max-context " +
-                             std::to_string(o_.max_context),
-                         r.chat ? "messages" : "prompt", 0};
-      }
+      std::vector<std::int32_t> feed = prompt_tokens(r);
       const std::int64_t need = footprint(r.method);
-      auto fits = [&] {
-        return reserved_ + need <= o_.kv_memory &&
-               static_cast<std::int64_t>(sessions_.size()) < o_.max_sessions;
-      };
-      if (!fits()) {
-        // Would dropping every idle session make room? Then drop them LRU-first until it fits.
-        std::int64_t idle_bytes = 0, idle_n = 0;
-        for (auto& s : sessions_) {
-          if (!s->busy) {
-            idle_bytes += s->reserved;
-            ++idle_n;
-          }
-        }
-        if (reserved_ - idle_bytes + need > o_.kv_memory ||
-            static_cast<std::int64_t>(sessions_.size()) - idle_n >= o_.max_sessions)
-          return false;  // wait in the queue
-        while (!fits()) {
-          auto it = sessions_.end();
-          do {
-            --it;
-          } while ((*it)->busy);
-          reserved_ -= (*it)->reserved;
-          sessions_.erase(it);
-          ++counters_.sessions_evicted;
-        }
-      }
-      auto s = std::make_unique<Session>(Session{std::to_string(next_session_++), r.method, spec,
-                                                 KVCacheBuilder::for_model(
-                                                     r.method, engine::model_shape(model_->config())),
-                                                 r.chat, {}, {}, false, need, 0, 0, false,
-                                                 Clock::now()});
-      s->id = "s" + s->id;
-      // Memory only: a session holds at most --max-context positions, so its stores grow no
-      // further (the footprint is measured with the same hint).
-      s->cache.expect_positions(o_.max_context);
-      reserved_ += need;
-      a->s = s.get();
+      if (!make_room_locked(need)) return false;  // wait in the queue
+      a->s = new_session_locked(r, spec, need);
       a->feed = std::move(feed);
-      sessions_.push_front(std::move(s));
     }
   } catch (const ServeError& e) {
     job->fail(e);
@@ -317,22 +355,7 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
     job->fail(bad_request(e.what()));
     return true;
   }
-  Session& s = *a->s;
-  s.busy = true;
-  s.tail.clear();
-  s.last_used = Clock::now();
-  a->sampler.emplace(model_->config().vocab_size, r.temperature, r.top_p, r.seed);
-  for (const auto& st : r.stop) a->max_stop = std::max(a->max_stop, st.size());
-  a->prev = a->feed.back();
-  {
-    std::lock_guard lock(job->m_);
-    job->prompt_tokens_ = cached + static_cast<std::int64_t>(a->feed.size());
-    job->cached_tokens_ = cached;
-    job->session_ = s.id;
-    job->kv_reserved_ = s.reserved;
-  }
-  job->set_admitted();
-  active_.push_back(std::move(a));
+  start_locked(std::move(a), cached);
   return true;
 }
 
@@ -452,11 +475,12 @@ void Scheduler::step(std::vector<Active*>& run) {
     if (a->fed < a->feed.size()) {
       it.n = std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed));
       it.tokens = a->feed.data() + a->fed;
-      it.want_logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size();
+      it.logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size() ? engine::Logits::kLast
+                                                                            : engine::Logits::kNone;
     } else {
       it.n = 1;
       it.tokens = &a->last;
-      it.want_logits = true;
+      it.logits = engine::Logits::kLast;
     }
     items.push_back(it);
   }
@@ -496,7 +520,7 @@ void Scheduler::step(std::vector<Active*>& run) {
       a.job->kv_resident_ = s.resident;
       a.job->kv_full_ = s.full;
     }
-    if (!items[i].want_logits) continue;
+    if (items[i].logits == engine::Logits::kNone) continue;
     const float* logits = forward_.logits(i);
     std::copy(logits, logits + c.vocab_size, work.begin());
     const std::int32_t next = a.sampler->sample(work.data());

@@ -1,6 +1,7 @@
 // The server's engine side: sessions (a conversation and its compressed cache), memory
 // admission, and the scheduler thread that runs every active request's prefill chunks and
-// decode steps together as batched forward steps (engine/model/batch_forward.h).
+// decode steps together as batched forward steps (engine/model/transformer.h: one step over a
+// batch of sequences, each with its own cache).
 //
 // Sessions. A chat request whose messages extend a live idle session's conversation exactly
 // (the session's messages, its last the reply it generated, are a strict prefix of the request's,
@@ -36,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/model/batch_forward.h"
+#include "engine/model/transformer.h"
 #include "engine/model/model.h"
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
@@ -167,7 +168,22 @@ class Scheduler {
   struct Session;
   struct Active;
   void loop();
-  bool admit_locked(const std::shared_ptr<Job>& job);  // true: admitted (or failed)
+  // Admission of a queued job: reuse a session whose conversation the request extends, or
+  // tokenize the prompt, make room (dropping idle sessions LRU-first) and open a new session;
+  // then start it. True: admitted (or failed with the job told why); false: wait in the queue.
+  bool admit_locked(const std::shared_ptr<Job>& job);
+  // An idle chat session of the same method whose messages the request's extend, still fitting
+  // --max-context with the new turn: a.s and a.feed (its pending tail and the new messages).
+  bool reuse_session_locked(const GenRequest& r, const std::string& spec, Active& a);
+  // A new session's prompt tokens (BOS for an empty prompt); throws ServeError 400 past
+  // --max-context (or with neither prompt nor BOS).
+  std::vector<std::int32_t> prompt_tokens(const GenRequest& r) const;
+  // Whether `need` bytes and one more session fit, dropping idle sessions (least recently used
+  // first) when that makes them fit; false (nothing dropped) when even that would not.
+  bool make_room_locked(std::int64_t need);
+  Session* new_session_locked(const GenRequest& r, const std::string& spec, std::int64_t need);
+  // Marks the session busy, sets the sampler and the job's counters, and makes `a` active.
+  void start_locked(std::unique_ptr<Active> a, std::int64_t cached);
   void step(std::vector<Active*>& run);
   void drop_session_locked(Session* s);
   void end_active(Active& a, const std::string& reason, std::optional<ServeError> err);
@@ -177,7 +193,7 @@ class Scheduler {
   const ChatTemplate* chat_;
   SchedulerOptions o_;
   std::int32_t stop_token_;  // the model's own stop token (generate.h's rule)
-  engine::BatchForward forward_;
+  engine::Transformer forward_;  // the engine's one forward, over the step's sessions
 
   std::mutex m_;
   std::condition_variable cv_;

@@ -99,10 +99,255 @@ struct StreamState {
   bool chat = true, include_usage = false, first = true;
   std::string carry;  // text taken while waiting for admission
 };
+
+// What the handlers share.
+struct ServerState {
+  const ServeOptions& o;
+  const CacheConfig& method;  // --method: the default of requests that name none
+  std::int64_t max_context = 0;
+  std::string model_name;  // the checkpoint's file name (/v1/models, responses)
+  Scheduler& sched;
+  std::atomic<bool> draining{false};
+  std::atomic<int> inflight{0};  // streams still writing
+  std::atomic<std::int64_t> next_id{1};
+};
+
+// The scheduler's options from the flags; --max-context past the model's context is refused.
+SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& method,
+                                   const engine::Model& model) {
+  const engine::ModelConfig& mc = model.config();
+  SchedulerOptions so;
+  so.kv_memory = o.kv_memory;
+  so.max_sessions = o.max_sessions;
+  so.max_context = o.max_context == 0 ? std::min<std::int64_t>(4096, mc.seq_len) : o.max_context;
+  so.chunk = o.chunk;
+  so.step_tokens = o.step_tokens;
+  so.max_queue = o.max_queue;
+  so.queue_timeout_s = o.queue_timeout_s;
+  so.default_method = method;
+  if (so.max_context > mc.seq_len) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--max-context " + std::to_string(so.max_context) + " is past the model's context (" +
+                    std::to_string(mc.seq_len) + " positions in " + model.path() + ")");
+  }
+  return so;
+}
+
+// Thread pool, size and time limits, JSON error bodies, and the API key check on /v1/.
+void configure_http(httplib::Server& svr, const ServeOptions& o) {
+  const int pool = o.http_threads > 0
+                       ? o.http_threads
+                       : static_cast<int>(std::min<std::int64_t>(256, 2 * o.max_sessions + 8));
+  svr.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<size_t>(pool)); };
+  svr.set_payload_max_length(static_cast<size_t>(o.max_body));
+  svr.set_read_timeout(5, 0);
+  svr.set_write_timeout(5, 0);
+  svr.set_keep_alive_timeout(5);
+  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.body.empty()) {
+      res.set_content(error_json(ServeError{res.status,
+                                            res.status >= 500 ? "server_error"
+                                                              : "invalid_request_error",
+                                            reason_of(res.status), "", 0}),
+                      "application/json");
+    }
+  });
+  svr.set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
+    if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.get_header_value("Authorization") != "Bearer " + o.api_key) {
+      send_error(res, ServeError{401, "invalid_request_error",
+                                 "missing or wrong API key (send Authorization: Bearer KEY)", "", 0});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+}
+
+// Answers a streamed request with server-sent events: the text as it comes, then the last chunk
+// with finish_reason and usage (or the error), then [DONE]. A client gone cancels the job.
+void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
+                  std::atomic<int>& inflight) {
+  ++inflight;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& data) {
+          const std::string line = "data: " + data + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        Job::Snapshot s = st->job->take(st->carry.empty() ? 100ms : 0ms);
+        const std::string text = st->carry + s.text;
+        st->carry.clear();
+        bool ok = true;
+        if (!text.empty() || st->first) {
+          ok = send(dump(
+              chunk_json(st->id, st->chat, st->model, st->created, text, nullptr, s, st->first)));
+          st->first = false;
+        }
+        if (ok && s.done) {
+          if (s.error) {
+            ok = send(error_json(*s.error));
+          } else {
+            json last = chunk_json(st->id, st->chat, st->model, st->created, "",
+                                   s.finish_reason.c_str(), s, false);
+            last["usage"] = {{"prompt_tokens", s.prompt_tokens},
+                             {"completion_tokens", s.completion_tokens},
+                             {"total_tokens", s.prompt_tokens + s.completion_tokens},
+                             {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
+            ok = send(dump(last));
+          }
+          ok = ok && send("[DONE]");
+          if (ok) sink.done();
+        }
+        if (!ok) {
+          st->job->cancel();
+          return false;
+        }
+        return true;
+      },
+      [st, &inflight](bool success) {
+        if (!success) st->job->cancel();
+        --inflight;
+      });
+}
+
+// POST /v1/chat/completions (chat_endpoint) or /v1/completions: parse, queue, wait for
+// admission (errors keep their status), then the whole reply or a stream.
+void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Request& req,
+                     httplib::Response& res) {
+  if (state.draining) {
+    send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
+    return;
+  }
+  ParsedRequest p;
+  try {
+    p = parse_request(req.body, chat_endpoint, state.method, state.max_context);
+  } catch (const ServeError& e) {
+    send_error(res, e);
+    return;
+  }
+  auto job = std::make_shared<Job>(p.gen);
+  try {
+    state.sched.submit(job);
+  } catch (const ServeError& e) {
+    send_error(res, e);
+    return;
+  } catch (const Error& e) {
+    send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
+    return;
+  }
+  std::string carry;
+  Job::Snapshot snap;
+  for (;;) {
+    snap = job->take(100ms);
+    carry += snap.text;
+    if (snap.admitted || snap.done) break;
+  }
+  if (snap.error) {
+    send_error(res, *snap.error);
+    return;
+  }
+  const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
+  const std::string id = (chat_endpoint ? "chatcmpl-" : "cmpl-") + std::to_string(state.next_id++);
+  if (!p.stream) {
+    while (!snap.done) {
+      snap = job->take(200ms);
+      carry += snap.text;
+    }
+    if (snap.error) {
+      send_error(res, *snap.error);
+      return;
+    }
+    res.set_content(
+        dump(completion_json(id, chat_endpoint, state.model_name, created, carry, snap)),
+        "application/json");
+    return;
+  }
+  auto st = std::make_shared<StreamState>();
+  st->job = job;
+  st->id = id;
+  st->model = state.model_name;
+  st->created = created;
+  st->chat = chat_endpoint;
+  st->include_usage = p.include_usage;
+  st->carry = std::move(carry);
+  stream_reply(res, std::move(st), state.inflight);
+}
+
+// The endpoints: the two generation ones, /v1/models, /health, /metrics and the chat page.
+void add_routes(httplib::Server& svr, ServerState& state) {
+  svr.Post("/v1/chat/completions", [&state](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(state, true, req, res);
+  });
+  svr.Post("/v1/completions", [&state](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(state, false, req, res);
+  });
+  svr.Get("/v1/models", [&state](const httplib::Request&, httplib::Response& res) {
+    json j = {{"object", "list"},
+              {"data", json::array({{{"id", state.model_name},
+                                     {"object", "model"},
+                                     {"created", 0},
+                                     {"owned_by", "veloxquant"}}})}};
+    res.set_content(dump(j), "application/json");
+  });
+  svr.Get("/health", [&state](const httplib::Request&, httplib::Response& res) {
+    if (state.draining) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+  svr.Get("/metrics", [&state](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(state.sched.metrics()), "text/plain; version=0.0.4");
+  });
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(chat_page_html(), "text/html; charset=utf-8");
+  });
+}
+
+// Binds --host:--port (0: any free port) and returns the port.
+int bind_port(httplib::Server& svr, const ServeOptions& o) {
+  int port = o.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    if (port < 0) throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + " (any port)");
+  } else if (!svr.bind_to_port(o.host, port)) {
+    throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + ":" + std::to_string(port) +
+                                         " (in use, or not an address of this machine)");
+  }
+  return port;
+}
+
+// Serves until SIGTERM or SIGINT (blocked in every thread, waited for here on a thread of its
+// own): then stops admitting, lets requests finish within --shutdown-grace, lets the streams
+// write their last events (bounded) and stops the server. True when listening ended cleanly.
+bool serve_until_signal(httplib::Server& svr, ServerState& state, const sigset_t& sigs) {
+  std::atomic<bool> quit{false};
+  std::thread signals([&] {
+    const timespec tick{0, 200 * 1000 * 1000};
+    while (!quit) {
+      const int sig = sigtimedwait(&sigs, nullptr, &tick);
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      std::fprintf(stderr, "veloxquant serve: signal %d: finishing requests in flight\n", sig);
+      state.draining = true;
+      state.sched.drain(
+          std::chrono::milliseconds(static_cast<std::int64_t>(state.o.shutdown_grace_s * 1000)));
+      for (int i = 0; i < 100 && state.inflight > 0; ++i) std::this_thread::sleep_for(50ms);
+      svr.stop();
+      return;
+    }
+  });
+  const bool ok = svr.listen_after_bind();
+  quit = true;
+  signals.join();
+  return ok;
+}
 }  // namespace
 
 int run_server(const ServeOptions& o) {
-  // Signals go to one thread (sigtimedwait below); block them before any thread starts.
+  // Signals go to one thread (serve_until_signal); block them before any thread starts.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
@@ -120,20 +365,7 @@ int run_server(const ServeOptions& o) {
           : parse_template_name(o.chat_template);
   const ChatTemplate chat(kind, *tokenizer, mc.bos_id, mc.eos_id);
 
-  SchedulerOptions so;
-  so.kv_memory = o.kv_memory;
-  so.max_sessions = o.max_sessions;
-  so.max_context = o.max_context == 0 ? std::min<std::int64_t>(4096, mc.seq_len) : o.max_context;
-  so.chunk = o.chunk;
-  so.step_tokens = o.step_tokens;
-  so.max_queue = o.max_queue;
-  so.queue_timeout_s = o.queue_timeout_s;
-  so.default_method = method;
-  if (so.max_context > mc.seq_len) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--max-context " + std::to_string(so.max_context) + " is past the model's context (" +
-                    std::to_string(mc.seq_len) + " positions in " + model.path() + ")");
-  }
+  const SchedulerOptions so = scheduler_options(o, method, model);
   Scheduler sched(model, *tokenizer, chat, so);
   const std::int64_t need = sched.footprint(method);
   if (need > o.kv_memory) {
@@ -142,7 +374,8 @@ int run_server(const ServeOptions& o) {
                     method.spec() + ": one may hold " + std::to_string(need) +
                     " bytes or more at --max-context " + std::to_string(so.max_context));
   }
-  const std::string model_name = std::filesystem::path(model.path()).filename().string();
+  ServerState state{o, method, so.max_context,
+                    std::filesystem::path(model.path()).filename().string(), sched};
   std::fprintf(stderr,
                "veloxquant serve: %s (%lld layers, context %lld), template %s, method %s: a "
                "session reserves %lld bytes; --kv-memory %lld holds %lld\n",
@@ -152,194 +385,12 @@ int run_server(const ServeOptions& o) {
                static_cast<long long>(o.kv_memory / need));
 
   httplib::Server svr;
-  const int pool = o.http_threads > 0
-                       ? o.http_threads
-                       : static_cast<int>(std::min<std::int64_t>(256, 2 * o.max_sessions + 8));
-  svr.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<size_t>(pool)); };
-  svr.set_payload_max_length(static_cast<size_t>(o.max_body));
-  svr.set_read_timeout(5, 0);
-  svr.set_write_timeout(5, 0);
-  svr.set_keep_alive_timeout(5);
-  std::atomic<bool> draining{false};
-  std::atomic<int> inflight{0};
-  std::atomic<std::int64_t> next_id{1};
-
-  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) {
-      res.set_content(error_json(ServeError{res.status,
-                                            res.status >= 500 ? "server_error"
-                                                              : "invalid_request_error",
-                                            reason_of(res.status), "", 0}),
-                      "application/json");
-    }
-  });
-  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
-        req.get_header_value("Authorization") != "Bearer " + o.api_key) {
-      send_error(res, ServeError{401, "invalid_request_error",
-                                 "missing or wrong API key (send Authorization: Bearer KEY)", "", 0});
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-
-  auto generate = [&](bool chat_endpoint) {
-    return [&, chat_endpoint](const httplib::Request& req, httplib::Response& res) {
-      if (draining) {
-        send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
-        return;
-      }
-      ParsedRequest p;
-      try {
-        p = parse_request(req.body, chat_endpoint, method, so.max_context);
-      } catch (const ServeError& e) {
-        send_error(res, e);
-        return;
-      }
-      auto job = std::make_shared<Job>(p.gen);
-      try {
-        sched.submit(job);
-      } catch (const ServeError& e) {
-        send_error(res, e);
-        return;
-      } catch (const Error& e) {
-        send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
-        return;
-      }
-      // Wait for admission (or a failure there) before answering: errors keep their status.
-      std::string carry;
-      Job::Snapshot snap;
-      for (;;) {
-        snap = job->take(100ms);
-        carry += snap.text;
-        if (snap.admitted || snap.done) break;
-      }
-      if (snap.error) {
-        send_error(res, *snap.error);
-        return;
-      }
-      const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
-      const std::string id = (chat_endpoint ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
-      if (!p.stream) {
-        while (!snap.done) {
-          snap = job->take(200ms);
-          carry += snap.text;
-        }
-        if (snap.error) {
-          send_error(res, *snap.error);
-          return;
-        }
-        res.set_content(dump(completion_json(id, chat_endpoint, model_name, created, carry, snap)),
-                        "application/json");
-        return;
-      }
-      auto st = std::make_shared<StreamState>();
-      st->job = job;
-      st->id = id;
-      st->model = model_name;
-      st->created = created;
-      st->chat = chat_endpoint;
-      st->include_usage = p.include_usage;
-      st->carry = std::move(carry);
-      ++inflight;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [st](size_t, httplib::DataSink& sink) {
-            auto send = [&](const std::string& data) {
-              const std::string line = "data: " + data + "\n\n";
-              return sink.write(line.data(), line.size());
-            };
-            Job::Snapshot s = st->job->take(st->carry.empty() ? 100ms : 0ms);
-            const std::string text = st->carry + s.text;
-            st->carry.clear();
-            bool ok = true;
-            if (!text.empty() || st->first) {
-              ok = send(dump(chunk_json(st->id, st->chat, st->model, st->created, text, nullptr, s,
-                                        st->first)));
-              st->first = false;
-            }
-            if (ok && s.done) {
-              if (s.error) {
-                ok = send(error_json(*s.error));
-              } else {
-                json last = chunk_json(st->id, st->chat, st->model, st->created, "",
-                                       s.finish_reason.c_str(), s, false);
-                last["usage"] = {{"prompt_tokens", s.prompt_tokens},
-                                 {"completion_tokens", s.completion_tokens},
-                                 {"total_tokens", s.prompt_tokens + s.completion_tokens},
-                                 {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
-                ok = send(dump(last));
-              }
-              ok = ok && send("[DONE]");
-              if (ok) sink.done();
-            }
-            if (!ok) {
-              st->job->cancel();
-              return false;
-            }
-            return true;
-          },
-          [st, &inflight](bool success) {
-            if (!success) st->job->cancel();
-            --inflight;
-          });
-    };
-  };
-  svr.Post("/v1/chat/completions", generate(true));
-  svr.Post("/v1/completions", generate(false));
-  svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
-    json j = {{"object", "list"},
-              {"data", json::array({{{"id", model_name},
-                                     {"object", "model"},
-                                     {"created", 0},
-                                     {"owned_by", "veloxquant"}}})}};
-    res.set_content(dump(j), "application/json");
-  });
-  svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-    if (draining) {
-      res.status = 503;
-      res.set_content(R"({"status":"draining"})", "application/json");
-    } else {
-      res.set_content(R"({"status":"ok"})", "application/json");
-    }
-  });
-  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_text(sched.metrics()), "text/plain; version=0.0.4");
-  });
-  svr.Get("/", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(chat_page_html(), "text/html; charset=utf-8");
-  });
-
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    if (port < 0) throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + " (any port)");
-  } else if (!svr.bind_to_port(o.host, port)) {
-    throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + ":" + std::to_string(port) +
-                                         " (in use, or not an address of this machine)");
-  }
+  configure_http(svr, o);
+  add_routes(svr, state);
+  const int port = bind_port(svr, o);
   std::printf("veloxquant serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
-
-  std::atomic<bool> quit{false};
-  std::thread signals([&] {
-    const timespec tick{0, 200 * 1000 * 1000};
-    while (!quit) {
-      const int sig = sigtimedwait(&sigs, nullptr, &tick);
-      if (sig != SIGTERM && sig != SIGINT) continue;
-      std::fprintf(stderr, "veloxquant serve: signal %d: finishing requests in flight\n", sig);
-      draining = true;
-      sched.drain(std::chrono::milliseconds(static_cast<std::int64_t>(o.shutdown_grace_s * 1000)));
-      // Let the streams write their last events (bounded).
-      for (int i = 0; i < 100 && inflight > 0; ++i) std::this_thread::sleep_for(50ms);
-      svr.stop();
-      return;
-    }
-  });
-  const bool ok = svr.listen_after_bind();
-  quit = true;
-  signals.join();
+  const bool ok = serve_until_signal(svr, state, sigs);
   std::fprintf(stderr, "veloxquant serve: stopped\n");
   return ok ? 0 : 1;
 }

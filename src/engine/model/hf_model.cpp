@@ -287,36 +287,34 @@ SafetensorsSet open_weights(const std::string& path, bool is_dir, const std::str
   return SafetensorsSet::single(file);
 }
 
-}  // namespace
+// What config.json says beyond the ModelConfig.
+struct HfFlags {
+  bool qwen2 = false;   // model_type "qwen2": q/k/v biases
+  bool untied = false;  // tie_word_embeddings is false: lm_head.weight must exist
+};
 
-Model Model::load_hf(const std::string& path) {
-  struct stat st {};
-  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
-  const std::string dir_s = dir.empty() ? "." : dir.string();
-  const std::string config_path = (fs::path(dir_s) / "config.json").string();
-
-  // config.json
+// config.json (at config_path) into `c`: the architecture (Llama, or Qwen2: a Llama with q/k/v
+// biases; its sliding window, when enabled, is not), the shape (validate_shape), the norm
+// epsilon and RoPE (base, scaling), BOS/EOS ids inside the vocabulary, the tie flag.
+HfFlags read_hf_config(const std::string& config_path, ModelConfig& c) {
   json cj = parse_json_limited(read_text_file(config_path), config_path, "config.json");
   if (!cj.is_object()) {
     file_error(config_path, "must be a JSON object, found " + std::string(cj.type_name()));
   }
   const ConfigReader r{config_path, cj};
-  // Llama, or Qwen2 (a Llama with q/k/v biases; its sliding window, when enabled, is not).
-  const bool qwen2 = cj.contains("model_type") && cj["model_type"] == "qwen2";
-  if (!qwen2) r.require_value("model_type", "llama", "a Llama-architecture model or 'qwen2'");
+  HfFlags flags;
+  flags.qwen2 = cj.contains("model_type") && cj["model_type"] == "qwen2";
+  if (!flags.qwen2) r.require_value("model_type", "llama", "a Llama-architecture model or 'qwen2'");
   r.require_value("hidden_act", "silu", "SwiGLU");
-  if (qwen2) {
+  if (flags.qwen2) {
     r.require_value("use_sliding_window", false, "no sliding-window attention");
   } else {
     r.require_value("attention_bias", false, "no attention biases");
   }
   r.require_value("mlp_bias", false, "no MLP biases");
 
-  ModelBuilder b;
-  ModelConfig& c = b.config();
   c.format = "hf";
-  c.qkv_bias = qwen2;
+  c.qkv_bias = flags.qwen2;
   c.dim = r.integer("hidden_size");
   c.hidden_dim = r.integer("intermediate_size");
   c.n_layers = r.integer("num_hidden_layers");
@@ -359,62 +357,91 @@ Model Model::load_hf(const std::string& path) {
                                   ")");
     }
   }
-  bool tie_flag_false = false;
   if (cj.contains("tie_word_embeddings") && !cj["tie_word_embeddings"].is_null()) {
     if (!cj["tie_word_embeddings"].is_boolean()) r.bad("tie_word_embeddings", "true or false");
-    tie_flag_false = !cj["tie_word_embeddings"].get<bool>();
+    flags.untied = !cj["tie_word_embeddings"].get<bool>();
   }
+  return flags;
+}
+
+// Tensors by name in a checkpoint: tied tensors are stored once, and __metadata__ maps the
+// missing name to the stored one.
+class TensorNames {
+ public:
+  explicit TensorNames(const SafetensorsSet& st) : st_(st) {}
+  const SafeTensor* find(const std::string& name) const {
+    if (const SafeTensor* t = st_.find(name)) return t;
+    if (const std::string* alias = st_.metadata(name)) {
+      if (const SafeTensor* t = st_.find(*alias)) return t;
+    }
+    return nullptr;
+  }
+  const SafeTensor* need(const std::string& name) const {
+    const SafeTensor* t = find(name);
+    if (t == nullptr) file_error(st_.path(), "missing tensor '" + name + "'");
+    return t;
+  }
+
+ private:
+  const SafetensorsSet& st_;
+};
+
+// One layer's tensors ('model.layers.N.'), with Qwen2's q/k/v biases.
+LayerWeights read_layer(const TensorNames& t, TensorLoader& load, const ModelConfig& c,
+                        std::int64_t i, bool qwen2) {
+  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  LayerWeights l;
+  l.attn_norm = load.vector(t.need(p + "input_layernorm.weight"), dim);
+  l.wq = load.matrix(t.need(p + "self_attn.q_proj.weight"), qd, dim);
+  l.wk = load.matrix(t.need(p + "self_attn.k_proj.weight"), kvd, dim);
+  l.wv = load.matrix(t.need(p + "self_attn.v_proj.weight"), kvd, dim);
+  if (qwen2) {
+    l.bq = load.vector(t.need(p + "self_attn.q_proj.bias"), qd);
+    l.bk = load.vector(t.need(p + "self_attn.k_proj.bias"), kvd);
+    l.bv = load.vector(t.need(p + "self_attn.v_proj.bias"), kvd);
+  }
+  l.wo = load.matrix(t.need(p + "self_attn.o_proj.weight"), dim, qd);
+  l.ffn_norm = load.vector(t.need(p + "post_attention_layernorm.weight"), dim);
+  l.w_gate = load.matrix(t.need(p + "mlp.gate_proj.weight"), hid, dim);
+  l.w_up = load.matrix(t.need(p + "mlp.up_proj.weight"), hid, dim);
+  l.w_down = load.matrix(t.need(p + "mlp.down_proj.weight"), dim, hid);
+  return l;
+}
+
+}  // namespace
+
+Model Model::load_hf(const std::string& path) {
+  struct stat st {};
+  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
+  const std::string dir_s = dir.empty() ? "." : dir.string();
+
+  ModelBuilder b;
+  ModelConfig& c = b.config();
+  const HfFlags flags = read_hf_config((fs::path(dir_s) / "config.json").string(), c);
 
   // model.safetensors, or the shards an index names
   SafetensorsSet stf = open_weights(path, is_dir, dir_s);
   TensorLoader load(stf, b);
-  auto find = [&](const std::string& name) -> const SafeTensor* {
-    if (const SafeTensor* t = stf.find(name)) return t;
-    // Tied tensors are stored once; __metadata__ maps the missing name to the stored one.
-    if (const std::string* alias = stf.metadata(name)) {
-      if (const SafeTensor* t = stf.find(*alias)) return t;
-    }
-    return nullptr;
-  };
-  auto need = [&](const std::string& name) {
-    const SafeTensor* t = find(name);
-    if (t == nullptr) file_error(stf.path(), "missing tensor '" + name + "'");
-    return t;
-  };
-  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  const TensorNames names(stf);
   Weights& w = b.weights();
-  const SafeTensor* embed = need("model.embed_tokens.weight");
-  w.token_embedding = load.matrix(embed, c.vocab_size, dim);
+  const SafeTensor* embed = names.need("model.embed_tokens.weight");
+  w.token_embedding = load.matrix(embed, c.vocab_size, c.dim);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
-  for (std::int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerWeights& l = w.layers[static_cast<std::size_t>(i)];
-    l.attn_norm = load.vector(need(p + "input_layernorm.weight"), dim);
-    l.wq = load.matrix(need(p + "self_attn.q_proj.weight"), qd, dim);
-    l.wk = load.matrix(need(p + "self_attn.k_proj.weight"), kvd, dim);
-    l.wv = load.matrix(need(p + "self_attn.v_proj.weight"), kvd, dim);
-    if (qwen2) {
-      l.bq = load.vector(need(p + "self_attn.q_proj.bias"), qd);
-      l.bk = load.vector(need(p + "self_attn.k_proj.bias"), kvd);
-      l.bv = load.vector(need(p + "self_attn.v_proj.bias"), kvd);
-    }
-    l.wo = load.matrix(need(p + "self_attn.o_proj.weight"), dim, qd);
-    l.ffn_norm = load.vector(need(p + "post_attention_layernorm.weight"), dim);
-    l.w_gate = load.matrix(need(p + "mlp.gate_proj.weight"), hid, dim);
-    l.w_up = load.matrix(need(p + "mlp.up_proj.weight"), hid, dim);
-    l.w_down = load.matrix(need(p + "mlp.down_proj.weight"), dim, hid);
-  }
-  w.final_norm = load.vector(need("model.norm.weight"), dim);
-  const SafeTensor* head = find("lm_head.weight");
+  for (std::int64_t i = 0; i < c.n_layers; ++i)
+    w.layers[static_cast<std::size_t>(i)] = read_layer(names, load, c, i, flags.qwen2);
+  w.final_norm = load.vector(names.need("model.norm.weight"), c.dim);
+  const SafeTensor* head = names.find("lm_head.weight");
   if (head == nullptr) {
-    if (tie_flag_false) {
+    if (flags.untied) {
       file_error(stf.path(),
                  "missing tensor 'lm_head.weight' and config.json sets "
                  "tie_word_embeddings to false");
     }
     head = embed;
   }
-  w.classifier = load.matrix(head, c.vocab_size, dim);
+  w.classifier = load.matrix(head, c.vocab_size, c.dim);
   c.tied_classifier = head == embed;
   c.weights_dtype = load.dtype_summary();
 

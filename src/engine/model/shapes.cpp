@@ -152,6 +152,12 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
                                                  std::to_string(shape.config.n_layers) + "] for " +
                                                  name + ", got " + std::to_string(layers));
   }
+  if (o.vocab_size < 0 || o.vocab_size > shape.config.vocab_size) {
+    throw Error(ErrorCode::kInvalidArgument, "[shape] vocab_size must be in [0, " +
+                                                 std::to_string(shape.config.vocab_size) +
+                                                 "] for " + name + " (0: the shape's), got " +
+                                                 std::to_string(o.vocab_size));
+  }
   if (o.type != WeightType::kF32 && o.type != WeightType::kF16 && o.type != WeightType::kBF16 &&
       o.type != WeightType::kQ8_0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -168,6 +174,11 @@ Model make_random_model(const std::string& name, const RandomModelOptions& o) {
   c = shape.config;
   c.n_layers = layers;
   c.weights_dtype = to_string(o.type);
+  if (o.vocab_size != 0) {
+    c.vocab_size = o.vocab_size;
+    if (c.bos_id >= c.vocab_size) c.bos_id = -1;
+    if (c.eos_id >= c.vocab_size) c.eos_id = -1;
+  }
   const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   const auto scale = [](std::int64_t fan_in) {
     return static_cast<float>(std::sqrt(3.0 / static_cast<double>(fan_in)));
@@ -238,22 +249,24 @@ void write_atomic(const std::string& path, Fn&& write) {
   }
 }
 
-}  // namespace
+// A tensor of a safetensors file: a matrix read from `data` in its type, or a vector converted
+// from fp32 `vec` on write.
+struct StEntry {
+  std::string name;
+  WeightType type;
+  std::vector<std::int64_t> shape;
+  const void* data;   // matrices
+  const float* vec;   // vectors (converted on write)
+  std::int64_t bytes;
+  std::int64_t n = 0;  // vectors: values
+};
 
-void write_hf_checkpoint(const Model& model, const std::string& dir) {
-  namespace fs = std::filesystem;
+// The model's tensors under Hugging Face Llama names (Qwen2's q/k/v biases when it has them), in
+// file order. Matrices keep their type (all must share it); norm vectors are written in that
+// type when every value converts exactly, else F32; biases F32.
+std::vector<StEntry> checkpoint_entries(const Model& model, WeightType type, bool qwen2) {
   const ModelConfig& c = model.config();
   const Weights& w = model.weights();
-  const WeightType type = w.token_embedding.type;
-  if (st_dtype(type) == nullptr) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "[make-model] q8_0 weights have no safetensors type; write f32, f16 or bf16");
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) io_error(dir, "cannot create directory: " + ec.message());
-
-  // Norm vectors in the matrices' type when exact, else F32.
   auto norm_exact = [&](const float* v) {
     for (std::int64_t i = 0; i < c.dim; ++i) {
       float back = v[i];
@@ -268,16 +281,7 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
     norms_typed = norms_typed && norm_exact(l.attn_norm) && norm_exact(l.ffn_norm);
   const WeightType norm_type = norms_typed ? type : WeightType::kF32;
 
-  struct Entry {
-    std::string name;
-    WeightType type;
-    std::vector<std::int64_t> shape;
-    const void* data;   // matrices
-    const float* norm;  // vectors (converted on write)
-    std::int64_t bytes;
-    std::int64_t n = 0;  // vectors: values
-  };
-  std::vector<Entry> entries;
+  std::vector<StEntry> entries;
   auto add_matrix = [&](const std::string& name, const WeightMatrix& m) {
     if (m.type != type) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -292,7 +296,6 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   auto add_bias = [&](const std::string& name, const float* v, std::int64_t n) {
     entries.push_back({name, WeightType::kF32, {n}, nullptr, v, 4 * n, n});
   };
-  const bool qwen2 = !w.layers.empty() && w.layers[0].bq != nullptr;
   add_matrix("model.embed_tokens.weight", w.token_embedding);
   for (std::size_t i = 0; i < w.layers.size(); ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -314,11 +317,16 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   }
   add_norm("model.norm.weight", w.final_norm);
   if (!c.tied_classifier) add_matrix("lm_head.weight", w.classifier);
+  return entries;
+}
 
+// path: the safetensors file of `entries` (header, data section 64-byte aligned), written
+// atomically.
+void write_safetensors(const std::string& path, const std::vector<StEntry>& entries) {
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"generator", "veloxquant make-model"}};
   std::int64_t offset = 0;
-  for (const Entry& e : entries) {
+  for (const StEntry& e : entries) {
     header[e.name] = {{"dtype", st_dtype(e.type)},
                       {"shape", e.shape},
                       {"data_offsets", {offset, offset + e.bytes}}};
@@ -328,11 +336,11 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   while ((8 + text.size()) % 64 != 0) text += ' ';  // data section 64-byte aligned
   const std::uint64_t header_len = text.size();
 
-  write_atomic((fs::path(dir) / "model.safetensors").string(), [&](std::ofstream& out) {
+  write_atomic(path, [&](std::ofstream& out) {
     out.write(reinterpret_cast<const char*>(&header_len), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     std::vector<std::uint8_t> buf;
-    for (const Entry& e : entries) {
+    for (const StEntry& e : entries) {
       if (e.data != nullptr) {
         out.write(static_cast<const char*>(e.data), static_cast<std::streamsize>(e.bytes));
         continue;
@@ -340,10 +348,10 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
       buf.resize(static_cast<std::size_t>(e.bytes));
       for (std::int64_t i = 0; i < e.n; ++i) {
         if (e.type == WeightType::kF32) {
-          std::memcpy(buf.data() + 4 * i, e.norm + i, 4);
+          std::memcpy(buf.data() + 4 * i, e.vec + i, 4);
         } else {
           const std::uint16_t h =
-              e.type == WeightType::kBF16 ? float_to_bf16(e.norm[i]) : float_to_half(e.norm[i]);
+              e.type == WeightType::kBF16 ? float_to_bf16(e.vec[i]) : float_to_half(e.vec[i]);
           std::memcpy(buf.data() + 2 * i, &h, 2);
         }
       }
@@ -351,7 +359,10 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
                 static_cast<std::streamsize>(buf.size()));
     }
   });
+}
 
+// config.json of a Llama (or Qwen2) checkpoint of `c` with matrices of `type`.
+std::string hf_config_text(const ModelConfig& c, WeightType type, bool qwen2) {
   nlohmann::ordered_json cj;
   cj["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
   cj["model_type"] = qwen2 ? "qwen2" : "llama";
@@ -379,7 +390,27 @@ void write_hf_checkpoint(const Model& model, const std::string& dir) {
   cj["torch_dtype"] = type == WeightType::kBF16  ? "bfloat16"
                       : type == WeightType::kF16 ? "float16"
                                                  : "float32";
-  const std::string cfg = cj.dump(2) + "\n";
+  return cj.dump(2) + "\n";
+}
+
+}  // namespace
+
+void write_hf_checkpoint(const Model& model, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const Weights& w = model.weights();
+  const WeightType type = w.token_embedding.type;
+  if (st_dtype(type) == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[make-model] q8_0 weights have no safetensors type; write f32, f16 or bf16");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) io_error(dir, "cannot create directory: " + ec.message());
+
+  const bool qwen2 = !w.layers.empty() && w.layers[0].bq != nullptr;
+  write_safetensors((fs::path(dir) / "model.safetensors").string(),
+                    checkpoint_entries(model, type, qwen2));
+  const std::string cfg = hf_config_text(model.config(), type, qwen2);
   write_atomic((fs::path(dir) / "config.json").string(), [&](std::ofstream& out) {
     out.write(cfg.data(), static_cast<std::streamsize>(cfg.size()));
   });

@@ -37,10 +37,15 @@ struct RandomModelOptions {
   std::uint64_t seed = 1;
   WeightType type = WeightType::kBF16;  // kF32, kF16, kBF16 or kQ8_0
   std::int64_t n_layers = 0;            // 0: the shape's default_layers; at most its n_layers
+  // 0: the shape's vocabulary; else a smaller one (the first rows of the shape's embedding and
+  // classifier; a BOS or EOS id past it becomes -1, none): the layers of a large shape at a
+  // fraction of its embedding's memory and classifier's time (tests).
+  std::int64_t vocab_size = 0;
 };
 
 // Builds the shape's model in memory (the Model owns every buffer). Throws
-// Error(kInvalidArgument) for an unknown shape or a layer count outside [1, n_layers].
+// Error(kInvalidArgument) for an unknown shape, a layer count outside [1, n_layers] or a
+// vocab_size outside [0, the shape's vocabulary].
 Model make_random_model(const std::string& shape, const RandomModelOptions& options);
 
 // Writes `model` as a Hugging Face Llama checkpoint (a Qwen2 one when it has q/k/v biases,

@@ -47,7 +47,7 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   }
   const std::int64_t R = max_rows, D = c.head_dim, half = D / 2;
   // One token's room: the steps size the per-token buffers to their own S (fit_tokens).
-  fit_tokens(c, 1, true);
+  fit_tokens(c, 1);
   layer_cosine.assign(sz(c.n_layers), 0.0f);
   rope_cos.resize(sz(R * half));
   rope_sin.resize(sz(R * half));
@@ -84,18 +84,17 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
   }
 }
 
-void RunState::fit_tokens(const ModelConfig& c, std::int64_t S, bool block) {
-  auto fit = [S](std::vector<float>& buf, std::int64_t per_token) {
-    if (buf.size() < sz(S * per_token)) buf.resize(sz(S * per_token));
+void RunState::fit_tokens(const ModelConfig& c, std::int64_t T) {
+  auto fit = [T](std::vector<float>& buf, std::int64_t per_token) {
+    if (buf.size() < sz(T * per_token)) buf.resize(sz(T * per_token));
   };
+  fit(x, c.dim);
+  fit(xb, c.dim);
+  fit(xb2, c.dim);
   fit(q, c.q_dim());
   fit(k, c.kv_dim());
   fit(v, c.kv_dim());
   fit(att_out, c.q_dim());
-  if (!block) return;
-  fit(x, c.dim);
-  fit(xb, c.dim);
-  fit(xb2, c.dim);
   fit(hb, c.hidden_dim);
   fit(hb2, c.hidden_dim);
   if (logits.empty()) logits.resize(sz(c.vocab_size));
@@ -120,8 +119,16 @@ void RunState::release_tokens(const ModelConfig& c) {
   std::vector<float>().swap(att);
 }
 
-Transformer::Transformer(const Model& model, std::int64_t max_chunk, std::int64_t max_rows)
-    : model_(&model), s_(model.config(), max_chunk, max_rows) {}
+Transformer::Transformer(const Model& model, std::int64_t max_chunk, std::int64_t max_rows,
+                         std::int64_t max_tokens)
+    : model_(&model),
+      s_(model.config(), max_chunk, max_rows),  // checks max_chunk and max_rows
+      max_tokens_(max_tokens == 0 ? max_chunk : max_tokens) {
+  if (max_tokens_ < max_chunk) {
+    bad_argument("max_tokens must be 0 (max_chunk) or at least max_chunk (" +
+                 std::to_string(max_chunk) + "), got " + std::to_string(max_tokens));
+  }
+}
 
 namespace {
 
@@ -165,14 +172,17 @@ void apply_rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, 
   }
 }
 
-AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t pos0,
-                                    LayerCache& cache) {
+AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int64_t r0,
+                                    std::int64_t pos0, LayerCache& cache, std::int64_t& att_at) {
   const ModelConfig& c = model_->config();
   const std::int64_t D = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, G = Hq / Hkv;
+  const float* q = s_.q.data() + r0 * c.q_dim();
+  float* out = s_.att_out.data() + r0 * c.q_dim();
 
-  // The step's new rows as [B=1, Hkv, S, D] views of k, v ([S][Hkv][D] in memory).
-  TensorRef kref = TensorRef::f32(s_.k.data(), 1, Hkv, S, D);
-  TensorRef vref = TensorRef::f32(s_.v.data(), 1, Hkv, S, D);
+  // The sequence's new rows as [B=1, Hkv, S, D] views of its rows of k, v ([S][Hkv][D] in
+  // memory).
+  TensorRef kref = TensorRef::f32(s_.k.data() + r0 * c.kv_dim(), 1, Hkv, S, D);
+  TensorRef vref = TensorRef::f32(s_.v.data() + r0 * c.kv_dim(), 1, Hkv, S, D);
   for (TensorRef* t : {&kref, &vref}) {
     t->stride[0] = S * Hkv * D;
     t->stride[1] = D;
@@ -194,13 +204,15 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
                     std::to_string(S) + " tokens; at most " + std::to_string(s_.max_rows) + " fit");
   }
 
-  // The probabilities [Hq][S][R] exist only for a cache that reads them; otherwise the cache
-  // gets their shape with no data (LayerCache::end_step's contract).
-  const bool keep_probs = cache.reads_attention();
+  // The probabilities [Hq][S][R] exist only for a cache that reads them, in s_.att after the
+  // step's earlier sequences' (growing it may move theirs: the caller points the refs once all
+  // are written); otherwise the cache gets their shape with no data (LayerCache::end_step's
+  // contract).
   float* att = nullptr;
-  if (keep_probs) {
-    if (s_.att.size() < sz(Hq * S * R)) s_.att.resize(sz(Hq * S * R));
-    att = s_.att.data();
+  if (cache.reads_attention()) {
+    if (s_.att.size() < sz(att_at + Hq * S * R)) s_.att.resize(sz(att_at + Hq * S * R));
+    att = s_.att.data() + att_at;
+    att_at += Hq * S * R;
   }
   const float scale = std::sqrt(static_cast<float>(D));  // scores are q.k / sqrt(D), as run.c
 
@@ -234,20 +246,20 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
       RunState::AttentionScratch& w = s_.att_scratch[sz(i)];
       for (std::int64_t u = n_units * i / nt; u < n_units * (i + 1) / nt; ++u) {
         attend_tile(view.head(0, u / n_tiles), u / n_tiles, (u % n_tiles) * T, T, S, R, pos0, scale,
-                    att, w);
+                    q, out, att, w);
       }
     }
   });
   laps.mark(times_.attention);
-  // The probabilities for the cache ([B=1, Hq, S, R]; masked entries are exactly 0), or their
-  // shape alone; the caller closes the step with them once the layer's similarity signal is
-  // known.
-  return AttentionRef{att, 1, Hq, S, R};
+  // The probabilities' shape for the cache ([B=1, Hq, S, R]; masked entries are exactly 0); the
+  // caller points it at them and closes the step once the layer's similarity signal is known.
+  return AttentionRef{nullptr, 1, Hq, S, R};
 }
 
 void Transformer::attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t0, std::int64_t T,
                               std::int64_t S, std::int64_t R, std::int64_t pos0, float scale,
-                              float* att, RunState::AttentionScratch& w) {
+                              const float* q, float* out_q, float* att,
+                              RunState::AttentionScratch& w) {
   const ModelConfig& c = model_->config();
   const std::int64_t D = c.head_dim, G = c.n_heads / c.n_kv_heads, qd = c.q_dim();
   const std::int64_t nt = std::min(T, S - t0), nq = nt * G;  // this tile's tokens, queries
@@ -256,7 +268,7 @@ void Transformer::attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t
   const std::int64_t n = hr.n_rows;
   // Query j = tl * G + h: token t0 + tl (position pos0 + t0 + tl), query head g * G + h.
   for (std::int64_t tl = 0; tl < nt; ++tl) {
-    std::copy_n(s_.q.data() + (t0 + tl) * qd + g * G * D, G * D, w.q.data() + tl * G * D);
+    std::copy_n(q + (t0 + tl) * qd + g * G * D, G * D, w.q.data() + tl * G * D);
     for (std::int64_t h = 0; h < G; ++h) w.pos[sz(tl * G + h)] = pos0 + t0 + tl;
   }
   const std::int64_t last = pos0 + t0 + nt - 1;  // the tile's last position
@@ -291,7 +303,7 @@ void Transformer::attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t
       }
     }
   }
-  float* out = s_.att_out.data() + g * G * D;  // token t's G heads at out + t * qd
+  float* out = out_q + g * G * D;  // token t's G heads at out + t * qd
   if (hr.packed == nullptr) {
     // The weighted values of every query at once, each row read once per tile; each query
     // adds exactly the rows it sees, in attention_values' order.
@@ -311,121 +323,199 @@ void Transformer::attend_tile(const HeadRows& hr, std::int64_t g, std::int64_t t
   }
 }
 
-const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
-                                  Logits which) {
+std::int64_t Transformer::check_step(std::span<const BatchItem> items) {
+  const ModelConfig& c = model_->config();
+  const std::size_t B = items.size();
+  if (B == 0) bad_argument("a forward step needs at least one sequence");
+  // A batch of one reads as a plain forward step; in a batch, a message names the sequence.
+  auto where = [B](std::size_t i) {
+    return B == 1 ? std::string() : "sequence " + std::to_string(i) + " of the step: ";
+  };
+  if (row0_.size() < B) {
+    row0_.resize(B);
+    pos0_.resize(B);
+    att_at_.resize(B);
+    logit_row_.resize(B);
+    refs_.resize(B);
+  }
+  std::int64_t T = 0;
+  for (std::size_t i = 0; i < B; ++i) {
+    const BatchItem& it = items[i];
+    if (it.tokens == nullptr || it.cache == nullptr) bad_argument(where(i) + "no tokens or cache");
+    if (it.n < 1 || it.n > s_.max_chunk) {
+      bad_argument(where(i) + "a forward step takes 1 to " + std::to_string(s_.max_chunk) +
+                   " tokens, got " + std::to_string(it.n));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (items[j].cache == it.cache) {
+        bad_argument("sequences " + std::to_string(j) + " and " + std::to_string(i) +
+                     " of the step have the same cache");
+      }
+    }
+    const ModelShape& cs = it.cache->shape();
+    if (cs.n_layers != c.n_layers || cs.n_kv_heads != c.n_kv_heads ||
+        cs.head_dim != c.head_dim || cs.n_query_heads != c.n_heads) {
+      bad_argument(where(i) + "the cache is shaped for " + std::to_string(cs.n_layers) +
+                   " layers x " + std::to_string(cs.n_kv_heads) + " KV heads x head_dim " +
+                   std::to_string(cs.head_dim) + ", the model needs " +
+                   std::to_string(c.n_layers) + " x " + std::to_string(c.n_kv_heads) + " x " +
+                   std::to_string(c.head_dim));
+    }
+    const std::int64_t pos0 = it.cache->layer(0).tokens_seen(), last = pos0 + it.n - 1;
+    if (last >= c.seq_len) {
+      bad_argument(where(i) + "position " + std::to_string(last) +
+                   " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
+    }
+    if (last >= s_.max_rows) {
+      bad_argument(where(i) + "position " + std::to_string(last) +
+                   " is past this transformer's max_rows (" + std::to_string(s_.max_rows) + ")");
+    }
+    for (std::int64_t t = 0; t < it.n; ++t) {
+      if (it.tokens[t] < 0 || it.tokens[t] >= c.vocab_size) {
+        bad_argument(where(i) + "token id " + std::to_string(it.tokens[t]) +
+                     " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      }
+    }
+    row0_[i] = T;
+    pos0_[i] = pos0;
+    T += it.n;
+  }
+  if (T > max_tokens_) {
+    bad_argument("a step takes at most " + std::to_string(max_tokens_) +
+                 " tokens over its sequences, got " + std::to_string(T));
+  }
+  return T;
+}
+
+void Transformer::forward(std::span<const BatchItem> items) {
   const ModelConfig& c = model_->config();
   const Weights& w = model_->weights();
-  if (S < 1 || S > s_.max_chunk) {
-    bad_argument("a forward step takes 1 to " + std::to_string(s_.max_chunk) + " tokens, got " +
-                 std::to_string(S));
-  }
-  const ModelShape& cs = cache.shape();
-  if (cs.n_layers != c.n_layers || cs.n_kv_heads != c.n_kv_heads || cs.head_dim != c.head_dim ||
-      cs.n_query_heads != c.n_heads) {
-    bad_argument("the cache is shaped for " + std::to_string(cs.n_layers) + " layers x " +
-                 std::to_string(cs.n_kv_heads) + " KV heads x head_dim " +
-                 std::to_string(cs.head_dim) + ", the model needs " + std::to_string(c.n_layers) +
-                 " x " + std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim));
-  }
-  const std::int64_t pos0 = cache.layer(0).tokens_seen();
-  if (pos0 + S > c.seq_len) {
-    bad_argument("position " + std::to_string(pos0 + S - 1) +
-                 " is past the model's context (seq_len " + std::to_string(c.seq_len) + ")");
-  }
-  if (pos0 + S > s_.max_rows) {
-    bad_argument("position " + std::to_string(pos0 + S - 1) +
-                 " is past this transformer's max_rows (" + std::to_string(s_.max_rows) + ")");
-  }
-  s_.fit_tokens(c, S, true);
+  n_items_ = 0;  // no logits to read until this step has run
+  const std::int64_t T = check_step(items);  // before any cache begins a step
+  const std::size_t B = items.size();
+  s_.fit_tokens(c, T);
   Laps laps(timing_);
-  const std::int64_t dim = c.dim, hid = c.hidden_dim;
+  const std::int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
   float* x = s_.x.data();
   float* xb = s_.xb.data();
   float* xb2 = s_.xb2.data();
 
-  // Token embeddings.
-  for (std::int64_t t = 0; t < S; ++t) {
-    const std::int32_t tok = tokens[t];
-    if (tok < 0 || tok >= c.vocab_size) {
-      bad_argument("token id " + std::to_string(tok) + " is outside the vocabulary [0, " +
-                   std::to_string(c.vocab_size) + ")");
-    }
-    dequantize_row(w.token_embedding, tok, x + t * dim);
+  // Token embeddings, the sequences' rows stacked: sequence i's token t is row row0_[i] + t.
+  for (std::size_t i = 0; i < B; ++i) {
+    for (std::int64_t t = 0; t < items[i].n; ++t)
+      dequantize_row(w.token_embedding, items[i].tokens[t], x + (row0_[i] + t) * dim);
   }
 
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[sz(l)];
 
-    // Attention block: norm, projections, RoPE, attention over the cache, output projection.
-    for (std::int64_t t = 0; t < S; ++t)
+    // Attention block: norm, projections (+ Qwen2's biases) over every row; RoPE, attention
+    // over the cache and the cache step per sequence; the output projection over every row.
+    for (std::int64_t t = 0; t < T; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.attn_norm, dim, c.norm_eps);
     laps.mark(times_.other);
     // q, k and v in one parallel loop (one barrier; x quantized once for Q8_0 weights).
     const MatmulOut qkv[] = {{s_.q.data(), &lw.wq}, {s_.k.data(), &lw.wk}, {s_.v.data(), &lw.wv}};
-    matmul_fused(qkv, xb, S);
-    // Qwen2's projection biases.
+    matmul_fused(qkv, xb, T);
     const std::pair<const float*, std::pair<float*, std::int64_t>> biases[] = {
-        {lw.bq, {s_.q.data(), c.q_dim()}},
-        {lw.bk, {s_.k.data(), c.kv_dim()}},
-        {lw.bv, {s_.v.data(), c.kv_dim()}}};
+        {lw.bq, {s_.q.data(), qd}}, {lw.bk, {s_.k.data(), kvd}}, {lw.bv, {s_.v.data(), kvd}}};
     for (const auto& [bias, out] : biases) {
       if (bias == nullptr) continue;
-      for (std::int64_t t = 0; t < S; ++t) {
+      for (std::int64_t t = 0; t < T; ++t) {
         float* o = out.first + t * out.second;
-        for (std::int64_t i = 0; i < out.second; ++i) o[i] += bias[i];
+        for (std::int64_t j = 0; j < out.second; ++j) o[j] += bias[j];
       }
     }
     laps.mark(times_.matmul);
-    apply_rope(s_.q.data(), S, c.n_heads, c.head_dim, pos0, c.rope, s_);
-    apply_rope(s_.k.data(), S, c.n_kv_heads, c.head_dim, pos0, c.rope, s_);
+    for (std::size_t i = 0; i < B; ++i) {
+      apply_rope(s_.q.data() + row0_[i] * qd, items[i].n, c.n_heads, c.head_dim, pos0_[i], c.rope,
+                 s_);
+      apply_rope(s_.k.data() + row0_[i] * kvd, items[i].n, c.n_kv_heads, c.head_dim, pos0_[i],
+                 c.rope, s_);
+    }
     laps.mark(times_.attention);
-    const AttentionRef probs = attention(l, S, pos0, cache.layer(l));  // times itself
+    std::int64_t att_at = 0;
+    for (std::size_t i = 0; i < B; ++i) {
+      const std::int64_t at = att_at;
+      refs_[i] = attention(l, items[i].n, row0_[i], pos0_[i], items[i].cache->layer(l),
+                           att_at);  // times itself
+      att_at_[i] = att_at > at ? at : -1;
+    }
+    for (std::size_t i = 0; i < B; ++i) {
+      if (att_at_[i] >= 0) refs_[i].data = s_.att.data() + att_at_[i];
+    }
     laps = Laps(timing_);
-    matmul(xb2, s_.att_out.data(), lw.wo, S);
+    matmul(xb2, s_.att_out.data(), lw.wo, T);
     laps.mark(times_.matmul);
 
-    // Residual add, and how far the attention turned the hidden state (cosine, mean over S).
-    double cos_sum = 0.0;
-    for (std::int64_t t = 0; t < S; ++t) {
-      float* xt = x + t * dim;
-      float* yt = xb + t * dim;
-      for (std::int64_t i = 0; i < dim; ++i) yt[i] = xt[i] + xb2[t * dim + i];
-      cos_sum += kernels::cosine(xt, yt, dim);
-      std::memcpy(xt, yt, sz(dim) * sizeof(float));
+    // Residual add, and how far the attention turned the hidden state (cosine, mean over each
+    // sequence's tokens). SqueezeAttention's signal goes to each cache before its layer step
+    // closes; then the cache gets its probabilities and applies its budget.
+    double cos_all = 0.0;
+    for (std::size_t i = 0; i < B; ++i) {
+      double cos_sum = 0.0;
+      for (std::int64_t t = row0_[i]; t < row0_[i] + items[i].n; ++t) {
+        float* xt = x + t * dim;
+        float* yt = xb + t * dim;
+        for (std::int64_t j = 0; j < dim; ++j) yt[j] = xt[j] + xb2[t * dim + j];
+        cos_sum += kernels::cosine(xt, yt, dim);
+        std::memcpy(xt, yt, sz(dim) * sizeof(float));
+      }
+      cos_all += cos_sum;
+      laps.mark(times_.other);
+      ModelCache& cache = *items[i].cache;
+      cache.observe_layer_similarity(l, cos_sum / static_cast<double>(items[i].n));
+      cache.layer(l).end_step(&refs_[i]);
+      laps.mark(times_.cache);
     }
-    s_.layer_cosine[sz(l)] = static_cast<float>(cos_sum / static_cast<double>(S));
-    // SqueezeAttention's signal goes to the cache before the layer's step closes; then the cache
-    // gets this step's attention probabilities and applies its budget.
-    laps.mark(times_.other);
-    cache.observe_layer_similarity(l, cos_sum / static_cast<double>(S));
-    cache.layer(l).end_step(&probs);
-    laps.mark(times_.cache);
+    s_.layer_cosine[sz(l)] = static_cast<float>(cos_all / static_cast<double>(T));
 
     // Feed-forward block: x += W2 (silu(W1 xb) * W3 xb).
-    for (std::int64_t t = 0; t < S; ++t)
+    for (std::int64_t t = 0; t < T; ++t)
       ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
     laps.mark(times_.other);
     const MatmulOut gate_up[] = {{s_.hb.data(), &lw.w_gate}, {s_.hb2.data(), &lw.w_up}};
-    matmul_fused(gate_up, xb, S);
+    matmul_fused(gate_up, xb, T);
     laps.mark(times_.matmul);
-    ops::swiglu(s_.hb.data(), s_.hb2.data(), S * hid);
+    ops::swiglu(s_.hb.data(), s_.hb2.data(), T * hid);
     laps.mark(times_.other);
-    matmul(xb, s_.hb.data(), lw.w_down, S);
+    matmul(xb, s_.hb.data(), lw.w_down, T);
     laps.mark(times_.matmul);
-    for (std::int64_t i = 0; i < S * dim; ++i) x[i] += xb[i];
+    for (std::int64_t j = 0; j < T * dim; ++j) x[j] += xb[j];
   }
 
-  // Final norm and classifier, for every token or only the last.
-  const std::int64_t first = which == Logits::kAll ? 0 : S - 1;
-  for (std::int64_t t = first; t < S; ++t)
-    ops::rmsnorm(xb + t * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+  // Final norm and classifier over the rows the sequences asked for, gathered in order into xb.
+  std::int64_t rows = 0;
+  for (std::size_t i = 0; i < B; ++i) {
+    logit_row_[i] = -1;
+    if (items[i].logits == Logits::kNone) continue;
+    logit_row_[i] = rows;
+    const std::int64_t first = items[i].logits == Logits::kAll ? 0 : items[i].n - 1;
+    for (std::int64_t t = row0_[i] + first; t < row0_[i] + items[i].n; ++t)
+      ops::rmsnorm(xb + (rows++) * dim, x + t * dim, w.final_norm, dim, c.norm_eps);
+  }
   laps.mark(times_.other);
-  const auto n_logits = sz((S - first) * c.vocab_size);
-  if (s_.logits.size() < n_logits) s_.logits.resize(n_logits);
-  matmul(s_.logits.data(), xb + first * dim, w.classifier, S - first);
+  if (rows > 0) {
+    if (s_.logits.size() < sz(rows * c.vocab_size)) s_.logits.resize(sz(rows * c.vocab_size));
+    matmul(s_.logits.data(), xb, w.classifier, rows);
+  }
   laps.mark(times_.matmul);
+  n_items_ = B;
   if (timing_) ++times_.steps;
-  return s_.logits.data();
+}
+
+const float* Transformer::logits(std::size_t i) const {
+  if (i >= n_items_ || logit_row_[i] < 0) {
+    bad_argument("sequence " + std::to_string(i) + " asked for no logits in the last step");
+  }
+  return s_.logits.data() + logit_row_[i] * model_->config().vocab_size;
+}
+
+const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
+                                  Logits which) {
+  const BatchItem one{tokens, S, &cache, which};
+  forward(std::span<const BatchItem>(&one, 1));
+  return which == Logits::kNone ? nullptr : s_.logits.data();
 }
 
 }  // namespace vq::engine
