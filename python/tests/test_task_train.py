@@ -5,7 +5,9 @@
 - render() against prompts written out by hand from docs/tasks.md;
 - the engine's forward on a tiny exported model equals PyTorch's (committed fixture)."""
 
+import json
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -201,3 +203,39 @@ def test_exported_fixture_runs_in_the_engine_as_in_pytorch():
     assert (r["top1"] == logits[:-1].argmax(-1)).all()
     # The check discriminates: the NLLs are far from uniform and vary along the prompt.
     assert want.std() > 0.5 and abs(want.mean() - math.log(512)) > 0.5
+
+
+def _dump_line(s, seed, index):
+    # A sample in the C++ generator's --dump-samples fields.
+    return json.dumps({"task": s["task"], "question": s["question"], "length": s["length"],
+                       "depth": s["depth"], "seed": seed, "index": index, "prompt": s["prompt"],
+                       "answers": s["answers"], "completion": s["completion"],
+                       "n_tokens": len(s["prompt_ids"]), "parts": s["parts"]})
+
+
+def test_render_cross_check_script(gen, tmp_path):
+    # tests/check_task_render.py (run by the integrator on the C++ dump) accepts samples that
+    # follow the contract and reports the first differing byte of one that does not.
+    lines = []
+    for i, task in enumerate(T.TASKS):
+        s = gen.sample(T.sample_rng("pytest", 0, "dump", i), task, T.QUESTIONS[i % 2],
+                       "noise" if task == "vt" else T.HAYSTACKS[i % 3], 600)
+        lines.append(_dump_line(s, 0, i))
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(lines) + "\n" + json.dumps({"task": "cwe", **{
+        k: v for k, v in json.loads(lines[0]).items() if k != "task"}}) + "\n")
+    script = str(SOURCE_DIR / "tests" / "check_task_render.py")
+    r = subprocess.run([sys.executable, script, str(good)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 samples checked, 0 mismatched" in r.stdout and "cwe (1)" in r.stdout
+    broken = json.loads(lines[0])
+    broken["prompt"] = broken["prompt"].replace("\n", " \n", 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(broken) + "\n")
+    r = subprocess.run([sys.executable, script, str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1 and "render() differs" in r.stdout and "n_tokens" in r.stdout
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({k: v for k, v in json.loads(lines[0]).items()
+                                   if k != "n_tokens"}) + "\n")
+    r = subprocess.run([sys.executable, script, str(missing)], capture_output=True, text=True)
+    assert r.returncode == 2 and "missing fields n_tokens" in r.stderr

@@ -15,9 +15,11 @@ tok_emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, freq_cis_real
 [seq_len][head_dim/2], freq_cis_imag; each matrix [out][in], layers stacked per tensor.
 """
 
+import array
 import math
 import os
 import struct
+import sys
 
 import torch
 import torch.nn as nn
@@ -166,7 +168,10 @@ def export_llama2c(model, path):
         f.write(struct.pack("<7i", c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
                             c.vocab_size, c.seq_len))
         for t in ts:
-            f.write(t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4").tobytes())
+            a = array.array("f", t.detach().to("cpu", torch.float32).reshape(-1).tolist())
+            if sys.byteorder != "little":
+                a.byteswap()
+            f.write(a.tobytes())
     os.replace(tmp, path)
 
 

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -79,8 +78,8 @@ class TaskStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid = info.id if info is not None else 0
         tok, gen, text_ids = self._setup()
-        tasks, tw = zip(*TASK_WEIGHTS.items())
-        hays, hw = zip(*HAYSTACK_WEIGHTS.items())
+        tasks, tw = zip(*[(t, w) for t, w in TASK_WEIGHTS.items() if t in a.tasks])
+        hays, hw = zip(*[(h, w) for h, w in HAYSTACK_WEIGHTS.items() if h in a.haystacks])
         k = 0
         while True:
             rng = T.sample_rng("vq-train", a.seed, wid, k)
@@ -88,12 +87,12 @@ class TaskStream(torch.utils.data.IterableDataset):
             L = rng.choices(a.lengths, weights=a.length_weights)[0]
             R = L + COMPLETION_ROOM
             B = max(1, a.tokens_per_batch // R)
-            inp = np.zeros((B, R), dtype=np.int32)
-            tgt = np.full((B, R), -1, dtype=np.int32)
-            kind = np.zeros((B, R), dtype=np.int8)
+            inp = torch.zeros((B, R), dtype=torch.int32)
+            tgt = torch.full((B, R), -1, dtype=torch.int32)
+            kind = torch.zeros((B, R), dtype=torch.int8)
             for b in range(B):
                 if rng.random() < a.lm_fraction:
-                    ids = gen.lm_ids(rng, text_ids, R + 1)
+                    ids = torch.tensor(gen.lm_ids(rng, text_ids, R + 1), dtype=torch.int32)
                     inp[b] = ids[:-1]
                     tgt[b] = ids[1:]
                     kind[b] = 1
@@ -107,13 +106,13 @@ class TaskStream(torch.utils.data.IterableDataset):
                 except ValueError:
                     s = gen.sample(rng, task, question, hay, L)
                 p, c = s["prompt_ids"], s["completion_ids"]
-                ids = p + c
+                ids = torch.tensor(p + c, dtype=torch.int32)
                 m = len(ids) - 1
                 inp[b, :m] = ids[:-1]
                 tgt[b, :m] = ids[1:]
                 kind[b, :m] = 1
                 kind[b, len(p) - 1:m] = 2
-            yield torch.from_numpy(inp), torch.from_numpy(tgt), torch.from_numpy(kind), L
+            yield inp, tgt, kind, L
 
 
 def git_info():
@@ -224,6 +223,10 @@ def main():
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--length-weights", default="1,1,1.5,2.5")
     ap.add_argument("--min-length", type=int, default=384)
+    ap.add_argument("--tasks", default=",".join(TASK_WEIGHTS),
+                    help="tasks to train on (their weights as in TASK_WEIGHTS)")
+    ap.add_argument("--haystacks", default=",".join(HAYSTACK_WEIGHTS),
+                    help="niah haystacks to train on (vt always uses noise)")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden-dim", type=int, default=768)
     ap.add_argument("--n-layers", type=int, default=4)
@@ -232,7 +235,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=0,
                     help="context in the exported header (0: the longest length + 128, RULER's "
                          "niah tokens_to_generate, so a full-length prompt can be answered)")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--warmup-frac", type=float, default=0.04)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -255,6 +258,17 @@ def main():
     args.lengths = parse_list(args.lengths)
     args.length_weights = parse_list(args.length_weights, float)
     args.eval_lengths = [L for L in parse_list(args.eval_lengths) if L <= max(args.lengths)]
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.haystacks = [h for h in args.haystacks.split(",") if h]
+    for t in args.tasks:
+        if t not in TASK_WEIGHTS:
+            ap.error(f"--tasks: unknown task '{t}' (expected some of {', '.join(TASK_WEIGHTS)})")
+    for h in args.haystacks:
+        if h not in HAYSTACK_WEIGHTS:
+            ap.error(f"--haystacks: unknown haystack '{h}' (expected some of "
+                     f"{', '.join(HAYSTACK_WEIGHTS)})")
+    if not args.tasks or not args.haystacks:
+        ap.error("--tasks and --haystacks need at least one entry each")
     if len(args.length_weights) != len(args.lengths):
         ap.error("--length-weights needs one weight per --lengths entry")
     if not args.heldout_text:
@@ -274,7 +288,6 @@ def main():
     json_path = os.path.join(args.out, "task_model.json")
 
     random.seed(args.seed)
-    np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -334,6 +347,7 @@ def main():
     step = 0
     tokens = 0
     completion_tokens = 0
+    target_tokens = 0  # positions with a loss (padding excluded)
     acc = {"loss": 0.0, "lc": 0.0, "lt": 0.0, "n": 0}
     pending = []
     model.train()
@@ -366,14 +380,17 @@ def main():
         opt.step()
         step += 1
         tokens += int(inp.numel())
-        pending.append((loss.detach(), loss_c.detach(), loss_t.detach(), mc.sum().detach()))
+        pending.append((loss.detach(), loss_c.detach(), loss_t.detach(), mc.sum().detach(),
+                        (kind > 0).sum().float()))
         if step % args.log_every == 0:
-            vals = torch.stack([torch.stack(x) for x in pending]).float().cpu().numpy()
+            vals = torch.stack([torch.stack(x) for x in pending]).float().cpu()
             pending = []
             completion_tokens += int(vals[:, 3].sum())
+            target_tokens += int(vals[:, 4].sum())
             el = time.time() - t_train
             point = {"step": step, "seconds": round(el, 2), "tokens": tokens, "lr": lr,
-                     "loss": float(vals[:, 0].mean()), "loss_completion": float(vals[:, 1].mean()),
+                     "target_tokens": target_tokens, "loss": float(vals[:, 0].mean()),
+                     "loss_completion": float(vals[:, 1].mean()),
                      "loss_text": float(vals[:, 2].mean()), "length": int(L)}
             report["loss_curve"].append(point)
             log(f"step {step} {el:.0f}s tokens {tokens} ({tokens / max(el, 1e-9):.0f}/s) lr {lr:.2e} "
@@ -387,12 +404,13 @@ def main():
             log(f"checkpoint: {bin_path} at step {step}")
     train_seconds = time.time() - (t_train or t_start)
     if pending:
-        vals = torch.stack([torch.stack(x) for x in pending]).float().cpu().numpy()
+        vals = torch.stack([torch.stack(x) for x in pending]).float().cpu()
         completion_tokens += int(vals[:, 3].sum())
+        target_tokens += int(vals[:, 4].sum())
     del loader
     export_llama2c(model, bin_path)
     report.update(status="trained; held-out evaluation running", steps=step, tokens=tokens,
-                  completion_tokens=completion_tokens, train_seconds=round(train_seconds, 2),
+                  completion_tokens=completion_tokens, target_tokens=target_tokens, train_seconds=round(train_seconds, 2),
                   tokens_per_second=round(tokens / max(train_seconds, 1e-9), 1),
                   model_file={"path": "task_model.bin", "bytes": os.path.getsize(bin_path),
                               "sha256": T.sha256_file(bin_path)})
