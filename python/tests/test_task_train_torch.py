@@ -106,3 +106,13 @@ def test_tiny_training_run_exports_a_model_the_engine_runs(tmp_path):
     top2 = lg[:-1].topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]).numpy() > 1e-3  # argmax is only compared off near-ties
     assert (got["top1"] == lg[:-1].argmax(-1).numpy())[clear].all()
+
+
+def test_trainer_rejects_a_length_too_short_for_a_task(tmp_path):
+    cmd = [sys.executable, str(SOURCE_DIR / "scripts" / "train" / "train_task_model.py"),
+           "--out", str(tmp_path / "run"), "--device", "cpu", "--lengths", "192",
+           "--length-weights", "1", "--tasks", "niah_multivalue"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "--lengths: 192 tokens is too short for niah_multivalue" in r.stderr
+    assert not (tmp_path / "run").exists()  # nothing written

@@ -80,11 +80,22 @@ class TaskStream(torch.utils.data.IterableDataset):
         tok, gen, text_ids = self._setup()
         tasks, tw = zip(*[(t, w) for t, w in TASK_WEIGHTS.items() if t in a.tasks])
         hays, hw = zip(*[(h, w) for h, w in HAYSTACK_WEIGHTS.items() if h in a.haystacks])
+        n_workers = info.num_workers if info is not None else 1
+        short = [(L, w) for L, w in zip(a.lengths, a.length_weights) if L <= a.short_max]
         k = 0
         while True:
             rng = T.sample_rng("vq-train", a.seed, wid, k)
+            # Progress of the run as this worker sees it: the batch's place among all workers'
+            # (step schedule) or the wall clock since the loader started (time budget).
+            if a.steps > 0:
+                progress = (k * n_workers + wid) / a.steps
+            else:
+                progress = (time.time() - a.loader_start) / a.time_budget
             k += 1
-            L = rng.choices(a.lengths, weights=a.length_weights)[0]
+            if progress < a.short_phase and short:
+                L = rng.choices([x for x, _ in short], weights=[w for _, w in short])[0]
+            else:
+                L = rng.choices(a.lengths, weights=a.length_weights)[0]
             R = L + COMPLETION_ROOM
             B = max(1, a.tokens_per_batch // R)
             inp = torch.zeros((B, R), dtype=torch.int32)
@@ -143,7 +154,7 @@ def wilson(k, n, z=1.959963984540054):
     d = 1 + z * z / n
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [max(0.0, c - h), min(1.0, c + h)]
+    return [round(max(0.0, c - h), 6), round(min(1.0, c + h), 6)]
 
 
 @torch.no_grad()
@@ -223,6 +234,10 @@ def main():
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--length-weights", default="1,1,1.5,2.5")
     ap.add_argument("--min-length", type=int, default=384)
+    ap.add_argument("--short-phase", type=float, default=0.25,
+                    help="fraction of the run that draws only lengths <= --short-max (a "
+                         "curriculum: many short samples while retrieval forms)")
+    ap.add_argument("--short-max", type=int, default=1024)
     ap.add_argument("--tasks", default=",".join(TASK_WEIGHTS),
                     help="tasks to train on (their weights as in TASK_WEIGHTS)")
     ap.add_argument("--haystacks", default=",".join(HAYSTACK_WEIGHTS),
@@ -283,6 +298,20 @@ def main():
     for p in (args.tokenizer, args.words, args.text, args.heldout_text):
         if not os.path.exists(p):
             ap.error(f"missing input file {p}")
+    # Pre-flight: every task, placement and haystack fits the shortest length.
+    tok = T.Tok512(args.tokenizer)
+    with open(args.text, encoding="utf-8") as f:
+        gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
+    for task in args.tasks:
+        for hay in (["noise"] if task == "vt" else args.haystacks):
+            for q in T.QUESTIONS:
+                try:
+                    gen.sample(T.sample_rng("vq-preflight", 0, task, 0), task, q, hay,
+                               min(args.lengths))
+                except ValueError as e:
+                    ap.error(f"--lengths: {min(args.lengths)} tokens is too short for {task} "
+                             f"(question {q}, haystack {hay}): {e}")
+    del gen
     os.makedirs(args.out, exist_ok=True)
     bin_path = os.path.join(args.out, "task_model.bin")
     json_path = os.path.join(args.out, "task_model.json")
@@ -291,9 +320,7 @@ def main():
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")  # TF32 where an fp32 matmul is left (CUDA)
 
     def amp():
         if cuda:
@@ -338,6 +365,7 @@ def main():
             json.dump(report, f, indent=1)
         os.replace(tmp, json_path)
 
+    args.loader_start = time.time()
     loader = torch.utils.data.DataLoader(
         TaskStream(args), batch_size=None, num_workers=args.workers, pin_memory=cuda,
         **({"prefetch_factor": 4, "persistent_workers": False} if args.workers > 0 else {}))
