@@ -116,3 +116,7 @@ def test_trainer_rejects_a_length_too_short_for_a_task(tmp_path):
     assert r.returncode == 2
     assert "--lengths: 192 tokens is too short for niah_multivalue" in r.stderr
     assert not (tmp_path / "run").exists()  # nothing written
+    cmd[cmd.index("192")] = "512"
+    r = subprocess.run(cmd + ["--eval-lengths", "256"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "--eval-lengths: 256 tokens is too short for the held-out niah_multikey" in r.stderr

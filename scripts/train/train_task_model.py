@@ -311,6 +311,16 @@ def main():
                 except ValueError as e:
                     ap.error(f"--lengths: {min(args.lengths)} tokens is too short for {task} "
                              f"(question {q}, haystack {hay}): {e}")
+    with open(args.heldout_text, encoding="utf-8") as f:
+        gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
+    for task in ("niah_single", "niah_multikey"):
+        for q in T.QUESTIONS:
+            for L in args.eval_lengths:
+                try:
+                    gen.sample(T.sample_rng("vq-preflight", 0, task, 0), task, q, "essay", L)
+                except ValueError as e:
+                    ap.error(f"--eval-lengths: {L} tokens is too short for the held-out {task} "
+                             f"(question {q}): {e}")
     del gen
     os.makedirs(args.out, exist_ok=True)
     bin_path = os.path.join(args.out, "task_model.bin")
