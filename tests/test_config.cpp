@@ -179,12 +179,12 @@ INSTANTIATE_TEST_SUITE_P(
         GuardCase{"full:seed=-3", "seed must be in [0, 9007199254740991], got -3"}));
 
 TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
-  // The methods are the cards of the method files (src/policies/*.cpp, an `id: ...` line in a
-  // card), each registered once, `full` (the reference row) first.
+  // The methods are the cards of the method files (src/policies/methods/*.cpp, an `id: ...` line
+  // in a card), each registered once, `full` (the reference row) first.
   const std::vector<std::string> ids = method_ids();
   std::set<std::string> carded;
   const std::filesystem::path dir =
-      std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies";
+      std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies" / "methods";
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".cpp") continue;
     std::ifstream in(entry.path());

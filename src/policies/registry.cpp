@@ -8,7 +8,7 @@
 #include "veloxquant/errors.h"
 
 // The methods of the library, one line each, in the order `veloxquant list` shows them. Each
-// name is a method file's entry point: MethodInfo <name>_method() in src/policies/<file>.cpp.
+// name is a method file's entry point: MethodInfo <name>_method() in src/policies/methods/<file>.cpp.
 #define VQ_METHODS(X) \
   X(full)             \
   X(streaming_llm)    \

@@ -19,7 +19,7 @@
 // window; here H2O's cumulative mass (key-as-query proxy) ranks tokens at every step, and the
 // window is H2O's grace.
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "policies/schedules.h"
 

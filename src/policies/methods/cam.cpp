@@ -29,7 +29,7 @@
 // Deviations from the paper: a recent window and 4 sinks protected by the base; with the proxy
 // source the incoming key stands in for the query; no position remapping after a merge.
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 
 namespace vq::detail {

@@ -31,7 +31,7 @@
 
 #include "base/kernels.h"
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 
 namespace vq::detail {

@@ -24,7 +24,7 @@
 
 #include "base/kernels.h"
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "veloxquant/errors.h"
 

@@ -21,7 +21,7 @@
 // then the rows ranked lowest leave in one cut, the sinks and the newest grace rows kept.
 // Deviations from the paper (defaults): 4 attention sinks protected, decay 0.98; with the proxy
 // source the incoming key stands in for the query.
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 
 #include <limits>
 

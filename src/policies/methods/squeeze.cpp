@@ -35,7 +35,7 @@
 #include <cmath>
 
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "policies/schedules.h"
 #include "veloxquant/errors.h"
