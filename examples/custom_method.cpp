@@ -2,9 +2,10 @@
 //
 // `vnorm` keeps the rows whose values have the largest L2 norm: a row's score is
 // |v|^vnorm_power, fixed when it arrives; over budget the lowest score leaves (the shared
-// eviction loop), the first n_sink rows never do. scored_method() gives it the fields every
-// eviction method has (vnorm_budget, vnorm_n_sink, the merge rule, quantize/demote, seed,
-// kv_dtype) and the guard n_sink < budget; we add one field, vnorm_power, and its doc.
+// eviction loop), the first n_sink rows never do. scored_method() gives it vnorm_budget,
+// vnorm_n_sink and the guard n_sink < budget; we add one field, vnorm_power, and its doc.
+// register_method() adds the shared options it declares nowhere (the merge rule,
+// quantize/demote, seed, kv_dtype), as for every method of the library.
 // Built by CMake as `custom_method_example` and run by the test suite, which checks the rows
 // it keeps against the ones derived by hand below.
 #include <cmath>
@@ -53,5 +54,10 @@ int main() {
   std::printf("\n%s: %zu fields, budget %lld\n", config.method().c_str(),
               vq::find_method("vnorm").fields.size(),
               static_cast<long long>(vq::token_budget(config)));
+
+  // 3. The shared options came with the registration: a merge rule, for instance.
+  const vq::CacheConfig merging = vq::CacheConfig::parse("vnorm:budget=8,merge=mean");
+  std::printf("shared options: merge=%s (default %s)\n", merging.get_enum("merge").c_str(),
+              vq::CacheConfig("vnorm").get_enum("merge").c_str());
   return 0;
 }

@@ -198,7 +198,7 @@ TEST(Cam, DropEqualsItsH2OBaseBitForBit) {
   }
   // A gate with nothing to merge is rejected rather than ignored.
   test::expect_error([] { CacheConfig::parse("cam:merge=drop,merge_gate=false"); },
-                     ErrorCode::kInvalidConfig, {"cam_merge_gate has no effect with cam_merge=drop"});
+                     ErrorCode::kInvalidConfig, {"merge_gate has no effect with merge=drop"});
 }
 
 TEST(Cam, SimWeightedHoldsTheBudgetAndMergesWithTheGateOff) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "test_util.h"
@@ -20,7 +21,8 @@ TEST(Spec, PrefixIsOptional) {
   const CacheConfig c = CacheConfig::parse("cam:budget=64,merge=drop,seed=7,kv_dtype=f32");
   EXPECT_EQ(c.get_int("cam_budget"), 64);
   EXPECT_EQ(c.get_int("budget"), 64);
-  EXPECT_EQ(c.get_enum("cam_merge"), "drop");
+  EXPECT_EQ(c.get_enum("merge"), "drop");
+  EXPECT_EQ(c.get_enum("cam_merge"), "drop");  // the merge fields' per-method names: aliases
   EXPECT_EQ(c.seed(), 7);
   EXPECT_EQ(c.kv_dtype(), DType::kF32);
 }
@@ -37,15 +39,21 @@ TEST(Spec, BareIdGivesTheReferenceDefaults) {
   EXPECT_EQ(h.kv_dtype(), DType::kF16);
   const CacheConfig c = CacheConfig::parse("cam");
   EXPECT_EQ(c.get_int("cam_budget"), 512);
-  EXPECT_EQ(c.get_enum("cam_merge"), "mean");
-  EXPECT_EQ(c.get_enum("cam_target"), "window");
+  EXPECT_EQ(c.get_enum("merge"), "mean");
+  EXPECT_EQ(c.get_enum("merge_target"), "window");
+  EXPECT_EQ(c.get_enum("merge_attention"), "current");
   EXPECT_EQ(c.get_int("cam_grace"), -1);
   EXPECT_DOUBLE_EQ(c.get_float("cam_decay"), 0.98);
   const CacheConfig k = CacheConfig::parse("keyformer");
   EXPECT_EQ(k.get_int("keyformer_recent"), -1);
   EXPECT_DOUBLE_EQ(k.get_float("keyformer_recent_ratio"), 0.3);
-  EXPECT_TRUE(c.get_bool("cam_merge_gate"));
-  EXPECT_FALSE(c.get_bool("cam_merge_keys"));
+  EXPECT_TRUE(c.get_bool("merge_gate"));
+  EXPECT_FALSE(c.get_bool("merge_keys"));
+  // The shared merge group's defaults elsewhere: drop, nearest, the method's own scores.
+  EXPECT_EQ(h.get_enum("merge"), "drop");
+  EXPECT_EQ(h.get_enum("merge_target"), "nearest");
+  EXPECT_EQ(h.get_enum("merge_attention"), "cumulative");
+  EXPECT_EQ(h.get_int("merge_m"), 32);
   const CacheConfig m = CacheConfig::parse("morphkv");
   EXPECT_EQ(m.get_int("morphkv_window"), 8);
   EXPECT_EQ(m.get_enum("morphkv_fusion"), "mean");
@@ -88,9 +96,9 @@ TEST(Spec, BadValuesNameTheFieldAndWhatIsAllowed) {
   expect_error([] { CacheConfig::parse("cam:budget=64.5"); }, ErrorCode::kInvalidSpec,
                {"cam_budget", "got '64.5'"});
   expect_error([] { CacheConfig::parse("cam:merge=blend"); }, ErrorCode::kInvalidSpec,
-               {"cam_merge", "{sim_weighted, mean, drop}", "got 'blend'"});
+               {"[cam] merge must be", "{sim_weighted, mean, drop}", "got 'blend'"});
   expect_error([] { CacheConfig::parse("cam:merge_gate=maybe"); }, ErrorCode::kInvalidSpec,
-               {"cam_merge_gate", "true or false"});
+               {"merge_gate", "true or false"});
   expect_error([] { CacheConfig::parse("h2o:decay=nan"); }, ErrorCode::kInvalidSpec,
                {"h2o_decay"});
   expect_error([] { CacheConfig::parse("h2o:decay=1.5"); }, ErrorCode::kInvalidConfig,
@@ -179,12 +187,12 @@ INSTANTIATE_TEST_SUITE_P(
         GuardCase{"full:seed=-3", "seed must be in [0, 9007199254740991], got -3"}));
 
 TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
-  // The methods are the cards of the method files (src/policies/*.cpp, an `id: ...` line in a
-  // card), each registered once, `full` (the reference row) first.
+  // The methods are the cards of the method files (src/policies/methods/*.cpp, an `id: ...` line
+  // in a card), each registered once, `full` (the reference row) first.
   const std::vector<std::string> ids = method_ids();
   std::set<std::string> carded;
   const std::filesystem::path dir =
-      std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies";
+      std::filesystem::path(VELOXQUANT_DATA_DIR) / ".." / "src" / "policies" / "methods";
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".cpp") continue;
     std::ifstream in(entry.path());
@@ -203,19 +211,112 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
     EXPECT_TRUE(m.make_policy != nullptr) << m.id;
     for (const auto& f : m.fields) {
       EXPECT_FALSE(f.doc.empty()) << m.id << "." << f.name;
-      const bool common = f.name == "seed" || f.name == "kv_dtype" || f.name == "quantize" ||
-                          f.name == "kivi_group_size" || f.name == "residual_length" ||
-                          f.name == "bit_width_inlier" || f.name == "source" ||
-                          f.name == "gqa_reduce" || f.name == "demote" ||
-                          f.name == "demote_budget" || f.name == "demote_group";
-      const bool headwise = f.name == "headwise" || f.name == "headwise_floor";
-      if (!m.prefix.empty() && !common && !headwise) {
+      // A method's own fields carry its prefix (kivi's reference-library names excepted); the
+      // shared options do not.
+      const bool kivi_name = f.name == "bit_width_inlier" || f.name == "residual_length";
+      if (!m.prefix.empty() && f.group.empty() && !kivi_name) {
         EXPECT_EQ(f.name.rfind(m.prefix + "_", 0), 0u) << m.id << "." << f.name;
+      }
+      if (!f.group.empty() && !m.prefix.empty()) {
+        EXPECT_NE(f.name.rfind(m.prefix + "_", 0), 0u) << m.id << "." << f.name;
       }
     }
     EXPECT_NO_THROW(CacheConfig(m.id).validate()) << m.id;
     EXPECT_TRUE(m.budget_offset.empty() || !m.budget_field.empty()) << m.id;
   }
+}
+
+// Which shared option groups each method has, derived from what the method does (not read from
+// the registry): merge for every method that evicts rows (a token budget; full and kivi keep
+// every row), source for those that rank rows by attention (the H2O family, TOVA, SnapKV,
+// Keyformer, MorphKV, CaM; not StreamingLLM's positions or the key scorers), headwise for those
+// among them that evict row by row (ChunkKV evicts whole chunks), demote and quantize for every
+// method storing plain rows (KIVI stores its own quantized rows), seed and kv_dtype for all.
+TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
+  const std::vector<std::string> plain = {"demote", "quantize", "common"};
+  const std::vector<std::string> evicts = {"merge", "demote", "quantize", "common"};
+  const std::vector<std::string> attention = {"merge",  "source",   "headwise",
+                                              "demote", "quantize", "common"};
+  const std::map<std::string, std::vector<std::string>> expected = {
+      {"full", plain},
+      {"streaming_llm", evicts},
+      {"h2o", attention},
+      {"tova", attention},
+      {"snapkv", attention},
+      {"pyramidkv", attention},
+      {"squeeze", attention},
+      {"chunkkv", {"merge", "source", "demote", "quantize", "common"}},
+      {"keyformer", attention},
+      {"morphkv", attention},
+      {"cam", attention},
+      {"kivi", {"common"}},
+      {"knorm", evicts},
+      {"keydiff", evicts},
+  };
+  ASSERT_EQ(expected.size(), registry().size());
+  const std::map<std::string, std::vector<std::string>> group_fields = {
+      {"merge",
+       {"merge", "merge_gate", "merge_keys", "merge_target", "merge_m", "merge_attention"}},
+      {"source", {"source", "gqa_reduce"}},
+      {"headwise", {"headwise", "headwise_floor"}},
+      {"demote", {"demote", "demote_budget", "demote_group"}},
+      {"quantize", {"quantize", "kivi_group_size", "residual_length"}},
+      {"common", {"seed", "kv_dtype"}},
+  };
+  for (const auto& m : registry()) {
+    std::vector<std::string> groups, fields;
+    for (const auto& f : m.fields) {
+      if (f.group.empty()) continue;
+      if (groups.empty() || groups.back() != f.group) groups.push_back(f.group);
+      fields.push_back(f.name);
+    }
+    EXPECT_EQ(groups, expected.at(m.id)) << m.id;
+    std::vector<std::string> want;
+    for (const auto& g : expected.at(m.id)) {
+      want.insert(want.end(), group_fields.at(g).begin(), group_fields.at(g).end());
+    }
+    EXPECT_EQ(fields, want) << m.id;
+    // The shared options come after the method's own fields.
+    bool shared = false;
+    for (const auto& f : m.fields) {
+      EXPECT_FALSE(shared && f.group.empty()) << m.id << "." << f.name << " after a shared one";
+      shared = shared || !f.group.empty();
+    }
+  }
+}
+
+// The merge fields, once declared by every evicting method under its prefix, are one shared
+// group: the old spellings are aliases with the same meaning, and the spec prints the new names.
+TEST(Spec, MergeFieldsAnswerToTheirPerMethodNames) {
+  EXPECT_EQ(CacheConfig::parse("h2o:budget=64,merge=sim_weighted"),
+            CacheConfig::parse("h2o:h2o_budget=64,h2o_merge=sim_weighted"));
+  EXPECT_EQ(CacheConfig::parse("tova:merge=mean,merge_gate=false,merge_keys=true"),
+            CacheConfig::parse("tova:tova_merge=mean,tova_merge_gate=false,tova_merge_keys=true"));
+  const CacheConfig w =
+      CacheConfig::parse("streaming_llm:merge=mean,merge_target=window,merge_m=8");
+  EXPECT_EQ(CacheConfig::parse("streaming_llm:merge=mean,target=window,merge_m=8"), w);
+  EXPECT_EQ(CacheConfig::parse(
+                "streaming_llm:stream_merge=mean,stream_target=window,stream_merge_m=8"),
+            w);
+  EXPECT_EQ(w.spec(), "streaming_llm:merge=mean,merge_target=window,merge_m=8");
+  EXPECT_EQ(CacheConfig::parse("cam:cam_merge_attention=cumulative").spec(),
+            "cam:merge_attention=cumulative");
+  EXPECT_EQ(CacheConfig::parse("snapkv:snap_merge=mean").get_enum("merge"), "mean");
+  CacheConfig c("h2o");
+  c.set("h2o_merge_gate", false);
+  EXPECT_FALSE(c.get_bool("merge_gate"));
+  EXPECT_EQ(c.resolve("h2o_target"), "merge_target");
+  EXPECT_EQ(c.resolve("target"), "merge_target");
+  // One field, however spelled: twice is an error; another method's prefix is no alias.
+  expect_error([] { CacheConfig::parse("h2o:merge=mean,h2o_merge=drop"); },
+               ErrorCode::kInvalidSpec, {"key 'merge' is given more than once"});
+  expect_error([] { CacheConfig::parse("h2o:tova_merge=mean"); }, ErrorCode::kInvalidSpec,
+               {"[h2o] unknown key 'tova_merge'"});
+  // Methods that keep every row have no merge options under any name.
+  expect_error([] { CacheConfig::parse("full:merge=mean"); }, ErrorCode::kInvalidSpec,
+               {"[full] unknown key 'merge'"});
+  expect_error([] { CacheConfig::parse("kivi:kivi_merge=mean"); }, ErrorCode::kInvalidSpec,
+               {"[kivi] unknown key 'kivi_merge'"});
 }
 
 // register_method's guards (a successful registration is examples/custom_method.cpp, run by
@@ -239,6 +340,26 @@ TEST(Registry, RegisterMethodRejectsBadEntries) {
   bad_default.fields.push_back(FieldSpec{"bd_power", FieldType::kFloat, 9.0, 0.5, 8.0, {}, "x"});
   expect_error([&] { register_method(bad_default); }, ErrorCode::kInvalidArgument,
                {"bd_power's default is not one it allows"});
+  // A field of the method's own named like a shared option (the registry adds those).
+  MethodInfo clash = scored_method("clash", "cl", "s", scorer);
+  clash.fields.push_back(FieldSpec{"merge", FieldType::kBool, false, 0, 0, {}, "x"});
+  expect_error([&] { register_method(clash); }, ErrorCode::kInvalidArgument,
+               {"register_method('clash')", "two fields are named 'merge'"});
+  MethodInfo clash_alias = scored_method("clashalias", "ca", "s", scorer);
+  clash_alias.fields.push_back(
+      FieldSpec{"ca_target", FieldType::kInt, std::int64_t{1}, 0, 2, {}, "x"});
+  expect_error([&] { register_method(clash_alias); }, ErrorCode::kInvalidArgument,
+               {"two fields are named 'ca_target'"});
+  MethodInfo bad_shared = scored_method("badshared", "bs", "s", scorer);
+  bad_shared.shared_defaults = "merge=blend";
+  expect_error([&] { register_method(bad_shared); }, ErrorCode::kInvalidArgument,
+               {"register_method('badshared'): shared_defaults 'merge=blend'", "got 'blend'"});
+  bad_shared.shared_defaults = "headwise=true";  // a scorer method has no head-wise budgets
+  expect_error([&] { register_method(bad_shared); }, ErrorCode::kInvalidArgument,
+               {"'headwise' is no shared option of this method"});
+  bad_shared.shared_defaults = "merge";
+  expect_error([&] { register_method(bad_shared); }, ErrorCode::kInvalidArgument,
+               {"expected KEY=VALUE, got 'merge'"});
   MethodInfo bad_budget = scored_method("badbudget", "bb", "s", scorer);
   bad_budget.budget_field = "bb_nope";
   expect_error([&] { register_method(bad_budget); }, ErrorCode::kInvalidArgument,

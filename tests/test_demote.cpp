@@ -236,7 +236,7 @@ TEST(Demote, Guards) {
   EXPECT_NE(message("h2o:demote=kivi2,quantize=kivi4")
                 .find("demote=kivi2 and quantize=kivi4 are exclusive"),
             std::string::npos);
-  EXPECT_NE(message("cam:demote=kivi4").find("demote=kivi4 and cam_merge=mean are exclusive"),
+  EXPECT_NE(message("cam:demote=kivi4").find("demote=kivi4 and merge=mean are exclusive"),
             std::string::npos);
   EXPECT_NE(message("h2o:demote_budget=8").find("demote_budget has no effect with demote=none"),
             std::string::npos);

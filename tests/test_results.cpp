@@ -51,10 +51,10 @@ TEST(Results, EnvelopeAndMethodJson) {
   EXPECT_EQ(env["settings"]["seeds"], 5);
   EXPECT_TRUE(env["rows"].is_array());
   const auto m = eval::method_json(CacheConfig::parse("cam:budget=64,merge=drop"));
-  EXPECT_EQ(m["method"], "cam:cam_budget=64,cam_merge=drop");
+  EXPECT_EQ(m["method"], "cam:cam_budget=64,merge=drop");
   EXPECT_EQ(m["method_id"], "cam");
   EXPECT_EQ(m["params"]["cam_budget"], 64);
-  EXPECT_EQ(m["params"]["cam_merge_gate"], true);
+  EXPECT_EQ(m["params"]["merge_gate"], true);
   EXPECT_EQ(m["params"]["kv_dtype"], "f16");
   EXPECT_EQ(m["budget"], 64);
   EXPECT_TRUE(eval::method_json(CacheConfig("full"))["budget"].is_null());

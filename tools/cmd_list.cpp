@@ -3,7 +3,10 @@
 // sweep scripts and the fuzz dictionary read instead of a list of their own).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli.h"
 #include "veloxquant/errors.h"
@@ -12,14 +15,28 @@
 namespace vq::cli {
 namespace {
 
-// Whether a spec of method m takes `key`: one of its fields, with or without the prefix, or
-// `budget` when it has a token budget.
+// Whether a spec of method m takes `key`: one of its fields, with or without the prefix, an
+// alias of one, or `budget` when it has a token budget.
 bool takes_key(const MethodInfo& m, const std::string& key) {
   if (key == "budget" && !m.budget_field.empty()) return true;
   for (const auto& f : m.fields) {
     if (f.name == key || (!m.prefix.empty() && f.name == m.prefix + "_" + key)) return true;
+    for (const auto& a : f.aliases) {
+      if (a == key) return true;
+    }
   }
   return false;
+}
+
+// Which methods a shared option group applies to (the registry's rule, MethodInfo::fields).
+std::string group_note(const std::string& group) {
+  if (group == "merge") return "every method that evicts";
+  if (group == "source") return "every method scored by attention";
+  if (group == "headwise") return "every method scored by attention that evicts row by row";
+  if (group == "demote") return "mixed precision; every method that stores plain rows";
+  if (group == "quantize") return "every method that stores plain rows";
+  if (group == "common") return "every method";
+  return "shared";
 }
 
 }  // namespace
@@ -73,12 +90,35 @@ void add_list_command(CLI::App& app) {
       std::cout << "budget key: budget = " << m.budget_offset << " + " << m.budget_field
                 << " (budget=B sets " << m.budget_field << ", after the spec's other keys)\n";
     }
-    std::cout << "\n";
-    std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", "field", "type", "default",
-                             "allowed", "doc");
+    // The method's own fields, then each shared option group that applies to it.
+    std::vector<std::string> groups{""};
     for (const auto& f : m.fields) {
-      std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", f.name, to_string(f.type),
-                               value_text(f.default_value), f.allowed_text(), f.doc);
+      if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
+        groups.push_back(f.group);
+      }
+    }
+    const bool own = std::any_of(m.fields.begin(), m.fields.end(),
+                                 [](const FieldSpec& f) { return f.group.empty(); });
+    if (!own) std::cout << "\nfields of " << m.id << ": none of its own\n";
+    for (const std::string& g : groups) {
+      if (g.empty() && !own) continue;
+      std::cout << "\n"
+                << (g.empty() ? "fields of " + m.id : "shared options: " + g + " (" +
+                                                          group_note(g) + ")")
+                << "\n";
+      std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", "field", "type", "default",
+                               "allowed", "doc");
+      for (const auto& f : m.fields) {
+        if (f.group != g) continue;
+        std::string doc = f.doc;
+        if (!f.aliases.empty()) {
+          doc += " (also: ";
+          for (std::size_t i = 0; i < f.aliases.size(); ++i) doc += (i ? ", " : "") + f.aliases[i];
+          doc += ")";
+        }
+        std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", f.name, to_string(f.type),
+                                 value_text(f.default_value), f.allowed_text(), doc);
+      }
     }
     if (!m.prefix.empty()) {
       std::cout << "\nSpec keys may drop the '" << m.prefix << "_' prefix, e.g. " << m.id

@@ -1,8 +1,11 @@
 // Cache configuration: a method id plus that method's typed fields, and the method spec syntax.
 //
 // Field names are the reference library's (methods.md): method-specific fields carry the
-// method's prefix (cam_budget, h2o_grace, morphkv_window, ...); fields every method shares
-// do not (seed, kv_dtype). Spec strings and set() accept a key with or without the prefix:
+// method's prefix (cam_budget, h2o_grace, morphkv_window, ...); the shared option groups, which
+// the registry gives every method they apply to (merge, source, headwise, demote, quantize,
+// seed and kv_dtype), do not. Spec strings and set() accept a key with or without the prefix,
+// and a field's aliases (FieldSpec::aliases: the merge fields also answer to the names they had
+// when every method declared them, cam_merge, cam_target, ...):
 //
 //   cam:budget=64,merge=drop   ==   cam:cam_budget=64,cam_merge=drop
 //
@@ -13,7 +16,7 @@
 // stream_window_size = budget - stream_n_sink after the spec's other keys.
 //
 // Nothing is silently ignored: a field given a non-default value that has no effect in the
-// combination given (e.g. cam_merge_m with cam_target=nearest) is an error naming both fields.
+// combination given (e.g. merge_m with merge_target=nearest) is an error naming both fields.
 // A field at its default value is never an error, so spec(true) always parses back.
 #pragma once
 
@@ -45,6 +48,11 @@ struct VQ_API FieldSpec {
                                      // some values of its range (e.g. {"2", "4"}), the values
                                      // listed (the method's check enforces them)
   std::string doc;                   // one line
+  // The shared option group the field belongs to ("merge", "source", "headwise", "demote",
+  // "quantize", "common"; the registry adds these), empty for a field of the method's own.
+  std::string group = {};
+  // Other keys that name the field in specs, set() and get(), e.g. "cam_merge" for "merge".
+  std::vector<std::string> aliases = {};
 
   // "[1, 1048576]", "{sim_weighted, mean, drop}", "{true, false}".
   std::string allowed_text() const;
@@ -70,8 +78,8 @@ class VQ_API CacheConfig {
   const std::string& method() const noexcept { return method_; }
   const MethodInfo& info() const noexcept { return *info_; }
 
-  // Resolves a key with or without the method prefix to the canonical field name; returns
-  // an empty string when the method has no such field.
+  // Resolves a key (a field name, with or without the method prefix, or an alias) to the
+  // canonical field name; returns an empty string when the method has no such field.
   std::string resolve(std::string_view key) const;
   bool has(std::string_view key) const { return !resolve(key).empty(); }
 

@@ -1,9 +1,9 @@
 // The method registry: one entry per method id, in a fixed order. The CLI (`veloxquant list`,
 // `veloxquant list --ids`), the conformance tests, the sweep scripts, the fuzz dictionary and
 // the README table all read this table, so adding a method to the library is: its file under
-// src/policies/, one line in src/policies/registry.cpp, its hand-derived test. A program can
-// also register a method of its own at run time (register_method below; a complete example is
-// examples/custom_method.cpp, and docs/adding-a-method.md says how both ways work).
+// src/policies/methods/, one line in src/policies/registry.cpp, its hand-derived test. A
+// program can also register a method of its own at run time (register_method below; a complete
+// example is examples/custom_method.cpp, and docs/adding-a-method.md says how both ways work).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,26 @@ struct MethodInfo {
   std::string paper_config;
   // Why the defaults are what they are (one or two sentences; `veloxquant list ID`).
   std::string defaults_note;
+  // The method's own fields. register_method (and the library's table) appends the shared
+  // option groups that apply to the method, a method declaring none of them (FieldSpec::group):
+  //   merge (merge, merge_gate, merge_keys, merge_target, merge_m, merge_attention; aliases
+  //     <prefix>_merge, ..., target): a method with a token budget (it evicts);
+  //   source (source, gqa_reduce): scores_attention;
+  //   headwise (headwise, headwise_floor): scores_attention and exact_budget (it evicts row by
+  //     row, so one ranking across heads can choose the rows);
+  //   demote (demote, demote_budget, demote_group) and quantize (quantize, kivi_group_size,
+  //     residual_length): unless quantizes_rows;
+  //   common (seed, kv_dtype): every method.
   std::vector<FieldSpec> fields;
+  // Whether the method ranks rows by the attention the engine passes (or its proxy): it gets
+  // the score source and head-wise groups above.
+  bool scores_attention = false;
+  // Whether the method stores its rows quantized its own way (kivi): no quantize / demote group.
+  bool quantizes_rows = false;
+  // Defaults of shared options that differ for this method, as spec items "KEY=VALUE,..."
+  // (cam: "merge=mean,merge_target=window,merge_attention=current"); applied by the registry
+  // when it adds the groups.
+  std::string shared_defaults;
 
   // Cross-field guards; throws Error(kInvalidConfig). Ranges are checked before this runs.
   void (*check)(const CacheConfig& config) = nullptr;
@@ -73,18 +92,21 @@ using RowScorer = std::function<float(const float* key, const float* value, std:
 // The entry of a method scored row by row on the shared eviction loop, ready to register: id,
 // prefix (non-empty; spec keys may drop it), one-line summary, and make_scorer, called once per
 // layer cache with the validated config (read your own fields there). It comes with the fields
-// <prefix>_budget (default_budget) and <prefix>_n_sink (4), the merge rule
-// (<prefix>_merge=drop, gate, keys, target, merge_m, merge_attention), quantize / demote, seed
-// and kv_dtype, and the guard n_sink < budget. Add fields of your own to `fields` and a `check`
-// for their cross-field guards; fill the descriptive strings for `veloxquant list`.
+// <prefix>_budget (default_budget) and <prefix>_n_sink (4) and the guard n_sink < budget;
+// register_method adds the shared options (the merge rule, quantize / demote, seed, kv_dtype:
+// MethodInfo::fields). Add fields of your own to `fields` and a `check` for their cross-field
+// guards; fill the descriptive strings for `veloxquant list`.
 VQ_API MethodInfo scored_method(std::string id, std::string prefix, std::string summary,
                                 std::function<RowScorer(const CacheConfig& config)> make_scorer,
                                 std::int64_t default_budget = 512);
 
-// Adds `info` to the registry, after the methods already there, and returns the stored entry.
-// Throws Error(kInvalidArgument) when the id is empty, not [a-z0-9_], or already registered,
-// when neither make_policy nor make_scorer is set, or when a field's default is outside its
-// range or budget_field / budget_offset names no int field. Register at start-up, before any
+// Adds `info` to the registry, after the methods already there, with the shared option groups
+// that apply to it (MethodInfo::fields), and returns the stored entry. Throws
+// Error(kInvalidArgument) when the id is empty, not [a-z0-9_], or already registered, when
+// neither make_policy nor make_scorer is set, when a field's default is outside its range, when
+// two fields share a name or alias (a field of the method's own named like a shared option), when
+// shared_defaults names no shared field or a value it does not allow, or when budget_field /
+// budget_offset names no int field. Register at start-up, before any
 // other thread reads the registry (registry() references are invalidated by a registration;
 // CacheConfig objects and find_method() references stay valid).
 VQ_API const MethodInfo& register_method(MethodInfo info);

@@ -88,6 +88,8 @@ py::dict field_dict(const FieldSpec& f) {
   d["choices"] = f.type == FieldType::kBool ? std::vector<std::string>{"true", "false"} : f.choices;
   d["allowed"] = f.allowed_text();
   d["doc"] = f.doc;
+  d["group"] = f.group;  // the shared option group, "" for a field of the method's own
+  d["aliases"] = f.aliases;
   return d;
 }
 

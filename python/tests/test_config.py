@@ -44,6 +44,28 @@ def test_set_typed_values_and_validate():
     assert b["budget"] == 32 and c["budget"] == 0
 
 
+def test_merge_options_are_shared_and_keep_their_per_method_names():
+    c = vq.CacheConfig("h2o")
+    # merge is a shared option group: one name for every method that evicts...
+    assert c["merge"] == "drop" and c.resolve("merge") == "merge"
+    # ...and the names each method gave it before are aliases of the same field.
+    c["h2o_merge"] = "sim_weighted"
+    c.set("h2o_merge_gate", False)
+    c["target"] = "nearest"
+    assert c["merge"] == "sim_weighted" and c["h2o_merge"] == "sim_weighted"
+    assert c["merge_gate"] is False
+    assert c.resolve("h2o_target") == "merge_target"
+    assert c.spec() == "h2o:merge=sim_weighted,merge_gate=false"
+    assert vq.CacheConfig.parse("h2o:h2o_merge=sim_weighted,h2o_merge_gate=false") == c
+    assert "merge" not in vq.CacheConfig("full") and "kivi_merge" not in vq.CacheConfig("kivi")
+    fields = {f["name"]: f for f in vq.registry()[vq.method_ids().index("tova")]["fields"]}
+    assert fields["merge_gate"]["group"] == "merge"
+    assert fields["merge_gate"]["aliases"] == ["tova_merge_gate"]
+    assert fields["merge_target"]["aliases"] == ["target", "tova_target"]
+    assert fields["tova_budget"]["group"] == "" and fields["tova_budget"]["aliases"] == []
+    assert fields["headwise"]["group"] == "headwise" and fields["seed"]["group"] == "common"
+
+
 @pytest.mark.parametrize(
     "spec, code",
     [

@@ -124,17 +124,18 @@ std::vector<std::int64_t> budgets_of(const nlohmann::json& rows) {
   return out;
 }
 
-// Whether a row's method disposes of evicted rows by merging (a `*_merge` field other than
-// drop), and whether it does so with its gate off.
+// Whether a params key is the shared option `name` or its per-method spelling `<prefix>_name`
+// (result files written while every method declared the merge fields under its prefix).
+bool is_option(const std::string& key, const std::string& name) {
+  return key == name || key.ends_with("_" + name);
+}
+
+// Whether a row's method disposes of evicted rows by merging (`merge` other than drop), and
+// whether it does so with its gate off.
 bool merges_rows(const nlohmann::json& row) {
   if (!row.contains("params") || !row["params"].is_object()) return false;
   for (const auto& [key, value] : row["params"].items()) {
-    const std::string suffix = "_merge";
-    if (key.size() >= suffix.size() &&
-        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-        value.is_string() && value != "drop") {
-      return true;
-    }
+    if (is_option(key, "merge") && value.is_string() && value != "drop") return true;
   }
   return false;
 }
@@ -142,11 +143,7 @@ bool merges_rows(const nlohmann::json& row) {
 bool ungated_merge(const nlohmann::json& row) {
   if (!merges_rows(row)) return false;
   for (const auto& [key, value] : row["params"].items()) {
-    const std::string suffix = "_merge_gate";
-    if (key.size() >= suffix.size() &&
-        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0 && value == false) {
-      return true;
-    }
+    if (is_option(key, "merge_gate") && value == false) return true;
   }
   return false;
 }

@@ -99,32 +99,17 @@ struct CardReader {
     fail("unknown field type '" + type + "'");
   }
 
-  // mass, recent(NAME, RATIO), merge(MODE[, TARGET[, ATTENTION]]), source, headwise, quantize,
-  // common: the shared field groups of fields.h, in the order given.
+  // mass: H2O's recent window and decay (fields.h), the one field group a card names (the
+  // shared option groups are the registry's: add_shared_options).
   void group(MethodInfo& m, const std::string& g) const {
-    const std::size_t paren = g.find('(');
-    const std::string name = g.substr(0, paren);
-    std::vector<std::string> args;
-    if (paren != std::string::npos) args = list(g.substr(paren), '(', ')');
-    if (name == "merge" && !args.empty() && args.size() <= 3) {
-      add_merge_fields(m.fields, m.prefix, args[0], args.size() > 1 ? args[1] : "nearest",
-                       args.size() > 2 ? args[2] : "cumulative");
-      return;
-    }
-    if (name == "mass" && args.empty()) {
+    if (g == "mass") {
       add_mass_fields(m.fields, m.prefix);
       return;
     }
-    static const std::pair<const char*, void (*)(std::vector<FieldSpec>&)> kGroups[] = {
-        {"source", &add_source_fields},
-        {"headwise", &add_headwise_fields},
-        {"quantize", &add_quantize_fields},
-        {"common", &add_common_fields},
-    };
-    for (const auto& [group_name, add] : kGroups) {
-      if (name == group_name && args.empty()) {
-        add(m.fields);
-        return;
+    for (const char* shared : {"merge", "source", "headwise", "quantize", "demote", "common"}) {
+      if (g.rfind(shared, 0) == 0) {
+        fail("'" + g + "' is a shared option group, which the registry adds to every method it "
+             "applies to (MethodInfo::fields): remove it from the card");
       }
     }
     fail("unknown field group '" + g + "'");
@@ -140,6 +125,20 @@ std::string* text_of(MethodInfo& m, const std::string& key) {
       {"budget", &MethodInfo::budget_type}, {"deviations", &MethodInfo::deviations},
       {"paper config", &MethodInfo::paper_config}, {"defaults", &MethodInfo::defaults_note},
       {"budget field", &MethodInfo::budget_field}, {"budget offset", &MethodInfo::budget_offset},
+      {"shared defaults", &MethodInfo::shared_defaults},
+  };
+  for (const auto& [name, member] : kKeys) {
+    if (key == name) return &(m.*member);
+  }
+  return nullptr;
+}
+
+// The yes/no member a card key sets, or null.
+bool* flag_of(MethodInfo& m, const std::string& key) {
+  static const std::pair<const char*, bool MethodInfo::*> kKeys[] = {
+      {"exact budget", &MethodInfo::exact_budget}, {"prefill only", &MethodInfo::prefill_only},
+      {"attention", &MethodInfo::scores_attention},
+      {"quantizes rows", &MethodInfo::quantizes_rows},
   };
   for (const auto& [name, member] : kKeys) {
     if (key == name) return &(m.*member);
@@ -187,8 +186,8 @@ MethodInfo method_card(std::string_view card, void (*check)(const CacheConfig&),
       for (const std::string& g : split(value, ' ')) {
         if (!g.empty()) r.group(m, g);
       }
-    } else if (key == "exact budget" || key == "prefill only") {
-      (key == "exact budget" ? m.exact_budget : m.prefill_only) = yes_no(r, value);
+    } else if (bool* flag = flag_of(m, key)) {
+      *flag = yes_no(r, value);
     } else if (std::string* text = text_of(m, key)) {
       *text = key == "prefix" && value == "-" ? std::string() : value;
     } else {

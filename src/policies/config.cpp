@@ -135,6 +135,11 @@ std::string CacheConfig::resolve(std::string_view key) const {
       if (f.name == prefixed) return f.name;
     }
   }
+  for (const auto& f : info_->fields) {
+    for (const auto& a : f.aliases) {
+      if (a == key) return f.name;
+    }
+  }
   return {};
 }
 

@@ -1,7 +1,9 @@
 #include "policies/fields.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -51,83 +53,144 @@ FieldSpec enum_field(std::string name, std::string def, std::vector<std::string>
   return f;
 }
 
-void add_common_fields(std::vector<FieldSpec>& fields) {
-  fields.push_back(int_field("seed", 42, 0, 9007199254740991,
-                             "RNG seed; layer i of a model uses seed + i"));
-  fields.push_back(enum_field("kv_dtype", "f16", {"f16", "f32", "q8_0", "q4_0"},
-                              "storage type of kept K/V rows (scoring is fp32 either way); "
-                              "q8_0 / q4_0: ggml's blocks of 32 channels with an fp16 scale, "
-                              "as llama.cpp's KV cache types (head_dim a multiple of 32)"));
+namespace {
+
+// Appends `group_fields`, each tagged with `group`.
+void add_group(std::vector<FieldSpec>& fields, const char* group,
+               std::initializer_list<FieldSpec> group_fields) {
+  for (FieldSpec f : group_fields) {
+    f.group = group;
+    fields.push_back(std::move(f));
+  }
 }
 
-void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
-                      const std::string& default_mode, const std::string& default_target,
-                      const std::string& default_gate_attention) {
-  fields.push_back(enum_field(prefix + "_merge", default_mode, {"sim_weighted", "mean", "drop"},
-                              "what happens to an evicted row: blend into the most similar "
-                              "survivor (cosine-weighted or 0.5), spread evenly over a window "
-                              "(mean with target=window), or drop it"));
-  fields.push_back(bool_field(prefix + "_merge_gate", true,
-                              "merge only with probability clamp(score_loser / score_target, "
-                              "0, 1) (CaM's merge mask)"));
-  fields.push_back(bool_field(prefix + "_merge_keys", false,
-                              "blend keys as well as values when merging (nearest target only)"));
-  fields.push_back(enum_field(prefix + "_target", default_target, {"nearest", "window"},
-                              "merge target: the most cosine-similar survivor, or add v_e / m to "
-                              "each of the next m kept rows (CaM's paper rule; keys untouched)"));
-  fields.push_back(int_field(prefix + "_merge_m", 32, 1, kMaxTokens,
-                             "m: kept rows after the loser that share it (target=window)"));
-  fields.push_back(enum_field(prefix + "_merge_attention", default_gate_attention,
-                              {"cumulative", "current"},
-                              "what the gate compares: the method's own (cumulative) scores, or "
-                              "the current query's attention"));
+}  // namespace
+
+void add_common_fields(std::vector<FieldSpec>& fields) {
+  add_group(fields, "common",
+            {int_field("seed", 42, 0, 9007199254740991,
+                       "RNG seed; layer i of a model uses seed + i"),
+             enum_field("kv_dtype", "f16", {"f16", "f32", "q8_0", "q4_0"},
+                        "storage type of kept K/V rows (scoring is fp32 either way); "
+                        "q8_0 / q4_0: ggml's blocks of 32 channels with an fp16 scale, "
+                        "as llama.cpp's KV cache types (head_dim a multiple of 32)")});
+}
+
+void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix) {
+  const std::size_t first = fields.size();
+  add_group(fields, "merge",
+            {enum_field("merge", "drop", {"sim_weighted", "mean", "drop"},
+                        "what happens to an evicted row: blend into the most similar "
+                        "survivor (cosine-weighted or 0.5), spread evenly over a window "
+                        "(mean with merge_target=window), or drop it"),
+             bool_field("merge_gate", true,
+                        "merge only with probability clamp(score_loser / score_target, "
+                        "0, 1) (CaM's merge mask)"),
+             bool_field("merge_keys", false,
+                        "blend keys as well as values when merging (nearest target only)"),
+             enum_field("merge_target", "nearest", {"nearest", "window"},
+                        "merge target: the most cosine-similar survivor, or add v_e / m to "
+                        "each of the next m kept rows (CaM's paper rule; keys untouched)"),
+             int_field("merge_m", 32, 1, kMaxTokens,
+                       "m: kept rows after the loser that share it (merge_target=window)"),
+             enum_field("merge_attention", "cumulative", {"cumulative", "current"},
+                        "what the gate compares: the method's own (cumulative) scores, or "
+                        "the current query's attention")});
+  for (std::size_t i = first; i < fields.size(); ++i) {
+    FieldSpec& f = fields[i];
+    // The names the fields had when each method declared them: <prefix>_merge, ...,
+    // <prefix>_target (merge_target was `target` then).
+    const std::string old = f.name == "merge_target" ? "target" : f.name;
+    if (old != f.name) f.aliases.push_back(old);
+    if (!prefix.empty()) f.aliases.push_back(prefix + "_" + old);
+  }
 }
 
 void add_source_fields(std::vector<FieldSpec>& fields) {
-  fields.push_back(enum_field("source", "auto", {"auto", "proxy", "attention"},
-                              "scores from the attention probabilities the engine passes to "
-                              "end_step (attention), from the incoming key as query (proxy, needs "
-                              "only K/V), or auto: attention if the cache's first step passes "
-                              "probabilities, else proxy, fixed for the cache's life"));
-  fields.push_back(enum_field("gqa_reduce", "mean", {"mean", "max", "sum"},
-                              "how a KV head folds the attention of its query heads"));
+  add_group(fields, "source",
+            {enum_field("source", "auto", {"auto", "proxy", "attention"},
+                        "scores from the attention probabilities the engine passes to "
+                        "end_step (attention), from the incoming key as query (proxy, needs "
+                        "only K/V), or auto: attention if the cache's first step passes "
+                        "probabilities, else proxy, fixed for the cache's life"),
+             enum_field("gqa_reduce", "mean", {"mean", "max", "sum"},
+                        "how a KV head folds the attention of its query heads")});
 }
 
 void add_headwise_fields(std::vector<FieldSpec>& fields) {
-  fields.push_back(bool_field("headwise", false,
-                              "head-wise budgets (AdaKV): the layer's n_kv_heads x budget rows are "
-                              "shared among its KV heads by one ranking of their scores, not "
-                              "split evenly"));
-  fields.push_back(float_field("headwise_floor", 0.2, 0.0, 1.0,
-                               "with headwise: each head keeps at least floor(headwise_floor x "
-                               "(budget - its protected rows)) rows besides its sinks and recent "
-                               "window (AdaKV's alpha)"));
+  add_group(fields, "headwise",
+            {bool_field("headwise", false,
+                        "head-wise budgets (AdaKV): the layer's n_kv_heads x budget rows are "
+                        "shared among its KV heads by one ranking of their scores, not "
+                        "split evenly"),
+             float_field("headwise_floor", 0.2, 0.0, 1.0,
+                         "with headwise: each head keeps at least floor(headwise_floor x "
+                         "(budget - its protected rows)) rows besides its sinks and recent "
+                         "window (AdaKV's alpha)")});
 }
 
 void add_quantize_fields(std::vector<FieldSpec>& fields) {
   add_demote_fields(fields);
-  fields.push_back(enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
-                              "store kept rows KIVI-quantized (2 or 4 bits, really packed)"));
-  fields.push_back(int_field("kivi_group_size", 32, 1, 4096,
-                             "KIVI group: G tokens per key channel group, G channels per value "
-                             "group"));
-  fields.push_back(int_field("residual_length", 32, 0, kMaxTokens,
-                             "newest rows kept unquantized (values of residual rows, keys of "
-                             "residual to residual + G - 1); with quantize= the budget must be "
-                             ">= residual_length + kivi_group_size"));
+  add_group(fields, "quantize",
+            {enum_field("quantize", "none", {"none", "kivi2", "kivi4"},
+                        "store kept rows KIVI-quantized (2 or 4 bits, really packed)"),
+             int_field("kivi_group_size", 32, 1, 4096,
+                       "KIVI group: G tokens per key channel group, G channels per value "
+                       "group"),
+             int_field("residual_length", 32, 0, kMaxTokens,
+                       "newest rows kept unquantized (values of residual rows, keys of "
+                       "residual to residual + G - 1); with quantize= the budget must be "
+                       ">= residual_length + kivi_group_size")});
 }
 
 void add_demote_fields(std::vector<FieldSpec>& fields) {
-  fields.push_back(enum_field("demote", "none", {"none", "kivi2", "kivi4"},
-                              "mixed precision: a row the method evicts is kept in a low-bit tier "
-                              "(2 or 4 bits, per token) instead of dropped (MiKV); methods with a "
-                              "token budget only"));
-  fields.push_back(int_field("demote_budget", -1, -1, kMaxTokens,
-                             "rows the low-bit tier holds per KV head before its lowest-scored "
-                             "row is dropped; -1: the token budget"));
-  fields.push_back(int_field("demote_group", 32, 1, 4096,
-                             "channels per quantization group of a demoted row (keys and values; "
-                             "one fp16 scale and zero per group)"));
+  add_group(fields, "demote",
+            {enum_field("demote", "none", {"none", "kivi2", "kivi4"},
+                        "mixed precision: a row the method evicts is kept in a low-bit tier "
+                        "(2 or 4 bits, per token) instead of dropped (MiKV); methods with a "
+                        "token budget only"),
+             int_field("demote_budget", -1, -1, kMaxTokens,
+                       "rows the low-bit tier holds per KV head before its lowest-scored "
+                       "row is dropped; -1: the token budget"),
+             int_field("demote_group", 32, 1, 4096,
+                       "channels per quantization group of a demoted row (keys and values; "
+                       "one fp16 scale and zero per group)")});
+}
+
+void add_shared_options(MethodInfo& m) {
+  if (!m.budget_field.empty()) add_merge_fields(m.fields, m.prefix);
+  if (m.scores_attention) {
+    add_source_fields(m.fields);
+    if (m.exact_budget) add_headwise_fields(m.fields);
+  }
+  if (!m.quantizes_rows) add_quantize_fields(m.fields);
+  add_common_fields(m.fields);
+  // shared_defaults: KEY=VALUE items, each naming a shared field (by name or alias).
+  const auto bad = [&](const std::string& why) {
+    throw Error(ErrorCode::kInvalidArgument, "register_method('" + m.id + "'): shared_defaults '" +
+                                                 m.shared_defaults + "': " + why);
+  };
+  std::string_view rest = m.shared_defaults;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos) bad("expected KEY=VALUE, got '" + std::string(item) + "'");
+    const std::string_view key = item.substr(0, eq);
+    FieldSpec* field = nullptr;
+    for (FieldSpec& f : m.fields) {
+      bool named = f.name == key;
+      for (const std::string& a : f.aliases) named = named || a == key;
+      if (named && !f.group.empty()) field = &f;
+    }
+    if (field == nullptr) bad("'" + std::string(key) + "' is no shared option of this method");
+    try {
+      field->default_value = field->parse(item.substr(eq + 1), m.id);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+  }
 }
 
 void check_demote(const CacheConfig& c) {
@@ -149,12 +212,10 @@ void check_demote(const CacheConfig& c) {
                         " are exclusive (quantize= packs every kept row; demote= keeps the "
                         "method's rows in fp16 and packs only the rows it evicts): give one");
   }
-  const std::string p = c.info().prefix;
-  if (!p.empty() && c.has(p + "_merge") && c.get_enum(p + "_merge") != "drop") {
-    config_error(c, d + " and " + p + "_merge=" + c.get_enum(p + "_merge") +
+  if (c.has("merge") && c.get_enum("merge") != "drop") {
+    config_error(c, d + " and merge=" + c.get_enum("merge") +
                         " are exclusive (a demoted row is kept, so merging it too would count "
-                        "it twice): set " +
-                        p + "_merge=drop");
+                        "it twice): set merge=drop");
   }
 }
 
@@ -235,28 +296,27 @@ void check_no_effect(const CacheConfig& c) {
   auto no_effect = [&](const std::string& field, const std::string& because) {
     config_error(c, field + " has no effect with " + because);
   };
-  const std::string p = c.info().prefix;
-  if (!p.empty() && c.has(p + "_merge")) {
-    const std::string mode = c.get_enum(p + "_merge");
-    const bool window = c.get_enum(p + "_target") == "window";
+  if (c.has("merge")) {
+    const std::string mode = c.get_enum("merge");
+    const bool window = c.get_enum("merge_target") == "window";
     if (mode == "drop") {
-      for (const char* f : {"_merge_gate", "_merge_keys", "_target", "_merge_m", "_merge_attention"}) {
-        if (c.is_set(p + f)) no_effect(p + f, p + "_merge=drop (nothing is merged)");
+      for (const char* f :
+           {"merge_gate", "merge_keys", "merge_target", "merge_m", "merge_attention"}) {
+        if (c.is_set(f)) no_effect(f, "merge=drop (nothing is merged)");
       }
     } else if (window) {
-      if (c.get_bool(p + "_merge_keys")) {
-        no_effect(p + "_merge_keys=true", p + "_target=window (the window rule never merges keys)");
+      if (c.get_bool("merge_keys")) {
+        no_effect("merge_keys=true", "merge_target=window (the window rule never merges keys)");
       }
       if (mode == "sim_weighted") {
-        no_effect(p + "_merge=sim_weighted",
-                  p + "_target=window (the window rule spreads v_e / m evenly: use " + p +
-                      "_merge=mean)");
+        no_effect("merge=sim_weighted",
+                  "merge_target=window (the window rule spreads v_e / m evenly: use merge=mean)");
       }
-    } else if (c.is_set(p + "_merge_m")) {
-      no_effect(p + "_merge_m", p + "_target=nearest (m is the window's size)");
+    } else if (c.is_set("merge_m")) {
+      no_effect("merge_m", "merge_target=nearest (m is the window's size)");
     }
-    if (mode != "drop" && !c.get_bool(p + "_merge_gate") && c.is_set(p + "_merge_attention")) {
-      no_effect(p + "_merge_attention", p + "_merge_gate=false (no gate compares attention)");
+    if (mode != "drop" && !c.get_bool("merge_gate") && c.is_set("merge_attention")) {
+      no_effect("merge_attention", "merge_gate=false (no gate compares attention)");
     }
   }
   if (c.has("headwise") && !c.get_bool("headwise") && c.is_set("headwise_floor")) {

@@ -21,22 +21,32 @@ FieldSpec bool_field(std::string name, bool def, std::string doc);
 FieldSpec enum_field(std::string name, std::string def, std::vector<std::string> choices,
                      std::string doc);
 
+// The shared option groups. A method declares none of them: add_shared_options gives a method
+// the groups that apply to it (MethodInfo::fields says which), each field tagged with its
+// group (FieldSpec::group).
+//
+// Appends to m.fields, in this order, the groups that apply to m: merge, source, headwise,
+// demote and quantize, common; then sets the defaults m.shared_defaults names. Called for every
+// method when the registry takes it (the library's table and register_method). Throws
+// Error(kInvalidArgument) "register_method('id'): ..." when shared_defaults is malformed, names
+// no shared field of m or a value the field does not allow.
+void add_shared_options(MethodInfo& m);
+
 // seed and kv_dtype: every method has them.
 void add_common_fields(std::vector<FieldSpec>& fields);
-// <prefix>_merge, <prefix>_merge_gate, <prefix>_merge_keys: every eviction method has them.
-// default_target: "nearest" (the reference adaptation) or "window" (CaM's paper rule);
-// default_gate_attention: what the gate compares, "cumulative" or "current".
-void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix,
-                      const std::string& default_mode,
-                      const std::string& default_target = "nearest",
-                      const std::string& default_gate_attention = "cumulative");
+// merge (drop), merge_gate, merge_keys, merge_target (nearest), merge_m, merge_attention
+// (cumulative): every method that evicts (has a token budget). A non-empty prefix adds the names
+// the fields had when each method declared them as aliases (<prefix>_merge, <prefix>_merge_gate,
+// <prefix>_merge_keys, <prefix>_target, <prefix>_merge_m, <prefix>_merge_attention), and
+// merge_target answers to `target` too.
+void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix);
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);
 // headwise (off by default) and headwise_floor (AdaKV's alpha, 0.2): head-wise budgets
 // (policies/headwise.h), for the attention-scored methods that rank each head's rows.
 void add_headwise_fields(std::vector<FieldSpec>& fields);
-// quantize, kivi_group_size, residual_length (and the demote fields): every method but kivi
+// quantize, kivi_group_size, residual_length (after the demote fields): every method but kivi
 // (which has its own).
 void add_quantize_fields(std::vector<FieldSpec>& fields);
 // demote (none | kivi2 | kivi4), demote_budget, demote_group: mixed precision (mixed_store.cpp),
@@ -71,8 +81,8 @@ void check_recent_window(const CacheConfig& config, const std::string& prefix,
 // library's; 1 is the paper's, see methods.md and the README).
 void add_mass_fields(std::vector<FieldSpec>& fields, const std::string& prefix);
 
-// Nothing silently ignored (README "Method specs"): the merge, score-source and H2O fields of
-// a method, when set explicitly in a combination where they have no effect, are errors naming
+// Nothing silently ignored (README "Method specs"): the merge, score-source and head-wise fields
+// of a method, when set explicitly in a combination where they have no effect, are errors naming
 // both fields. Called by CacheConfig::validate() for every method after its own guards.
 void check_no_effect(const CacheConfig& config);
 

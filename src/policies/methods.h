@@ -21,12 +21,15 @@ struct PolicyContext;
 //   budget field / budget offset: the token budget (MethodInfo::budget_field, budget_offset;
 //     budget field defaults to <prefix>_budget when the method has that int field);
 //   exact budget: no / prefill only: yes (MethodInfo::exact_budget, prefill_only);
+//   attention: yes (MethodInfo::scores_attention) / quantizes rows: yes (quantizes_rows): what
+//     decides, with the budget, which shared option groups the registry adds;
+//   shared defaults: KEY=VALUE,... (MethodInfo::shared_defaults: cam's merge rule);
 //   | name | type | default | range | doc   one row a field of the method's own, in order:
 //     type int, float, bool or enum; range [min, max] (int, float), {a, b, ...} (enum), "-"
 //     (bool), or {2, 4} in [2, 4] for an int that takes only the values listed;
-//   groups: the shared field groups after the method's own fields, in order: mass (H2O's
-//     recent window and decay), merge(MODE[,TARGET[,ATTENTION]]), source, headwise, quantize
-//     (with demote), common (seed, kv_dtype) (fields.h).
+//   groups: mass: H2O's recent window and decay (fields.h, add_mass_fields), after the rows.
+// A card declares no shared option (merge, source, headwise, demote, quantize, seed, kv_dtype):
+// the registry adds the groups that apply (fields.h, add_shared_options).
 // `check` (may be null) and `make_policy` complete the entry. Throws Error(kInvalidArgument) on
 // a malformed card (the registry's test parses every card of the library).
 MethodInfo method_card(std::string_view card, void (*check)(const CacheConfig& config),

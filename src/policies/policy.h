@@ -152,7 +152,7 @@ class TokenPolicy : public Policy {
               ScoreSource source = ScoreSource{})
       : budget_(budget), n_sink_(n_sink), merge_(merge), source_(source) {}
   // Read from the config of ctx's method, through its prefix p: budget (default: p_budget),
-  // p_n_sink, the merge rule (p_merge...), the score source (source, gqa_reduce) and head-wise
+  // p_n_sink, the merge rule (merge...), the score source (source, gqa_reduce) and head-wise
   // budgets (headwise, headwise_floor), the last two where the method has those fields.
   explicit TokenPolicy(const PolicyContext& ctx);
   TokenPolicy(const PolicyContext& ctx, std::int64_t budget);
@@ -287,7 +287,8 @@ class TokenPolicy : public Policy {
   std::vector<std::int64_t> shared_;                    // layer_losers output
 };
 
-// Reads the `<prefix>_merge*` / `<prefix>_target` fields from the config.
-MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix);
+// Reads the shared merge fields (merge, merge_gate, merge_keys, merge_target, merge_m,
+// merge_attention) from the config.
+MergeRule merge_rule_from(const CacheConfig& config);
 
 }  // namespace vq::detail

@@ -8,7 +8,7 @@
 #include "veloxquant/errors.h"
 
 // The methods of the library, one line each, in the order `veloxquant list` shows them. Each
-// name is a method file's entry point: MethodInfo <name>_method() in src/policies/<file>.cpp.
+// name is a method file's entry point: MethodInfo <name>_method() in src/policies/methods/<file>.cpp.
 #define VQ_METHODS(X) \
   X(full)             \
   X(streaming_llm)    \
@@ -34,25 +34,6 @@ VQ_METHODS(VQ_DECLARE_METHOD)
 
 namespace {
 
-// Entries live in a deque (stable addresses: CacheConfig keeps a pointer to its entry); the
-// vector registry() returns is a copy, rebuilt by every registration.
-struct Table {
-  std::mutex mutex;
-  std::deque<MethodInfo> entries;
-  std::vector<MethodInfo> list;
-  Table() {
-#define VQ_ADD_METHOD(name) entries.push_back(name##_method());
-    VQ_METHODS(VQ_ADD_METHOD)
-#undef VQ_ADD_METHOD
-    list.assign(entries.begin(), entries.end());
-  }
-};
-
-Table& table() {
-  static Table t;
-  return t;
-}
-
 [[noreturn]] void bad_entry(const std::string& id, const std::string& why) {
   throw Error(ErrorCode::kInvalidArgument, "register_method('" + id + "'): " + why);
 }
@@ -62,6 +43,86 @@ const FieldSpec* int_field_named(const MethodInfo& m, const std::string& name) {
     if (f.name == name && f.type == FieldType::kInt) return &f;
   }
   return nullptr;
+}
+
+// `info` with the shared option groups that apply to it (add_shared_options), checked: the id's
+// spelling, a policy, every field's default in its range, names and aliases unique, the budget
+// fields. Every entry of the registry, the library's and those registered at run time, is one.
+MethodInfo completed(MethodInfo info) {
+  const std::string id = info.id;
+  if (id.empty()) bad_entry(id, "the id is empty");
+  for (char c : id) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) {
+      bad_entry(id, "the id must be lower-case letters, digits and '_'");
+    }
+  }
+  if (info.make_policy == nullptr && !info.make_scorer) {
+    bad_entry(id, "it needs make_policy or make_scorer");
+  }
+  if (info.make_policy == nullptr) info.make_policy = &make_scored_policy;
+  add_shared_options(info);
+  std::vector<std::string> names;
+  for (const FieldSpec& f : info.fields) {
+    if (f.name.empty()) bad_entry(id, "a field has no name");
+    bool ok = true;
+    if (f.type == FieldType::kInt) {
+      const auto* v = std::get_if<std::int64_t>(&f.default_value);
+      ok = v != nullptr && static_cast<double>(*v) >= f.min && static_cast<double>(*v) <= f.max;
+    } else if (f.type == FieldType::kFloat) {
+      const auto* v = std::get_if<double>(&f.default_value);
+      ok = v != nullptr && *v >= f.min && *v <= f.max;
+    } else if (f.type == FieldType::kBool) {
+      ok = std::holds_alternative<bool>(f.default_value);
+    } else {
+      const auto* v = std::get_if<std::string>(&f.default_value);
+      ok = v != nullptr;
+      if (ok) {
+        bool found = false;
+        for (const auto& c : f.choices) found = found || c == *v;
+        ok = found;
+      }
+    }
+    if (!ok) bad_entry(id, "field " + f.name + "'s default is not one it allows");
+    names.push_back(f.name);
+    names.insert(names.end(), f.aliases.begin(), f.aliases.end());
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (std::size_t j = i + 1; j < names.size(); ++j) {
+      if (names[i] == names[j]) {
+        bad_entry(id, "two fields are named '" + names[i] +
+                          "' (a field of the method's own named like a shared option, which "
+                          "the registry adds: see MethodInfo::fields)");
+      }
+    }
+  }
+  if (!info.budget_field.empty() && int_field_named(info, info.budget_field) == nullptr) {
+    bad_entry(id, "budget_field '" + info.budget_field + "' is not an int field");
+  }
+  if (!info.budget_offset.empty() &&
+      (info.budget_field.empty() || int_field_named(info, info.budget_offset) == nullptr)) {
+    bad_entry(id, "budget_offset '" + info.budget_offset +
+                      "' needs a budget_field and must be an int field");
+  }
+  return info;
+}
+
+// Entries live in a deque (stable addresses: CacheConfig keeps a pointer to its entry); the
+// vector registry() returns is a copy, rebuilt by every registration.
+struct Table {
+  std::mutex mutex;
+  std::deque<MethodInfo> entries;
+  std::vector<MethodInfo> list;
+  Table() {
+#define VQ_ADD_METHOD(name) entries.push_back(completed(name##_method()));
+    VQ_METHODS(VQ_ADD_METHOD)
+#undef VQ_ADD_METHOD
+    list.assign(entries.begin(), entries.end());
+  }
+};
+
+Table& table() {
+  static Table t;
+  return t;
 }
 
 }  // namespace
@@ -135,9 +196,6 @@ MethodInfo scored_method(std::string id, std::string prefix, std::string summary
       detail::int_field(m.prefix + "_n_sink", 4, 0, detail::kMaxTokens,
                         "leading rows never evicted"),
   };
-  detail::add_merge_fields(m.fields, m.prefix, "drop");
-  detail::add_quantize_fields(m.fields);
-  detail::add_common_fields(m.fields);
   m.budget_field = m.prefix + "_budget";
   m.check = &detail::check_sink_below_budget;
   m.make_scorer = std::move(make_scorer);
@@ -148,51 +206,10 @@ MethodInfo scored_method(std::string id, std::string prefix, std::string summary
 const MethodInfo& register_method(MethodInfo info) {
   detail::Table& t = detail::table();
   const std::lock_guard<std::mutex> lock(t.mutex);
-  const std::string& id = info.id;
-  if (id.empty()) detail::bad_entry(id, "the id is empty");
-  for (char c : id) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) {
-      detail::bad_entry(id, "the id must be lower-case letters, digits and '_'");
-    }
-  }
   for (const auto& m : t.entries) {
-    if (m.id == id) detail::bad_entry(id, "a method with this id is already registered");
+    if (m.id == info.id) detail::bad_entry(info.id, "a method with this id is already registered");
   }
-  if (info.make_policy == nullptr && !info.make_scorer) {
-    detail::bad_entry(id, "it needs make_policy or make_scorer");
-  }
-  if (info.make_policy == nullptr) info.make_policy = &detail::make_scored_policy;
-  for (const FieldSpec& f : info.fields) {
-    if (f.name.empty()) detail::bad_entry(id, "a field has no name");
-    bool ok = true;
-    if (f.type == FieldType::kInt) {
-      const auto* v = std::get_if<std::int64_t>(&f.default_value);
-      ok = v != nullptr && static_cast<double>(*v) >= f.min && static_cast<double>(*v) <= f.max;
-    } else if (f.type == FieldType::kFloat) {
-      const auto* v = std::get_if<double>(&f.default_value);
-      ok = v != nullptr && *v >= f.min && *v <= f.max;
-    } else if (f.type == FieldType::kBool) {
-      ok = std::holds_alternative<bool>(f.default_value);
-    } else {
-      const auto* v = std::get_if<std::string>(&f.default_value);
-      ok = v != nullptr;
-      if (ok) {
-        bool found = false;
-        for (const auto& c : f.choices) found = found || c == *v;
-        ok = found;
-      }
-    }
-    if (!ok) detail::bad_entry(id, "field " + f.name + "'s default is not one it allows");
-  }
-  if (!info.budget_field.empty() && detail::int_field_named(info, info.budget_field) == nullptr) {
-    detail::bad_entry(id, "budget_field '" + info.budget_field + "' is not an int field");
-  }
-  if (!info.budget_offset.empty() &&
-      (info.budget_field.empty() || detail::int_field_named(info, info.budget_offset) == nullptr)) {
-    detail::bad_entry(id, "budget_offset '" + info.budget_offset +
-                              "' needs a budget_field and must be an int field");
-  }
-  t.entries.push_back(std::move(info));
+  t.entries.push_back(detail::completed(std::move(info)));
   t.list.push_back(t.entries.back());
   return t.entries.back();
 }

@@ -27,19 +27,18 @@ float window_gate_probability(float a_loser, const float* a_window, std::int64_t
   return p < 0.0f ? 0.0f : (p > 1.0f ? 1.0f : p);
 }
 
-MergeRule merge_rule_from(const CacheConfig& config, std::string_view prefix) {
-  const std::string p(prefix);
+MergeRule merge_rule_from(const CacheConfig& config) {
   MergeRule rule;
-  const std::string& mode = config.get_enum(p + "_merge");
+  const std::string& mode = config.get_enum("merge");
   rule.mode = mode == "drop"   ? MergeRule::Mode::kDrop
               : mode == "mean" ? MergeRule::Mode::kMean
                                : MergeRule::Mode::kSimWeighted;
-  rule.gate = config.get_bool(p + "_merge_gate");
-  rule.keys = config.get_bool(p + "_merge_keys");
-  rule.target = config.get_enum(p + "_target") == "window" ? MergeRule::Target::kWindow
-                                                            : MergeRule::Target::kNearest;
-  rule.m = config.get_int(p + "_merge_m");
-  rule.gate_score = config.get_enum(p + "_merge_attention") == "current"
+  rule.gate = config.get_bool("merge_gate");
+  rule.keys = config.get_bool("merge_keys");
+  rule.target = config.get_enum("merge_target") == "window" ? MergeRule::Target::kWindow
+                                                             : MergeRule::Target::kNearest;
+  rule.m = config.get_int("merge_m");
+  rule.gate_score = config.get_enum("merge_attention") == "current"
                         ? MergeRule::GateScore::kCurrent
                         : MergeRule::GateScore::kScore;
   return rule;
@@ -68,7 +67,7 @@ TokenPolicy::TokenPolicy(const PolicyContext& ctx)
 
 TokenPolicy::TokenPolicy(const PolicyContext& ctx, std::int64_t budget)
     : TokenPolicy(budget, ctx.config.get_int(ctx.config.info().prefix + "_n_sink"),
-                  merge_rule_from(ctx.config, ctx.config.info().prefix),
+                  merge_rule_from(ctx.config),
                   score_source_from(ctx.config)) {
   set_headwise(headwise_rule_from(ctx.config));
 }

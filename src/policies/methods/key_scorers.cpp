@@ -43,7 +43,6 @@ paper config: - (the paper prunes the prompt once by key norm; a token-by-token 
 | knorm_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
 | knorm_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
 | knorm_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
-groups: merge(drop) quantize common
 )";
 
 constexpr std::string_view kKeydiffCard = R"(
@@ -62,7 +61,6 @@ paper config: - (the paper prunes the prompt once; a token-by-token spec cannot 
 | keydiff_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
 | keydiff_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
 | keydiff_grace | int | 16 | [0, 16777216] | newest rows protected from eviction
-groups: merge(drop) quantize common
 )";
 
 namespace {

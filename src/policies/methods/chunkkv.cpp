@@ -14,8 +14,8 @@
 // chunk_size + 1)) (grace = -1), so the guard n_sink + grace + chunk_size <= budget holds.
 //
 // Fields: chunkkv_budget=512, chunkkv_chunk_size=8 (paper recommends 10), chunkkv_n_sink=4,
-// chunkkv_score=attn_mass, chunkkv_grace=-1, chunkkv_recent_ratio=0.5, chunkkv_decay=0.98,
-// chunkkv_merge=drop (+gate, keys), source=auto,
+// chunkkv_score=attn_mass, chunkkv_grace=-1, chunkkv_recent_ratio=0.5, chunkkv_decay=0.98;
+// shared: merge=drop (+gate, keys), source=auto,
 // quantize..., seed, kv_dtype.
 // Deviations from the paper: chunks are chosen at every step from the live rows rather than
 // once over the prompt; scores are key-as-query proxy mass.
@@ -24,7 +24,7 @@
 
 #include "base/kernels.h"
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "veloxquant/errors.h"
 
@@ -54,7 +54,8 @@ exact budget: no
 | chunkkv_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
 | chunkkv_score | enum | attn_mass | {attn_mass, key_norm} | token score: H2O's cumulative mass,
   or minus the key norm
-groups: mass merge(drop) source quantize common
+groups: mass
+attention: yes
 )";
 
 namespace {

@@ -13,8 +13,8 @@
 // in position order. Single-token steps (decode) append without eviction, so the cache grows
 // past the budget during generation, as in the paper.
 //
-// Fields: snap_budget=512, snap_obs_window=32, snap_n_sink=4, snap_kernel=7, snap_pool=max,
-// snap_merge=drop (+gate, keys; the gate compares the unpooled window mass), quantize...,
+// Fields: snap_budget=512, snap_obs_window=32, snap_n_sink=4, snap_kernel=7, snap_pool=max;
+// shared: merge=drop (+gate, keys; the gate compares the unpooled window mass), quantize...,
 // seed, kv_dtype.
 // Attention source (the paper's rule): the window's real query rows, i.e. the attention the
 // step's last min(w, S) queries paid (folded over query heads by gqa_reduce), replace the
@@ -59,7 +59,7 @@ prefill only: yes
 | snap_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
 | snap_kernel | int | 7 | [1, 1023] | pooling kernel along the sequence (odd)
 | snap_pool | enum | max | {max, avg} | pooling of the window attention mass
-groups: merge(drop) source headwise quantize common
+attention: yes
 )";
 
 namespace {

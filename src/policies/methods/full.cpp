@@ -18,7 +18,6 @@ score: none
 budget: none (keeps all)
 deviations: -
 paper config: -
-groups: quantize common
 )";
 
 namespace {

@@ -6,7 +6,7 @@
 // oldest non-sink row leaves. No scores. With a merge rule and the gate on, the gate compares
 // the rows' cumulative proxy attention mass (H2O's rule with decay 1), which is then tracked.
 //
-// Fields: stream_n_sink=4, stream_window_size=512, stream_merge=drop (+gate, keys), seed,
+// Fields: stream_n_sink=4, stream_window_size=512; shared: merge=drop (+gate, keys), seed,
 // kv_dtype. Budget = n_sink + window_size.
 // Deviations from the paper: none for the drop disposition (positions are the original ones,
 // not re-indexed within the cache; the engine masks by true position).
@@ -33,7 +33,6 @@ budget field: stream_window_size
 budget offset: stream_n_sink
 | stream_n_sink | int | 4 | [0, 16777216] | leading rows always kept (attention sinks)
 | stream_window_size | int | 512 | [1, 16777216] | most recent rows kept
-groups: merge(drop) quantize common
 )";
 
 namespace {

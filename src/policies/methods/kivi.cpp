@@ -40,7 +40,7 @@ paper config: `kivi:bit_width_inlier=2,kivi_group_size=32,residual_length=128` (
   group
 | residual_length | int | 128 | [0, 16777216] | newest rows kept unquantized (values of residual
   rows, keys of residual to residual + G - 1)
-groups: common
+quantizes rows: yes
 )";
 
 namespace {

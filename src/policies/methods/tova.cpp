@@ -6,7 +6,7 @@
 // over all rows including the new one; sinks are protected; evict argmin (the new row itself
 // can lose). No state between steps; with a merge rule the gate compares these weights.
 //
-// Fields: tova_budget=512, tova_n_sink=4, tova_merge=drop (+gate, keys), seed, kv_dtype.
+// Fields: tova_budget=512, tova_n_sink=4; shared: merge=drop (+gate, keys), seed, kv_dtype.
 // Attention source (the paper's rule): the newest query's attention averaged over every query
 // head of the layer ranks the rows, and the whole layer keeps one index set (gqa_reduce does
 // not apply). A prefill chunk is one decision: its last query ranks every row and the lowest
@@ -45,7 +45,7 @@ paper config: `tova:n_sink=0,source=attention` (the last query's attention avera
   head, one index set per layer)
 | tova_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
 | tova_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-groups: merge(drop) source headwise quantize common
+attention: yes
 )";
 
 namespace {

@@ -9,8 +9,8 @@
 // Recomputed from the live rows every step (no accumulator), no randomness. window = 1 ranks
 // like tova but protects the newest row.
 //
-// Fields: morphkv_budget=512, morphkv_n_sink=4, morphkv_window=8, morphkv_fusion=mean,
-// morphkv_merge=drop (+gate, keys), seed, kv_dtype.
+// Fields: morphkv_budget=512, morphkv_n_sink=4, morphkv_window=8, morphkv_fusion=mean;
+// shared: merge=drop (+gate, keys), seed, kv_dtype.
 // Attention source (the paper's rule): each row keeps the attention the last W queries paid it;
 // at eviction each query's attention over the candidate columns (not sinks, not the W newest
 // rows) is renormalised to sum to 1 (the softmax of its logits over those columns) and fused
@@ -46,7 +46,7 @@ paper config: `morphkv:fusion=sum,source=attention` (or fusion=max, by task)
 | morphkv_window | int | 8 | [1, 16777216] | recent rows whose attention ranks the others
   (protected themselves)
 | morphkv_fusion | enum | mean | {mean, sum, max} | how the window's attention rows are combined
-groups: merge(drop) source headwise quantize common
+attention: yes
 )";
 
 namespace {

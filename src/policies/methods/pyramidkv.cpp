@@ -13,13 +13,13 @@
 // exactly h2o with the same n_sink, grace and decay.
 //
 // Fields: pyramid_budget=512 (average over layers), pyramid_n_sink=4, pyramid_beta=20,
-// pyramid_grace=-1, pyramid_recent_ratio=0.5, pyramid_decay=0.98, pyramid_merge=drop (+gate,
+// pyramid_grace=-1, pyramid_recent_ratio=0.5, pyramid_decay=0.98; shared: merge=drop (+gate,
 // keys), source=auto, quantize..., seed, kv_dtype.
 // Deviations from the paper: the paper selects prompt tokens once with SnapKV's observation
 // window; here H2O's cumulative mass (key-as-query proxy) ranks tokens at every step, and the
 // window is H2O's grace.
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "policies/schedules.h"
 
@@ -47,7 +47,8 @@ defaults: H2O's defaults within each layer (recent window = half the layer-mean 
 | pyramid_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
 | pyramid_beta | float | 2e+01 | [1, 1e+06] | taper: the top layer gets (budget - grace) / beta (+
   grace); 1 is flat
-groups: mass merge(drop) source headwise quantize common
+groups: mass
+attention: yes
 )";
 
 namespace {

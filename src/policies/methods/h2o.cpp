@@ -9,7 +9,7 @@
 // and the newest grace rows are protected, the argmin is evicted (ties to the lowest index).
 //
 // Fields: h2o_budget=512, h2o_n_sink=4, h2o_grace=-1 (derived: floor(h2o_recent_ratio x
-// (budget - n_sink))), h2o_recent_ratio=0.5, h2o_decay=0.98, h2o_merge=drop (+gate, keys),
+// (budget - n_sink))), h2o_recent_ratio=0.5, h2o_decay=0.98; shared: merge=drop (+gate, keys),
 // source=auto, seed, kv_dtype. The recent window is H2O's: the paper keeps the newest rows and
 // the heavy hitters in equal shares; the decay is the reference library's (the paper's is 1).
 // grace=0 with decay=1 is a degenerate setting, reachable explicitly (h2o:grace=0,decay=1):
@@ -21,7 +21,7 @@
 // then the rows ranked lowest leave in one cut, the sinks and the newest grace rows kept.
 // Deviations from the paper (defaults): 4 attention sinks protected, decay 0.98; with the proxy
 // source the incoming key stands in for the query.
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 
 #include <limits>
 
@@ -50,7 +50,8 @@ defaults: H2O's equal split (recent window = half the non-sink budget, so it sca
   on stories260K
 | h2o_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
 | h2o_n_sink | int | 4 | [0, 16777216] | leading rows never evicted (attention sinks)
-groups: mass merge(drop) source headwise quantize common
+groups: mass
+attention: yes
 )";
 
 namespace {

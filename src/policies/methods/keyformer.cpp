@@ -18,7 +18,7 @@
 //
 // Fields: keyformer_budget=512, keyformer_n_sink=4, keyformer_tau_init=1,
 // keyformer_tau_end=1 (paper: rising to 2), keyformer_anneal_steps=0, keyformer_recent=-1,
-// keyformer_recent_ratio=0.3, keyformer_merge=drop (+gate, keys), source=auto, quantize...,
+// keyformer_recent_ratio=0.3; shared: merge=drop (+gate, keys), source=auto, quantize...,
 // seed, kv_dtype.
 // Attention source (the paper's rule): each token's attention probabilities give its logits up
 // to a constant, x = ln a; every live row accumulates softmax((x + g) / tau) (tau = 0: the
@@ -31,7 +31,7 @@
 
 #include "base/kernels.h"
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 
 namespace vq::detail {
@@ -64,7 +64,7 @@ defaults: the paper's 30% recent window (of the non-sink budget, so it scales wi
   window); -1: recent_ratio of the budget left after the sinks
 | keyformer_recent_ratio | float | 0.3 | [0, 1] | share of the non-sink budget kept as the recent
   window when recent = -1 (the paper: 0.3)
-groups: merge(drop) source headwise quantize common
+attention: yes
 )";
 
 namespace {

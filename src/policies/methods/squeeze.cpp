@@ -24,8 +24,8 @@
 // Layers coordinate through the ModelCache; a LayerCache built on its own keeps budget C.
 //
 // Fields: squeeze_budget=512 (average), squeeze_n_sink=4, squeeze_strength=1,
-// squeeze_fraction=0.3, squeeze_grace=-1, squeeze_recent_ratio=0.5, squeeze_decay=0.98,
-// squeeze_merge=drop (+gate, keys), source=auto,
+// squeeze_fraction=0.3, squeeze_grace=-1, squeeze_recent_ratio=0.5, squeeze_decay=0.98;
+// shared: merge=drop (+gate, keys), source=auto,
 // quantize..., seed, kv_dtype.
 // Deviations from the paper: with the proxy source the layer signal is the proxy attention's
 // entropy, not the hidden-state cosine (which needs the engine: source=attention); within a
@@ -35,7 +35,7 @@
 #include <cmath>
 
 #include "policies/fields.h"
-#include "policies/h2o.h"
+#include "policies/methods/h2o.h"
 #include "policies/methods.h"
 #include "policies/schedules.h"
 #include "veloxquant/errors.h"
@@ -66,7 +66,8 @@ defaults: H2O's defaults within each layer (recent window = half the non-sink bu
 | squeeze_strength | float | 1 | [0, 1] | 0: uniform budgets (== h2o); 1: the full reallocation
 | squeeze_fraction | float | 0.3 | [0, 1] | budget share the least important layers keep at
   strength 1
-groups: mass merge(drop) source headwise quantize common
+groups: mass
+attention: yes
 )";
 
 namespace {
