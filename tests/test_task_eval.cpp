@@ -32,9 +32,9 @@ TaskEvalOptions small_options() {
 
 // The JSON without what depends on time or the machine.
 nlohmann::json stable(nlohmann::json j) {
-  j.erase("seconds");
+  j.erase("wall_time_ms");
   j.erase("machine");
-  for (auto& row : j["rows"]) row.erase("seconds_per_sample");
+  for (auto& row : j["rows"]) row.erase("time_per_sample_ms");
   return j;
 }
 

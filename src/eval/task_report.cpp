@@ -72,7 +72,7 @@ nlohmann::json cell_json(const TaskEvalResult& r, const TaskCell& c) {
   j["delta_ci"] = {c.delta_ci.lo, c.delta_ci.hi};
   j["kept_bytes"] = c.kept_bytes;
   j["compression_ratio"] = c.compression_ratio;
-  j["seconds_per_sample"] = c.seconds;
+  j["time_per_sample_ms"] = 1000.0 * c.seconds;
   nlohmann::json scores = nlohmann::json::array(), outputs = nlohmann::json::array();
   for (const std::size_t i : c.samples) {
     scores.push_back(r.runs[c.setting][i].score);
@@ -198,7 +198,7 @@ nlohmann::json task_eval_json(const TaskEvalResult& r, const std::string& comman
     }
   }
   j["skipped"] = skipped;
-  j["seconds"] = r.seconds;
+  j["wall_time_ms"] = 1000.0 * r.seconds;
   return j;
 }
 
