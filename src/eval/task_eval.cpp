@@ -311,13 +311,86 @@ std::vector<std::int64_t> default_lengths(std::int64_t seq_len) {
   return {l / 4, l / 2, l};
 }
 
+namespace {
+
+// The model's chat template (null for a model without one, e.g. llama2.c); its name in `name`.
+std::shared_ptr<engine::ChatTemplate> load_chat(const engine::Model& model,
+                                                const engine::Tokenizer& tok, std::string& name) {
+  const engine::ModelConfig& mc = model.config();
+  const engine::TemplateKind kind = engine::detect_template(
+      engine::model_chat_template(model.path(), model.directory(), mc.format));
+  name = engine::to_string(kind);
+  if (kind == engine::TemplateKind::kPlain) return nullptr;
+  return std::make_shared<engine::ChatTemplate>(kind, tok, mc.bos_id, mc.eos_id);
+}
+
+// Every sample, made in parallel (each depends on its key only).
+void generate_samples(TaskEvalResult& r, const std::vector<SampleKey>& keys,
+                      const TaskGenerator& gen, int threads) {
+  const TaskEvalOptions& o = r.options;
+  r.samples.resize(keys.size());
+  run_tasks(static_cast<std::int64_t>(keys.size()), threads, [&](std::int64_t i) {
+    const SampleKey& k = keys[static_cast<std::size_t>(i)];
+    const TaskSpec& spec = task_spec(o.tasks[k.task]);
+    const Haystack h = o.haystack.empty() ? spec.haystack : parse_haystack(o.haystack);
+    r.samples[static_cast<std::size_t>(i)] =
+        gen.make(spec, h, o.question, r.lengths[k.length], k.depth, k.index);
+  });
+  for (const SampleKey& k : keys) r.sample_task.push_back(k.task);
+}
+
+// The shortest prompt's tokens per task and length ([tasks][lengths] flattened).
+std::vector<std::int64_t> shortest_prompts(const TaskEvalResult& r,
+                                           const std::vector<SampleKey>& keys) {
+  const std::size_t n_lengths = r.lengths.size();
+  std::vector<std::int64_t> rows(r.options.tasks.size() * n_lengths,
+                                 std::numeric_limits<std::int64_t>::max());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    std::int64_t& v = rows[keys[i].task * n_lengths + keys[i].length];
+    v = std::min(v, static_cast<std::int64_t>(r.samples[i].ids.size()));
+  }
+  return rows;
+}
+
+std::string setting_text(const TaskSetting& s) {
+  if (s.target_ratio > 0) return fmt::format("{} at ratio {:g}", s.series, s.target_ratio);
+  if (s.budget > 0) return fmt::format("{} at budget {}", s.series, s.budget);
+  return s.series;
+}
+
+// Every setting on every sample, in parallel; a progress line when a setting is done.
+void run_settings(TaskEvalResult& r, const std::vector<SampleKey>& keys, const SampleRunner& runner,
+                  int threads, std::ostream* progress) {
+  const std::size_t N = keys.size(), P = r.settings.size();
+  r.runs.assign(P, std::vector<TaskRun>(N));
+  std::vector<std::size_t> left(P, N);
+  std::mutex m;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_tasks(static_cast<std::int64_t>(P * N), threads, [&](std::int64_t t) {
+    const std::size_t p = static_cast<std::size_t>(t) / N, i = static_cast<std::size_t>(t) % N;
+    const SampleKey& k = keys[i];
+    const TaskSetting& set = r.settings[p];
+    const std::size_t slot = set.at(k.task, k.length);
+    if (set.skipped[slot].empty()) {
+      r.runs[p][i] = runner.run(r.samples[i], task_spec(r.options.tasks[k.task]), set.configs[slot]);
+    }
+    std::lock_guard<std::mutex> lk(m);
+    if (--left[p] == 0 && progress != nullptr) {
+      *progress << fmt::format("eval --task: [{}/{}] {} done\n", p + 1, P, setting_text(set))
+                << std::flush;
+    }
+  });
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 TaskEvalResult run_task_eval(const TaskEvalOptions& o, std::ostream* progress) {
   check_options(o);
   TaskEvalResult r;
   r.options = o;
   const CacheConfig reference = CacheConfig::parse(o.reference);
   for (const auto& s : o.methods) CacheConfig::parse(s);  // bad specs fail before loading
-  const QuestionAt question = o.question;
   const engine::Model model = engine::Model::load(o.model);
   const auto tok = engine::load_tokenizer(o.tokenizer, model);
   const engine::ModelConfig& mc = model.config();
@@ -326,13 +399,7 @@ TaskEvalResult run_task_eval(const TaskEvalOptions& o, std::ostream* progress) {
   r.model_config = model_config_json(mc);
   r.lengths = o.lengths.empty() ? default_lengths(mc.seq_len) : o.lengths;
   check_lengths(r.lengths, mc);
-  const engine::TemplateKind kind = engine::detect_template(
-      engine::model_chat_template(model.path(), model.directory(), mc.format));
-  r.chat_template = engine::to_string(kind);
-  std::shared_ptr<engine::ChatTemplate> chat;
-  if (kind != engine::TemplateKind::kPlain) {
-    chat = std::make_shared<engine::ChatTemplate>(kind, *tok, mc.bos_id, mc.eos_id);
-  }
+  const std::shared_ptr<engine::ChatTemplate> chat = load_chat(model, *tok, r.chat_template);
   r.essay = o.text.empty() ? "built-in" : o.text;
   const std::string essay = o.text.empty() ? default_essay_text() : engine::read_text_file(o.text);
   const TaskGenerator gen(make_encoder(*tok, chat), essay, task_words(), o.seed);
@@ -340,52 +407,10 @@ TaskEvalResult run_task_eval(const TaskEvalOptions& o, std::ostream* progress) {
 
   const int threads = o.threads > 0 ? o.threads : engine::threads();
   const std::vector<SampleKey> keys = sample_keys(o, r.lengths.size());
-  r.samples.resize(keys.size());
-  run_tasks(static_cast<std::int64_t>(keys.size()), threads, [&](std::int64_t i) {
-    const SampleKey& k = keys[static_cast<std::size_t>(i)];
-    const TaskSpec& spec = task_spec(o.tasks[k.task]);
-    const Haystack h = o.haystack.empty() ? spec.haystack : parse_haystack(o.haystack);
-    r.samples[static_cast<std::size_t>(i)] =
-        gen.make(spec, h, question, r.lengths[k.length], k.depth, k.index);
-  });
-  for (const SampleKey& k : keys) r.sample_task.push_back(k.task);
-  const std::size_t n_lengths = r.lengths.size();
-  std::vector<std::int64_t> rows(o.tasks.size() * n_lengths, std::numeric_limits<std::int64_t>::max());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    std::int64_t& v = rows[keys[i].task * n_lengths + keys[i].length];
-    v = std::min(v, static_cast<std::int64_t>(r.samples[i].ids.size()));
-  }
-  r.settings = plan_settings(o, reference, mc, rows, n_lengths);
+  generate_samples(r, keys, gen, threads);
+  r.settings = plan_settings(o, reference, mc, shortest_prompts(r, keys), r.lengths.size());
   if (progress != nullptr) *progress << fmt::format("eval --task: {} samples generated\n", keys.size());
-
-  const SampleRunner runner(model, *tok, chat ? chat->end_of_turn() : -1);
-  const std::size_t N = keys.size(), P = r.settings.size();
-  r.runs.assign(P, std::vector<TaskRun>(N));
-  r.ran.assign(P, std::vector<bool>(N, false));
-  std::vector<std::size_t> left(P, N);
-  std::mutex m;
-  const auto t0 = std::chrono::steady_clock::now();
-  run_tasks(static_cast<std::int64_t>(P * N), threads, [&](std::int64_t t) {
-    const std::size_t p = static_cast<std::size_t>(t) / N, i = static_cast<std::size_t>(t) % N;
-    const SampleKey& k = keys[i];
-    const std::size_t slot = r.settings[p].at(k.task, k.length);
-    if (r.settings[p].skipped[slot].empty()) {
-      r.runs[p][i] = runner.run(r.samples[i], task_spec(o.tasks[k.task]), r.settings[p].configs[slot]);
-      r.ran[p][i] = true;
-    }
-    std::lock_guard<std::mutex> lk(m);
-    if (--left[p] == 0 && progress != nullptr) {
-      *progress << fmt::format("eval --task: [{}/{}] {} done\n", p + 1, P,
-                               r.settings[p].series +
-                                   (r.settings[p].target_ratio > 0
-                                        ? fmt::format(" at ratio {:g}", r.settings[p].target_ratio)
-                                        : r.settings[p].budget > 0
-                                              ? fmt::format(" at budget {}", r.settings[p].budget)
-                                              : std::string()))
-                << std::flush;
-    }
-  });
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run_settings(r, keys, SampleRunner(model, *tok, chat ? chat->end_of_turn() : -1), threads, progress);
   compute_cells(r, keys);
   return r;
 }

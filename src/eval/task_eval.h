@@ -95,8 +95,7 @@ struct TaskEvalResult {
   std::vector<TaskSample> samples;   // every sample, task by task, length, depth, index
   std::vector<std::size_t> sample_task;  // [samples] index into options.tasks
   std::vector<TaskSetting> settings;     // the reference first
-  std::vector<std::vector<TaskRun>> runs;  // [settings][samples]; empty output when not run
-  std::vector<std::vector<bool>> ran;      // [settings][samples]
+  std::vector<std::vector<TaskRun>> runs;  // [settings][samples]; default where not run (skipped)
   std::vector<TaskCell> cells;       // per depth, then the all-depths cell, per setting
   double seconds = 0;                // wall time of the runs
 };
