@@ -242,6 +242,7 @@ check "task unknown name" 2 "--task expects task names from niah_single, niah_mu
 check "task bad depth" 2 "--depths expects comma-separated integers .*must be an integer in \[0, 100\], got 101" -- "$bin" eval --model "$task_model" --task niah_single --depths 0,101
 check "task length over the context" 2 "--lengths 1024 exceeds the model's context \(seq_len 512\)" -- "$bin" eval --model "$task_model" --task niah_single --lengths 1024
 check "task length too short" 2 "--lengths 100 is too short for task niah_single: the prompt with the smallest haystack takes [0-9]+ tokens" -- "$bin" eval --model "$task_model" --task niah_single --lengths 100
+check "task repeated depth" 2 "--depths lists 50 twice" -- "$bin" eval --model "$task_model" --task niah_single --depths 50,0,50
 check "task bad haystack" 2 "--haystack expects noise, essay or needle, got 'grass'" -- "$bin" eval --model "$task_model" --task niah_single --haystack grass
 check "task haystack on cwe" 2 "--haystack applies to the niah_\* tasks and vt; cwe has its own word list" -- "$bin" eval --model "$task_model" --task cwe --haystack noise
 check "task bad question" 2 "--question expects last or first, got 'middle'" -- "$bin" eval --model "$task_model" --task vt --question middle

@@ -46,6 +46,12 @@ void check_options(const TaskEvalOptions& o) {
   for (const std::int64_t l : o.lengths) {
     if (l < 1) bad(fmt::format("--lengths expects token counts >= 1, got {}", l));
   }
+  for (const auto* list : {&o.depths, &o.lengths}) {
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      if (std::count(list->begin(), list->begin() + static_cast<std::ptrdiff_t>(i), (*list)[i]) > 0)
+        bad(fmt::format("{} lists {} twice", list == &o.depths ? "--depths" : "--lengths", (*list)[i]));
+    }
+  }
   if (o.samples < 1) bad(fmt::format("--samples must be >= 1, got {}", o.samples));
   if (o.threads < 0) bad(fmt::format("threads must be >= 0, got {}", o.threads));
   if (o.budgets.empty() && o.ratios.empty()) bad("--budget or --ratio needs at least one value");

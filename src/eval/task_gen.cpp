@@ -274,6 +274,11 @@ PromptParts TaskGenerator::parts(const TaskSpec& task, Haystack haystack, Questi
 
 TaskSample TaskGenerator::make(const TaskSpec& task, Haystack haystack, QuestionAt question,
                                std::int64_t length, std::int64_t depth, std::int64_t index) const {
+  if (haystack == Haystack::kEssay && essay_.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--text: the essay haystack's text holds no sentence (an empty or blank file); "
+                "give a text with sentences, or --haystack noise");
+  }
   TaskSample s;
   s.length = length;
   s.depth = task.has_depth ? depth : -1;
