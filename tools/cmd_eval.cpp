@@ -185,11 +185,11 @@ void add_eval_command(CLI::App& app) {
                   "tokens, i.e. consecutive windows; shorter would overlap and is refused)")
       ->check(int_range(1, std::int64_t{1} << 30));
   cmd->add_option("--bootstrap", o->eval.bootstrap_samples,
-                  "Bootstrap resamples for the intervals (with --windows)")
+                  "Bootstrap resamples for the intervals (with --windows or --task)")
       ->capture_default_str()
       ->check(int_range(1, 1000000));
   cmd->add_option("--bootstrap-seed", o->eval.bootstrap_seed,
-                  "Seed of the bootstrap's resampling (with --windows; same seed, same intervals)")
+                  "Seed of the bootstrap's resampling (with --windows or --task; same seed, same intervals)")
       ->capture_default_str();
   cmd->add_option("--select-from", o->eval.select_from,
                   "With --windows and --ratio: an eval result file of the same scenario on another "

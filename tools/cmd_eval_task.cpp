@@ -41,7 +41,8 @@ const std::vector<std::string>& task_only_flags() {
 void add_task_options(CLI::App& cmd, TaskCliOptions& o) {
   cmd.add_option("--task", o.tasks,
                  "Task evaluation (docs/tasks.md): comma-separated RULER task names: niah_single, "
-                 "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe");
+                 "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe; every method runs at "
+                 "--ratio 4,8,16 unless --ratio or --budget says otherwise");
   cmd.add_option("--lengths", o.lengths,
                  "With --task: comma-separated prompt lengths in tokens (default: L/4, L/2, L with "
                  "L = min(the model's context, 4096))");
