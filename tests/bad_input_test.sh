@@ -108,6 +108,13 @@ bad "perturb --max-memory" 2 "bench perturb: the run needs about .*--max-memory 
 bad "text is /dev/zero" 2 "'/dev/zero': is larger than the 64 MiB limit" -- ev --text /dev/zero --json "$out"
 bad "eval --max-memory" 2 "eval: the run needs about .*more than 1.0 KiB \(the --max-memory limit\)" -- ev --json "$out" --max-memory 1K
 bad "generate --max-memory" 2 "generate: the run needs about .*--max-memory limit" -- generate --model "$model" --max-memory 1K
+task=(eval --model "$model" --task niah_single --lengths 384 --depths 50 --samples 1 --method streaming_llm)
+bad "task dump is a FIFO" 2 "--dump-samples: cannot write '$tmp/fifo': it is a FIFO" -- "${task[@]}" --dump-samples "$tmp/fifo"
+bad "task dump = json" 2 "--json and --dump-samples name the same file" -- "${task[@]}" --json "$out" --dump-samples "$out"
+bad "task essay is /dev/zero" 2 "'/dev/zero': is larger than the 64 MiB limit" -- "${task[@]}" --text /dev/zero --json "$out"
+: >"$tmp/empty.txt"
+bad "task essay without a sentence" 2 "--text: the essay haystack's text holds no sentence" -- "${task[@]}" --text "$tmp/empty.txt" --json "$out"
+bad "task --max-memory" 2 "eval --task: the run needs about .*more than 1.0 KiB \(the --max-memory limit\)" -- "${task[@]}" --json "$out" --max-memory 1K
 if [ -f "$shared/models/tinystories-656K/config.json" ]; then
   # A huge max_position_embeddings in a 2.6 MB checkpoint: the guard refuses, naming the size.
   mkdir -p "$tmp/huge_ctx"

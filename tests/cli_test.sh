@@ -233,6 +233,40 @@ check "eval ratio" 0 "^streaming_llm +8x +11 .* 8\.64 " -- "$bin" eval --model "
 check "eval ratio json" 0 '"ratio_reached": 8.636' -- cat "$tmp/r.json"
 check "eval ratio best" 0 '"best_per_ratio"' -- cat "$tmp/r.json"
 
+# eval --task (docs/tasks.md): RULER-style tasks. The model is one variable (the task model
+# replaces stories260K when it ships). Errors name the flag, what was expected and what was found.
+task_model="$data/stories260K.bin"
+task_args=(eval --model "$task_model" --task niah_single,vt --lengths 384 --depths 0,100 --samples 2
+           --method streaming_llm --method snapkv --ratio 4)
+check "task unknown name" 2 "--task expects task names from niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe, got 'niah'" -- "$bin" eval --model "$task_model" --task niah
+check "task bad depth" 2 "--depths expects comma-separated integers .*must be an integer in \[0, 100\], got 101" -- "$bin" eval --model "$task_model" --task niah_single --depths 0,101
+check "task length over the context" 2 "--lengths 1024 exceeds the model's context \(seq_len 512\)" -- "$bin" eval --model "$task_model" --task niah_single --lengths 1024
+check "task length too short" 2 "--lengths 100 is too short for task niah_single: the prompt with the smallest haystack takes [0-9]+ tokens" -- "$bin" eval --model "$task_model" --task niah_single --lengths 100
+check "task repeated depth" 2 "--depths lists 50 twice" -- "$bin" eval --model "$task_model" --task niah_single --depths 50,0,50
+check "task bad haystack" 2 "--haystack expects noise, essay or needle, got 'grass'" -- "$bin" eval --model "$task_model" --task niah_single --haystack grass
+check "task haystack on cwe" 2 "--haystack applies to the niah_\* tasks and vt; cwe has its own word list" -- "$bin" eval --model "$task_model" --task cwe --haystack noise
+check "task bad question" 2 "--question expects last or first, got 'middle'" -- "$bin" eval --model "$task_model" --task vt --question middle
+check "task flags need --task" 2 "--lengths needs --task NAME" -- "$bin" eval --model "$task_model" --text "$text" --lengths 256
+check "task refuses text-eval flags" 2 "--windows belongs to the text evaluation; --task does not read it" -- "$bin" eval --model "$task_model" --task vt --windows 2
+check "task ratio with budget" 2 "--ratio and --budget cannot be given together" -- "$bin" eval --model "$task_model" --task vt --ratio 4 --budget 64
+check "task unwritable json" 2 "--json: cannot write '$tmp/afile/t.json': '$tmp/afile' is not a directory" -- "$bin" eval --model "$task_model" --task vt --json "$tmp/afile/t.json"
+check "task run" 0 "^full +reference +niah_single +384 +[0-9.]+ +\[[0-9.]+, [0-9.]+\]" -- "$bin" "${task_args[@]}" --threads 1 --json "$tmp/t1.json" --plot "$tmp/t1.svg" --dump-samples "$tmp/t1.jsonl"
+cp "$tmp/out" "$tmp/task.out"
+check "task table rows" 0 "^snapkv +4x +vt +384 " -- cat "$tmp/task.out"
+check "task json" 0 '"kind": "task"' -- cat "$tmp/t1.json"
+check "task json interval" 0 '"interval": "wilson"' -- cat "$tmp/t1.json"
+check "task heatmap" 0 "<svg .*" -- cat "$tmp/t1.svg"
+check "task dump lines" 0 "^6$" -- bash -c "wc -l < '$tmp/t1.jsonl'"
+check "task dump fields" 0 '"parts":\{"haystack":"essay","inserts":\[\[0,"One of the special magic numbers for ' -- head -1 "$tmp/t1.jsonl"
+threads_b=$(( $(nproc) >= 3 ? 3 : $(nproc) ))
+"$bin" "${task_args[@]}" --threads "$threads_b" --json "$tmp/t2.json" --dump-samples "$tmp/t2.jsonl" >/dev/null 2>&1
+if diff <(grep -v -e '_ms"' -e '"command"' "$tmp/t1.json") <(grep -v -e '_ms"' -e '"command"' "$tmp/t2.json") >"$tmp/diff" &&
+   cmp -s "$tmp/t1.jsonl" "$tmp/t2.jsonl"; then
+  passes=$((passes + 1))
+else
+  echo "FAIL eval --task results differ between --threads 1 and $threads_b (timing excluded):"; head -20 "$tmp/diff"; fails=$((fails + 1))
+fi
+
 # convert: llama2.c -> GGUF, then generate and eval read it (tokenizer from the metadata).
 check "convert --help" 0 "--type" -- "$bin" convert --help
 check "convert q8_0" 0 "wrote .*47 tensors.*vocab 'llama'" -- \

@@ -18,7 +18,7 @@
 #include "engine/run/generate.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
-#include "serve/chat_template.h"
+#include "engine/run/chat_template.h"
 #include "serve/footprint.h"
 #include "serve/openai.h"
 #include "serve/scheduler.h"

@@ -22,6 +22,30 @@ void add_make_model_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 
+// `eval --task` (cmd_eval_task.cpp): its own flags, and the ones it shares with `eval`.
+struct TaskCliOptions {
+  std::vector<std::string> tasks;  // --task, comma-separated and/or repeated
+  std::string lengths;             // "" = the default lengths
+  std::string depths = "0,25,50,75,100";
+  std::int64_t samples = 10;
+  std::uint64_t seed = 0;
+  std::string haystack, question = "last", dump;
+};
+struct TaskCliShared {
+  std::string model, tokenizer, budgets, reference, json, plot;
+  std::vector<std::string> texts, methods, args;
+  std::vector<double> ratios;
+  bool budget_given = false;
+  std::int64_t bootstrap_samples = 10000;
+  std::uint64_t bootstrap_seed = 0;
+  int threads = 0;
+  std::uint64_t max_memory = 0;
+};
+void add_task_options(CLI::App& cmd, TaskCliOptions& options);
+// The flags only --task reads (an error without --task).
+const std::vector<std::string>& task_only_flags();
+void run_task_eval_cli(const TaskCliOptions& task, const TaskCliShared& shared);
+
 // --threads N on a command (0, the default: every core the process may use), and applying it
 // to the engine (throws Error(kInvalidArgument) for N < 0).
 void add_threads_option(CLI::App* cmd, int& threads);

@@ -27,7 +27,10 @@ struct EvalCliOptions {
   int threads = 0;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
   std::vector<std::string> args;  // the command line, for the result file
+  TaskCliOptions task;             // --task and its flags (cmd_eval_task.cpp)
 };
+
+
 
 // "2,4,8.5": comma-separated finite numbers >= 1; throws Error(kInvalidArgument) naming --ratio.
 std::vector<double> parse_ratio_list(const std::string& text) {
@@ -57,6 +60,42 @@ std::vector<double> parse_ratio_list(const std::string& text) {
     start = comma + 1;
   }
   return out;
+}
+
+// Flags of the teacher-forced evaluation that --task does not read.
+constexpr const char* kTextOnlyFlags[] = {"--windows", "--window-stride", "--select-from",
+                                          "--tokens",  "--prefill",       "--per-token"};
+
+// `eval --task`: the flags it shares with `eval`, handed over.
+void run_task_mode(EvalCliOptions& o, CLI::App& cmd) {
+  for (const char* flag : kTextOnlyFlags) {
+    if (cmd.count(flag) > 0) {
+      throw vq::Error(ErrorCode::kInvalidArgument,
+                      std::string(flag) + " belongs to the text evaluation; --task does not read it");
+    }
+  }
+  if (o.ratio_given && o.budget_given) {
+    throw vq::Error(ErrorCode::kInvalidArgument,
+                    "--ratio and --budget cannot be given together: --ratio sets each method's "
+                    "budget (or bit width) to reach the ratio; use one or the other");
+  }
+  TaskCliShared s;
+  s.model = o.eval.model;
+  s.tokenizer = o.eval.tokenizer;
+  s.budgets = o.budgets;
+  s.budget_given = o.budget_given;
+  if (o.ratio_given) s.ratios = parse_ratio_list(o.ratios);
+  s.reference = o.eval.reference;
+  s.json = o.json;
+  s.plot = o.plot;
+  s.texts = o.texts;
+  s.methods = o.eval.methods;
+  s.args = o.args;
+  s.bootstrap_samples = o.eval.bootstrap_samples;
+  s.bootstrap_seed = o.eval.bootstrap_seed;
+  s.threads = o.threads;
+  s.max_memory = o.max_memory;
+  run_task_eval_cli(o.task, s);
 }
 
 void run_eval(EvalCliOptions& o) {
@@ -133,8 +172,8 @@ void add_eval_command(CLI::App& app) {
       ->check(non_empty_path());
   cmd->add_option("--text", o->texts,
                   "UTF-8 text file to read (at most 64 MiB); with --windows, repeatable (every "
-                  "text gives N windows)")
-      ->required()
+                  "text gives N windows); with --task, the essay haystack (default: the built-in "
+                  "WikiText-2 excerpt)")
       ->check(non_empty_path());
   cmd->add_option("--windows", o->eval.windows,
                   "Run the scenario (--tokens, --prefill) on N disjoint windows of each text, each "
@@ -146,11 +185,11 @@ void add_eval_command(CLI::App& app) {
                   "tokens, i.e. consecutive windows; shorter would overlap and is refused)")
       ->check(int_range(1, std::int64_t{1} << 30));
   cmd->add_option("--bootstrap", o->eval.bootstrap_samples,
-                  "Bootstrap resamples for the intervals (with --windows)")
+                  "Bootstrap resamples for the intervals (with --windows or --task)")
       ->capture_default_str()
       ->check(int_range(1, 1000000));
   cmd->add_option("--bootstrap-seed", o->eval.bootstrap_seed,
-                  "Seed of the bootstrap's resampling (with --windows; same seed, same intervals)")
+                  "Seed of the bootstrap's resampling (with --windows or --task; same seed, same intervals)")
       ->capture_default_str();
   cmd->add_option("--select-from", o->eval.select_from,
                   "With --windows and --ratio: an eval result file of the same scenario on another "
@@ -188,33 +227,45 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   add_threads_option(cmd, o->threads);
   add_q8_activations_option(cmd);
-  cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval) here")
+  cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval; with --task, kind task) here")
       ->check(non_empty_path());
   cmd->add_option("--plot", o->plot,
                   "Write an SVG plot of perplexity and KL against the budget (with --ratio: the "
-                  "ratio reached)")
+                  "ratio reached; with --task, heatmaps of accuracy by length and depth)")
       ->check(non_empty_path());
   add_max_memory_option(*cmd, o->max_memory);
   cmd->add_option("--per-token", o->per_token,
                   "Write every run's per-prediction NLL with the token ids here (tab-separated; "
                   "docs/results.md), for cross-checking with other tools")
       ->check(non_empty_path());
+  add_task_options(*cmd, o->task);
   cmd->callback([o, cmd]() {
     o->budget_given = cmd->count("--budget") > 0;
-    if (cmd->count("--windows") == 0) {
-      for (const char* flag : {"--bootstrap", "--bootstrap-seed"}) {
-        if (cmd->count(flag) > 0) {
-          throw vq::Error(ErrorCode::kInvalidArgument,
-                          std::string(flag) + " needs --windows N (the intervals are over windows)");
-        }
-      }
-    }
     o->ratio_given = cmd->count("--ratio") > 0;
     o->args = {"veloxquant", "eval"};
     for (const auto& a : cmd->get_options()) {
       for (const auto& r : a->results()) {
         o->args.push_back(a->get_name());
         o->args.push_back(r);
+      }
+    }
+    if (cmd->count("--task") > 0) {
+      run_task_mode(*o, *cmd);
+      return;
+    }
+    for (const std::string& flag : task_only_flags()) {
+      if (cmd->count(flag) > 0) throw vq::Error(ErrorCode::kInvalidArgument, flag + " needs --task NAME");
+    }
+    if (o->texts.empty()) {
+      throw vq::Error(ErrorCode::kInvalidArgument,
+                      "--text is required (the text to read), unless --task NAME runs the tasks");
+    }
+    if (cmd->count("--windows") == 0) {
+      for (const char* flag : {"--bootstrap", "--bootstrap-seed"}) {
+        if (cmd->count(flag) > 0) {
+          throw vq::Error(ErrorCode::kInvalidArgument,
+                          std::string(flag) + " needs --windows N (the intervals are over windows)");
+        }
       }
     }
     run_eval(*o);

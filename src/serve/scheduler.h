@@ -41,10 +41,19 @@
 #include "engine/model/model.h"
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "serve/chat_template.h"
+#include "engine/run/chat_template.h"
 #include "veloxquant/config.h"
 
 namespace vq::serve {
+
+// The chat templates live with the run loops (engine/run/chat_template.h), where `eval --task`
+// uses them too.
+using engine::ChatTemplate;
+using engine::detect_template;
+using engine::Message;
+using engine::model_chat_template;
+using engine::parse_template_name;
+using engine::TemplateKind;
 
 // An error with the HTTP status and OpenAI error type it is answered with.
 struct ServeError {

@@ -16,7 +16,7 @@
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "serve/chat_template.h"
+#include "engine/run/chat_template.h"
 #include "serve/openai.h"
 #include "veloxquant/errors.h"
 

@@ -21,7 +21,7 @@
 
 #include "engine/tokenizers/tokenizer.h"
 
-namespace vq::serve {
+namespace vq::engine {
 
 enum class TemplateKind { kPlain, kLlama2, kMistral, kLlama3, kChatML };
 
@@ -49,7 +49,7 @@ class ChatTemplate {
   // `bos_id`/`eos_id`: the model's (-1: none); the template's marker tokens are looked up in the
   // tokenizer's vocabulary (throws Error(kInvalidArgument) when a marker the template needs,
   // e.g. <|im_end|>, is not a token of the vocabulary).
-  ChatTemplate(TemplateKind kind, const engine::Tokenizer& tokenizer, std::int32_t bos_id,
+  ChatTemplate(TemplateKind kind, const Tokenizer& tokenizer, std::int32_t bos_id,
                std::int32_t eos_id);
 
   TemplateKind kind() const noexcept { return kind_; }
@@ -74,9 +74,9 @@ class ChatTemplate {
 
  private:
   TemplateKind kind_;
-  const engine::Tokenizer* tok_;
+  const Tokenizer* tok_;
   std::int32_t bos_ = -1, end_of_turn_ = -1;
   std::map<std::string, std::int32_t> markers_;  // marker text -> token id
 };
 
-}  // namespace vq::serve
+}  // namespace vq::engine

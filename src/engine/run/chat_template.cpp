@@ -1,4 +1,4 @@
-#include "serve/chat_template.h"
+#include "engine/run/chat_template.h"
 
 #include <filesystem>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "engine/formats/gguf.h"
 #include "veloxquant/errors.h"
 
-namespace vq::serve {
+namespace vq::engine {
 
 namespace {
 [[noreturn]] void invalid(const std::string& msg) {
@@ -54,8 +54,8 @@ TemplateKind detect_template(const std::string& t) {
 std::string model_chat_template(const std::string& model_path, const std::string& model_dir,
                                 const std::string& format) {
   if (format == "gguf") {
-    const engine::GgufFile f = engine::GgufFile::open(model_path);
-    const engine::GgufValue* v = f.find("tokenizer.chat_template");
+    const GgufFile f = GgufFile::open(model_path);
+    const GgufValue* v = f.find("tokenizer.chat_template");
     return v == nullptr ? std::string() : v->s;
   }
   if (format != "hf") return {};
@@ -83,7 +83,7 @@ std::string model_chat_template(const std::string& model_path, const std::string
                                          "{\"name\": \"default\", \"template\": ...}");
 }
 
-ChatTemplate::ChatTemplate(TemplateKind kind, const engine::Tokenizer& tokenizer,
+ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tokenizer,
                            std::int32_t bos_id, std::int32_t eos_id)
     : kind_(kind), tok_(&tokenizer) {
   auto lookup = [&](const std::string& marker) {
@@ -224,4 +224,4 @@ std::vector<std::int32_t> ChatTemplate::tokenize(const std::string& text, bool s
   return ids;
 }
 
-}  // namespace vq::serve
+}  // namespace vq::engine
