@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Re-renders `veloxquant eval --task --dump-samples` lines from their parts by the rules of
 docs/tasks.md, written here independently of the C++ renderer, and compares the bytes of the
-prompt and the expected completion. The task model's trainer renders with the same rules.
+prompt and the expected completion; then has the task model's training generator
+(tests/check_task_render.py, scripts/train/tasklib.py) render the same dumps.
 
 Usage: task_dump_check.py VELOXQUANT_BINARY PROJECT_DIR   (ctest `task_dump`)
 """
@@ -86,6 +87,16 @@ def main():
                 if render(d) != d["prompt"] or completion(d) != d["completion"]:
                     bad += 1
                     print(f"MISMATCH {d['task']} index {d['index']} depth {d['depth']}")
+        # The task model's training generator (scripts/train/tasklib.py) renders the same dumps:
+        # what the model is trained on is what evaluation asks, byte for byte and token for token.
+        trainer = subprocess.run(
+            [sys.executable, f"{root}/tests/check_task_render.py",
+             *[f"{tmp}/d{k}.jsonl" for k in range(len(runs))],
+             "--tokenizer", f"{root}/data/tok512.bin"], capture_output=True, text=True, timeout=600)
+        print(trainer.stdout.strip())
+        if trainer.returncode != 0:
+            print(trainer.stderr.strip())
+            bad += 1
     print(f"task_dump: {checked} samples re-rendered, {bad} mismatches")
     return 1 if bad or checked == 0 else 0
 
