@@ -91,7 +91,7 @@ void BM_AttentionPerRow(benchmark::State& state) {
     }
   }
   state.SetLabel(std::string("packed kernels: ") +
-                 vq::detail::attn::to_string(vq::detail::attn::best_isa()));
+                 vq::cpu::to_string(vq::cpu::best_isa()));
   const double n = static_cast<double>(state.iterations()) * static_cast<double>(rows * H);
   for (const Kind& k : kinds) {
     state.counters[k.name + "_ns_row"] = k.seconds / n * 1e9;

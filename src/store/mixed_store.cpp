@@ -136,14 +136,14 @@ class MixedStore final : public RowStore, public PackedRows {
   // summed apart), the fp16 rows after it.
   void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
                      std::int64_t ld) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     for (const Run& run : runs(true)) {
       attn::token_scores(isa, run.rows, D_, q, n_q, pos, scores + run.first, ld);
     }
   }
   void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                      float* out, float* scratch) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     float* A = scratch;                // [n_q][4][D]
     float* Z = scratch + n_q * 4 * D_;  // [n_q][4][n_groups]
     std::fill(scratch, scratch + n_q * 4 * (D_ + n_groups_), 0.0f);

@@ -29,6 +29,8 @@
 
 namespace vq::engine {
 
+using cpu::Isa;
+
 const char* to_string(ActType a) noexcept {
   switch (a) {
     case ActType::kQ8_0:
@@ -900,20 +902,10 @@ namespace {
 std::atomic<bool> g_avx512_prefill{true};
 }  // namespace
 
-bool avx512_prefill_supported() noexcept {
-#ifdef VQ_BLOCKS_X86
-  // __builtin_cpu_supports checks the OS's zmm state (XCR0) too.
-  static const bool ok = isa_supported(Isa::kAvx2Vnni) && __builtin_cpu_supports("avx512f") &&
-                         __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok;
-#else
-  return false;
-#endif
-}
 void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
-bool avx512_prefill() noexcept { return g_avx512_prefill.load() && avx512_prefill_supported(); }
+bool avx512_prefill() noexcept {
+  return g_avx512_prefill.load() && cpu::avx512_prefill_supported();
+}
 
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
                                float* s) noexcept {
@@ -984,12 +976,11 @@ bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, cons
 
 void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
                         std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
-  if (isa == Isa::kAvx512Vnni) {  // its own kernels for one token, kAvx2Vnni's / kAvx2's else
+  // kAvx512Vnni: its own kernels for one token; the AVX-512 families run avx512_base()'s else.
 #ifdef VQ_BLOCKS_X86
-    if (S == 1 && mv512::matvec_blocks(out, a, w, begin, end)) return;
+  if (isa == Isa::kAvx512Vnni && S == 1 && mv512::matvec_blocks(out, a, w, begin, end)) return;
 #endif
-    isa = avx512_base_isa();
-  }
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
 #ifdef VQ_BLOCKS_X86
   if (p512::use(isa, w, S)) {
     switch (w.type) {
@@ -1054,7 +1045,7 @@ void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMat
 
 void decode_block(Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
                   DecodedBlock* out) noexcept {
-  if (isa == Isa::kAvx512Vnni) isa = avx512_base_isa();
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
   Decoded dec{};
   const std::uint8_t* blk = w.row(row) + block * weight_block_bytes(w.type);
 #ifdef VQ_BLOCKS_X86
