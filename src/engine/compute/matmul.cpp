@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/compute/block_matmul.h"
@@ -403,35 +404,23 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
 void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t begin, std::int64_t end) noexcept {
   if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();  // no fp32-activation kernels of its own
-#ifdef VQ_MATMUL_X86
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {  // the same kernels for fp32 activations
-    switch (w.type) {
-      case WeightType::kF32:
-        return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
-      case WeightType::kF16:
-        return rows_avx2<WeightType::kF16>(out, x, w, S, begin, end);
-      case WeightType::kBF16:
-        return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
-      case WeightType::kQ8_0:
-        return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
-      default:
-        return rows_dequantized(out, x, w, S, begin, end);
-    }
-  }
-#else
+#ifndef VQ_MATMUL_X86
   (void)isa;
 #endif
-  switch (w.type) {
-    case WeightType::kF32:
-      return rows_scalar<WeightType::kF32>(out, x, w, S, begin, end);
-    case WeightType::kF16:
-      return rows_scalar<WeightType::kF16>(out, x, w, S, begin, end);
-    case WeightType::kBF16:
-      return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
-    case WeightType::kQ8_0:
-      return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
-    default:
-      return rows_dequantized(out, x, w, S, begin, end);
+  const auto rows = [&](auto type) {
+    constexpr WeightType T = decltype(type)::value;
+#ifdef VQ_MATMUL_X86
+    // kAvx2 and kAvx2Vnni run the same kernels for fp32 activations.
+    if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return rows_avx2<T>(out, x, w, S, begin, end);
+#endif
+    rows_scalar<T>(out, x, w, S, begin, end);
+  };
+  switch (w.type) {  // the types read in place; the block types are dequantized first
+    case WeightType::kF32: return rows(std::integral_constant<WeightType, WeightType::kF32>{});
+    case WeightType::kF16: return rows(std::integral_constant<WeightType, WeightType::kF16>{});
+    case WeightType::kBF16: return rows(std::integral_constant<WeightType, WeightType::kBF16>{});
+    case WeightType::kQ8_0: return rows(std::integral_constant<WeightType, WeightType::kQ8_0>{});
+    default: return rows_dequantized(out, x, w, S, begin, end);
   }
 }
 
