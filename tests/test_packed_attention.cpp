@@ -436,7 +436,7 @@ TEST(BlockStore, HoldsGgmlBlocksAndAttendsOnThem) {
     }
     s->append(TensorRef::f32(k.data(), 1, 1, 5, D), TensorRef::f32(v.data(), 1, 1, 5, D), 0, 0,
               10);
-    const detail::RowsRef rows = s->rows();
+    const HeadRows rows = s->rows();
     ASSERT_NE(rows.packed, nullptr);
     if (q4) {
       const float expect[6] = {-16.0f, 14.0f, 4.0f, 2.0f, 0.0f, 6.0f};  // (code - 8) * 2
@@ -460,7 +460,7 @@ TEST(BlockStore, HoldsGgmlBlocksAndAttendsOnThem) {
     s->rows().packed->load_value(1, after.data());
     EXPECT_EQ(before, after);
     // Fused attention against the dequantized rows (double).
-    const detail::RowsRef r2 = s->rows();
+    const HeadRows r2 = s->rows();
     const std::vector<float> q = random_vec(rng, 2 * D);
     std::vector<float> scores(2 * 4), out(2 * D), scratch(8 * 2 * D);
     r2.packed->attend_scores(q.data(), 2, 100, scores.data(), 4);

@@ -54,15 +54,7 @@ class BlockStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.dtype = DType::kF32;
-    r.n_rows = size();
-    r.stride = D_;
-    r.packed = this;
-    return r;
-  }
+  HeadRows rows() const noexcept override { return packed_rows(this, pos_.data(), size(), D_); }
 
   void load_key(std::int64_t i, float* out) const noexcept override {
     for (std::int64_t c = 0; c < D_; ++c) out[c] = at(kc_, ks_, i, c);

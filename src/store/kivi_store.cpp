@@ -119,15 +119,7 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.dtype = DType::kF32;
-    r.n_rows = size();
-    r.stride = D_;
-    r.packed = this;
-    return r;
-  }
+  HeadRows rows() const noexcept override { return packed_rows(this, pos_.data(), size(), D_); }
 
   // PackedRows / reads: dequantized on the fly.
   void load_key(std::int64_t i, float* out) const noexcept override {

@@ -95,20 +95,11 @@ class MixedStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.n_rows = size();
-    r.stride = D_;
+  HeadRows rows() const noexcept override {
     if (n_demoted_ == 0) {  // every row is fp16: physical row i is fp16 slot i
-      r.keys = fk_.data();
-      r.values = fv_.data();
-      r.dtype = dtype_;
-      return r;
+      return HeadRows{fk_.data(), fv_.data(), pos_.data(), dtype_, size(), D_};
     }
-    r.dtype = DType::kF32;
-    r.packed = this;
-    return r;
+    return packed_rows(this, pos_.data(), size(), D_);
   }
 
   void load_key(std::int64_t i, float* out) const noexcept override {
