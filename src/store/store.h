@@ -11,27 +11,6 @@
 
 namespace vq::detail {
 
-// Transitional, for one commit: the policies still name the old row view; the next commit
-// renames their uses to HeadRows and the one after removes this.
-struct RowsRef {
-  const void* keys = nullptr;
-  const void* values = nullptr;
-  const std::int32_t* positions = nullptr;
-  DType dtype = DType::kF16;
-  std::int64_t n_rows = 0;
-  std::int64_t stride = 0;
-  const PackedRows* packed = nullptr;
-
-  RowsRef(const HeadRows& r)  // NOLINT(google-explicit-constructor): transitional
-      : keys(r.keys), values(r.values), positions(r.positions), dtype(r.dtype),
-        n_rows(r.n_rows), stride(r.row_stride), packed(r.packed) {}
-  const void* key(std::int64_t i) const noexcept { return as_head_rows().key_row(i); }
-  void load_key(std::int64_t i, float* out) const noexcept { as_head_rows().load_key(i, out); }
-  HeadRows as_head_rows() const noexcept {
-    return HeadRows{keys, values, positions, dtype, n_rows, stride, packed};
-  }
-};
-
 // The rows of a packing store: read through `packed` (keys and values null, fp32 when read).
 inline HeadRows packed_rows(const PackedRows* packed, const std::int32_t* positions,
                             std::int64_t n_rows, std::int64_t head_dim) noexcept {
