@@ -93,7 +93,7 @@ void BM_AttentionPerRow(benchmark::State& state) {
     }
   }
   state.SetLabel(std::string("packed kernels: ") +
-                 vq::cpu::to_string(vq::cpu::best_isa()));
+                 vq::cpu::to_string(vq::detail::attn::kernels_for(vq::cpu::best_isa())));
   const double n = static_cast<double>(state.iterations()) * static_cast<double>(rows * H);
   for (const Kind& k : kinds) {
     state.counters[k.name + "_ns_row"] = k.seconds / n * 1e9;

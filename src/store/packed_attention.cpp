@@ -209,8 +209,10 @@ void token_scores(cpu::Isa isa, const RowSet& rows, std::int64_t D, const float*
                   std::int64_t n_q, std::int64_t pos, float* out, std::int64_t ld) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != cpu::Isa::kScalar && simd_shape(rows, D)) {
-    if (cpu::uses_avx512(isa)) return avx512::scores_any(rows, D, q, n_q, pos, out, ld);
+  if (kernels_for(isa) != cpu::Isa::kScalar && simd_shape(rows, D)) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
+      return avx512::scores_any(rows, D, q, n_q, pos, out, ld);
+    }
     return avx2::scores_any(rows, D, q, n_q, pos, out, ld);
   }
 #else
@@ -224,8 +226,8 @@ void channel_scores(cpu::Isa isa, const RowSet& rows, const std::uint16_t* scale
                     std::int64_t pos, float* out, std::int64_t ld) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != cpu::Isa::kScalar && D % 8 == 0 && D <= 256) {
-    if (cpu::uses_avx512(isa)) {
+  if (kernels_for(isa) != cpu::Isa::kScalar && D % 8 == 0 && D <= 256) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
       return avx512::channel_any(rows, scale, zero, D, q, n_q, pos, out, ld);
     }
     return avx2::channel_any(rows, scale, zero, D, q, n_q, pos, out, ld);
@@ -241,8 +243,8 @@ void token_values(cpu::Isa isa, const RowSet& rows, std::int64_t first, std::int
                   float* A, float* Z, std::int64_t zs) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != cpu::Isa::kScalar && simd_shape(rows, D)) {
-    if (cpu::uses_avx512(isa)) {
+  if (kernels_for(isa) != cpu::Isa::kScalar && simd_shape(rows, D)) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
       return avx512::values_any(rows, first, D, probs, n_q, ld, pos, A, Z, zs);
     }
     return avx2::values_any(rows, first, D, probs, n_q, ld, pos, A, Z, zs);

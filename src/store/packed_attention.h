@@ -29,6 +29,12 @@ namespace vq::detail::attn {
 // The kernel families (cpu::Isa; base/cpu.h): kAvx2 and kAvx2Vnni run the AVX2 kernels;
 // kAvx512 and kAvx512Vnni the same 8-lane operations compiled for AVX-512 VL/BW/DQ (32 vector
 // registers, EVEX forms): the same operations in the same order, so the same bits.
+// kernels_for(isa) is the family whose kernels `isa` runs here (kScalar, kAvx2 or kAvx512).
+constexpr cpu::Isa kernels_for(cpu::Isa isa) noexcept {
+  return cpu::uses_avx512(isa)       ? cpu::Isa::kAvx512
+         : isa == cpu::Isa::kScalar ? cpu::Isa::kScalar
+                                     : cpu::Isa::kAvx2;
+}
 
 enum class Fmt { kF32, kF16, kU2, kU4, kQ8_0, kQ4_0 };
 
