@@ -71,14 +71,16 @@ void BM_AttentionPerRow(benchmark::State& state) {
     for (Kind& k : kinds) {
       const Clock::time_point t0 = Clock::now();
       for (const auto& s : k.heads) {
-        const vq::detail::RowsRef r = s->rows();
+        const vq::HeadRows r = s->rows();
         if (r.packed == nullptr) {
-          vq::engine::ops::attention_scores(q.data(), nq, D, r.keys, r.dtype, r.stride, r.positions,
-                                            r.n_rows, pos, scores.data(), rows, row.data());
+          vq::engine::ops::attention_scores(q.data(), nq, D, r.keys, r.dtype, r.row_stride,
+                                            r.positions, r.n_rows, pos, scores.data(), rows,
+                                            row.data());
           for (std::int64_t j = 0; j < nq; ++j)
             vq::engine::ops::softmax(scores.data() + j * rows, r.n_rows, 8.0f);
-          vq::engine::ops::attention_values(scores.data(), nq, rows, D, r.values, r.dtype, r.stride,
-                                            r.positions, r.n_rows, pos, out.data(), sums.data());
+          vq::engine::ops::attention_values(scores.data(), nq, rows, D, r.values, r.dtype,
+                                            r.row_stride, r.positions, r.n_rows, pos, out.data(),
+                                            sums.data());
         } else {
           r.packed->attend_scores(q.data(), nq, pos, scores.data(), rows);
           for (std::int64_t j = 0; j < nq; ++j)
@@ -91,7 +93,7 @@ void BM_AttentionPerRow(benchmark::State& state) {
     }
   }
   state.SetLabel(std::string("packed kernels: ") +
-                 vq::detail::attn::to_string(vq::detail::attn::best_isa()));
+                 vq::cpu::to_string(vq::detail::attn::kernels_for(vq::cpu::best_isa())));
   const double n = static_cast<double>(state.iterations()) * static_cast<double>(rows * H);
   for (const Kind& k : kinds) {
     state.counters[k.name + "_ns_row"] = k.seconds / n * 1e9;

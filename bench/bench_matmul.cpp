@@ -23,10 +23,10 @@
 
 namespace {
 
-using vq::engine::Isa;
+using vq::cpu::Isa;
 
 void BM_MatmulQ8Q8(benchmark::State& state, Isa isa, std::int64_t rows) {
-  if (!vq::engine::isa_supported(isa)) {
+  if (!vq::cpu::isa_supported(isa)) {
     state.SkipWithError("kernel family not supported by this CPU");
     return;
   }
@@ -137,7 +137,7 @@ void register_all() {
   }
   for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {
     for (const std::int64_t rows : {256, 2048}) {
-      benchmark::RegisterBenchmark(("matmul_q8q8/" + std::string(vq::engine::to_string(isa)) + "/" +
+      benchmark::RegisterBenchmark(("matmul_q8q8/" + std::string(vq::cpu::to_string(isa)) + "/" +
                                     std::to_string(rows) + "x768")
                                        .c_str(),
                                    BM_MatmulQ8Q8, isa, rows)
@@ -159,7 +159,7 @@ const int registered = (register_all(), 0);
 void BM_Matvec(benchmark::State& state, vq::engine::WeightType type, Isa isa, std::int64_t rows,
                std::int64_t cols) {
   using vq::engine::WeightType;
-  if (!vq::engine::isa_supported(isa)) {
+  if (!vq::cpu::isa_supported(isa)) {
     state.SkipWithError("kernel family not supported by this CPU");
     return;
   }
@@ -211,7 +211,7 @@ void register_matvec() {
     for (const Isa isa : {Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
       for (const auto& sh : shapes) {
         benchmark::RegisterBenchmark(("matvec/" + std::string(vq::engine::to_string(type)) + "/" +
-                                      vq::engine::to_string(isa) + "/" + std::to_string(sh[0]) +
+                                      vq::cpu::to_string(isa) + "/" + std::to_string(sh[0]) +
                                       "x" + std::to_string(sh[1]))
                                          .c_str(),
                                      BM_Matvec, type, isa, sh[0], sh[1])

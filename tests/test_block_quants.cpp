@@ -22,7 +22,7 @@ namespace {
 using engine::ActType;
 using engine::BlockActs;
 using engine::GgmlType;
-using engine::Isa;
+using cpu::Isa;
 using engine::WeightMatrix;
 using engine::WeightType;
 
@@ -214,8 +214,9 @@ float one_dot(WeightType t, const std::vector<std::uint8_t>& blk, std::int64_t c
 }
 
 TEST(BlockMatmul, HandComputedDots) {
-  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-    if (!engine::isa_supported(isa)) continue;
+  for (const Isa isa :
+       {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
+    if (!cpu::isa_supported(isa)) continue;
     {
       // Q2_K block above (x[0] = 8, x[1] = -1, x[16] = 10, x[144] = 20.5); activations d = 0.5,
       // q[0] = q[16] = q[144] = 1, q[1] = -3: 0.5 * (8 + 3 + 10 + 20.5) = 20.75.
@@ -229,7 +230,7 @@ TEST(BlockMatmul, HandComputedDots) {
       const float d = 0.5f;
       const BlockActs a{ActType::kQ8_K, 256, q.data(), &d, nullptr, bs.data()};
       EXPECT_EQ(one_dot(WeightType::kQ2_K, q2_k_block(), 256, a, isa), 20.75f)
-          << engine::to_string(isa);
+          << cpu::to_string(isa);
     }
     {
       // Q4_1 block above (x[0] = 4, x[31] = 6.5); d = 0.25, q[0] = 2, q[31] = 4, s = 0.25 * 6:
@@ -240,7 +241,7 @@ TEST(BlockMatmul, HandComputedDots) {
       const float d = 0.25f, s = 1.5f;
       const BlockActs a{ActType::kQ8_1, 32, q.data(), &d, &s, nullptr};
       EXPECT_EQ(one_dot(WeightType::kQ4_1, q4_1_block(), 32, a, isa), 8.5f)
-          << engine::to_string(isa);
+          << cpu::to_string(isa);
     }
     {
       // Q6_K: d = 0.25, scales[0] = 4, [4] = 1, [8] = 10; x[0] = 10, x[64] = 1.25,
@@ -264,7 +265,7 @@ TEST(BlockMatmul, HandComputedDots) {
       bs[8] = -1;
       const float d = 2.0f;
       const BlockActs a{ActType::kQ8_K, 256, q.data(), &d, nullptr, bs.data()};
-      EXPECT_EQ(one_dot(WeightType::kQ6_K, b, 256, a, isa), 180.0f) << engine::to_string(isa);
+      EXPECT_EQ(one_dot(WeightType::kQ6_K, b, 256, a, isa), 180.0f) << cpu::to_string(isa);
     }
   }
 }
@@ -356,13 +357,13 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
         std::vector<float> want(static_cast<std::size_t>(S * rows), -1.0f);
         engine::matmul_rows_blocks(Isa::kScalar, want.data(), acts.a, w, S, 0, rows);
         for (const Isa isa : {Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-          if (!engine::isa_supported(isa)) continue;
+          if (!cpu::isa_supported(isa)) continue;
           std::vector<float> got(want.size(), -2.0f);
           engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 0, 5);
           engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, 5, rows);
           for (std::size_t k = 0; k < want.size(); ++k)
             ASSERT_EQ(want[k], got[k]) << engine::to_string(t) << " cols " << cols << " S " << S
-                                       << " " << engine::to_string(isa) << " at " << k;
+                                       << " " << cpu::to_string(isa) << " at " << k;
         }
         // A chunk of S tokens gives each token's single-token result.
         for (std::int64_t s = 0; s < S; ++s) {
@@ -371,7 +372,7 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
                                                        x.begin() + (s + 1) * cols),
                                     1, cols);
           std::vector<float> single(static_cast<std::size_t>(rows));
-          engine::matmul_rows_blocks(engine::best_isa(), single.data(), one.a, w, 1, 0, rows);
+          engine::matmul_rows_blocks(cpu::best_isa(), single.data(), one.a, w, 1, 0, rows);
           EXPECT_EQ(std::memcmp(single.data(), want.data() + s * rows, single.size() * 4), 0)
               << engine::to_string(t) << " token " << s;
         }
@@ -387,7 +388,7 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
 // passes, ranges split at odd rows, random bytes (every code, scale and min value; Q8_0-style
 // extreme activations from a large value), and an activation block holding a NaN.
 TEST(BlockMatmul, Avx512DecodeKernelsAreTheScalarDefinitionBitForBit) {
-  if (!engine::isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI/VBMI here";
+  if (!cpu::isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI/VBMI here";
   for (const WeightType t : kTypes) {
     const bool k = engine::act_block_size(engine::activation_type(t)) == 256;
     std::vector<std::int64_t> widths;
@@ -456,7 +457,7 @@ TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
           for (const bool avx512 : {false, true}) {
             engine::set_avx512_prefill(avx512);
             for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-              if (!engine::isa_supported(isa)) continue;
+              if (!cpu::isa_supported(isa)) continue;
               if (avx512 && ((isa != Isa::kAvx2Vnni && isa != Isa::kAvx512Vnni) ||
                              !engine::avx512_prefill()))
                 continue;
@@ -465,7 +466,7 @@ TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
               engine::matmul_rows_blocks(isa, got.data(), acts.a, w, S, rows / 2, rows);
               ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
                   << engine::to_string(t) << " " << rows << "x" << cols << " S " << S << " "
-                  << engine::to_string(isa) << (avx512 ? " avx512 tiles" : "");
+                  << cpu::to_string(isa) << (avx512 ? " avx512 tiles" : "");
             }
           }
           for (const int n : {1, 2, 3}) {
@@ -494,7 +495,7 @@ TEST(BlockMatmul, DecodersAgreeWithEachOtherAndWithDequantization) {
       for (std::int64_t b = 0; b < 4; ++b) {
         engine::DecodedBlock s{}, v{};
         engine::decode_block(Isa::kScalar, w, i, b, &s);
-        if (engine::isa_supported(Isa::kAvx2)) {
+        if (cpu::isa_supported(Isa::kAvx2)) {
           engine::decode_block(Isa::kAvx2, w, i, b, &v);
           EXPECT_EQ(std::memcmp(&s, &v, sizeof(s)), 0) << engine::to_string(t) << " block " << b;
         }
@@ -533,7 +534,7 @@ TEST(BlockMatmul, CloseToTheDoublePrecisionProductOfTheStoredValues) {
     const ActType at = engine::activation_type(t);
     const Acts acts = quantize(at, x, 1, cols);
     std::vector<float> got(static_cast<std::size_t>(rows));
-    engine::matmul_rows_blocks(engine::best_isa(), got.data(), acts.a, w, 1, 0, rows);
+    engine::matmul_rows_blocks(cpu::best_isa(), got.data(), acts.a, w, 1, 0, rows);
     std::vector<float> wr(static_cast<std::size_t>(cols));
     const std::int64_t xb = engine::act_block_size(at);
     for (std::int64_t i = 0; i < rows; ++i) {

@@ -17,9 +17,9 @@ struct Rows {
   std::vector<float> k;
   std::vector<std::int32_t> pos;
   std::int64_t d;
-  detail::RowsRef ref() const {
-    return detail::RowsRef{k.data(), k.data(), pos.data(), DType::kF32,
-                           static_cast<std::int64_t>(pos.size()), d};
+  HeadRows ref() const {
+    return HeadRows{k.data(), k.data(), pos.data(), DType::kF32,
+                    static_cast<std::int64_t>(pos.size()), d};
   }
 };
 

@@ -5,10 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,7 +20,7 @@
 namespace vq {
 namespace {
 using engine::BlockQ8_0;
-using engine::Isa;
+using cpu::Isa;
 using engine::Q8_0Activations;
 using engine::WeightMatrix;
 using engine::WeightType;
@@ -95,7 +93,7 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
           const auto x =
               test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
           for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-            if (!engine::isa_supported(isa)) continue;
+            if (!cpu::isa_supported(isa)) continue;
             std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
             engine::matmul_rows(isa, out.data(), x.data(), t.m, S, 0, rows);
             for (std::int64_t s = 0; s < S; ++s) {
@@ -104,7 +102,7 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
                     kernels::dot(t.exact.data() + i * cols, x.data() + s * cols, cols);
                 const float got = out[static_cast<std::size_t>(s * rows + i)];
                 ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
-                    << engine::to_string(type) << " " << engine::to_string(isa) << " " << rows
+                    << engine::to_string(type) << " " << cpu::to_string(isa) << " " << rows
                     << "x" << cols << " S=" << S << " row " << i << ": " << want << " vs " << got;
               }
             }
@@ -313,11 +311,12 @@ TEST(EngineWeights, Q8_0TimesQ8_0DotByHand) {
   engine::quantize_activations_q8_0(x, 64, q, d);
   // Block 0: isum = 96, times 0.5 * 0.25 = 12. Block 1: isum = (-128)(-127) + 7*0 + 3*2 +
   // 5*(-2) + 1*4 = 16256, times 2 * 0.25 = 8128. Lanes 0 and 1: 12 + 8128 = 8140.
-  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-    if (!engine::isa_supported(isa)) continue;
+  for (const Isa isa :
+       {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
+    if (!cpu::isa_supported(isa)) continue;
     float out = -1.0f;
     engine::matmul_rows_q8_0(isa, &out, q, d, m, 1, 0, 1);
-    EXPECT_EQ(out, 8140.0f) << engine::to_string(isa);
+    EXPECT_EQ(out, 8140.0f) << cpu::to_string(isa);
   }
   float out = -1.0f;
   engine::matmul(&out, x, m, 1);  // the default: Q8_0 activations
@@ -361,7 +360,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
         std::vector<float> xd(x.size() / 32);
         engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
         for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-          if (!engine::isa_supported(isa)) continue;
+          if (!cpu::isa_supported(isa)) continue;
           std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
           engine::matmul_rows_q8_0(isa, out.data(), xq.data(), xd.data(), t.m, S, 0, rows);
           for (std::int64_t s = 0; s < S; ++s) {
@@ -370,7 +369,7 @@ TEST(EngineWeights, Q8_0TimesQ8_0KernelsAreTheDefinitionBitForBit) {
                   q8q8_reference(t.m.row(i), xq.data() + s * cols, xd.data() + s * nb, nb);
               const float got = out[static_cast<std::size_t>(s * rows + i)];
               ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
-                  << engine::to_string(isa) << " " << rows << "x" << cols << " S=" << S << " row "
+                  << cpu::to_string(isa) << " " << rows << "x" << cols << " S=" << S << " row "
                   << i << ": " << want << " vs " << got;
             }
           }
@@ -437,7 +436,7 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
           engine::set_prefill_kernels(k);
           const std::string kname = k == engine::PrefillKernels::kTiles ? "tiles" : "rows";
           for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
-            if (!engine::isa_supported(isa)) continue;
+            if (!cpu::isa_supported(isa)) continue;
             // Two calls splitting the rows at an odd row: tiles start anywhere.
             std::vector<float> got(want.size(), -1.0f);
             const std::int64_t mid = rows / 2;
@@ -448,7 +447,7 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
                 engine::matmul_rows(isa, got.data(), x.data(), t.m, S, b, e);
               }
             }
-            check(got, kname + " " + engine::to_string(isa));
+            check(got, kname + " " + cpu::to_string(isa));
           }
           engine::set_q8_0_activations(c.q8_activations ? Q8_0Activations::kQ8_0
                                                         : Q8_0Activations::kF32);
@@ -503,43 +502,6 @@ TEST(EngineWeights, Bf16RoundsToNearestEven) {
   EXPECT_EQ(engine::float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
   EXPECT_EQ(engine::float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);  // halfway, odd below: up
   EXPECT_EQ(engine::bf16_to_float(0xc000), -2.0f);
-}
-
-TEST(EngineWeights, KernelFamiliesFollowTheCpuFlagsLinuxReports) {
-  // The kernel's own reading of the CPU (/proc/cpuinfo's "flags") against the library's CPUID
-  // checks: the family chosen is the best one the CPU has, whatever the build targeted.
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  std::vector<std::string> flags;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    for (std::string f; words >> f;) flags.push_back(f);
-    break;
-  }
-  if (flags.empty()) GTEST_SKIP() << "no flags line in /proc/cpuinfo";
-  const auto has = [&](const char* f) {
-    return std::find(flags.begin(), flags.end(), f) != flags.end();
-  };
-  const bool avx2 = has("avx2") && has("f16c");
-  const bool vnni = avx2 && has("avx_vnni");
-  const bool avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512vl") &&
-                      has("avx512dq") && has("avx512_vnni") && has("avx512vbmi");
-  EXPECT_TRUE(engine::isa_supported(Isa::kScalar));
-  EXPECT_EQ(engine::isa_supported(Isa::kAvx2), avx2);
-  EXPECT_EQ(engine::isa_supported(Isa::kAvx2Vnni), vnni);
-  EXPECT_EQ(engine::isa_supported(Isa::kAvx512Vnni), avx512);
-  EXPECT_EQ(engine::best_isa(), avx512 ? Isa::kAvx512Vnni
-                                : vnni ? Isa::kAvx2Vnni
-                                : avx2 ? Isa::kAvx2
-                                       : Isa::kScalar);
-  if (avx2) {
-    EXPECT_EQ(engine::avx512_base_isa(), vnni ? Isa::kAvx2Vnni : Isa::kAvx2);
-  }
-  EXPECT_STREQ(engine::to_string(Isa::kScalar), "scalar");
-  EXPECT_STREQ(engine::to_string(Isa::kAvx2), "avx2+f16c");
-  EXPECT_STREQ(engine::to_string(Isa::kAvx2Vnni), "avx2+f16c+avxvnni");
-  EXPECT_STREQ(engine::to_string(Isa::kAvx512Vnni), "avx512vnni+vbmi");
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 namespace vq {
 namespace {
 using engine::GgmlType;
-using engine::Isa;
+using cpu::Isa;
 using engine::WeightMatrix;
 
 struct Fixture {

@@ -23,7 +23,7 @@ namespace vq {
 namespace {
 
 using detail::attn::Fmt;
-using detail::attn::Isa;
+using cpu::Isa;
 using detail::attn::RowSet;
 
 std::uint32_t bits_of(float x) {
@@ -222,8 +222,8 @@ TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
           }
         }
         for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-          if (!detail::attn::isa_supported(isa)) continue;
-          const std::string w = what + " " + detail::attn::to_string(isa);
+          if (!cpu::isa_supported(isa)) continue;
+          const std::string w = what + " " + cpu::to_string(isa);
           std::fill(s1.begin(), s1.end(), 7.0f);
           std::fill(A1.begin(), A1.end(), 0.0f);
           std::fill(Z1.begin(), Z1.end(), 0.0f);
@@ -279,11 +279,11 @@ TEST(PackedAttention, WholeBlockValueSumsMatchScalar) {
           detail::attn::token_values(Isa::kScalar, rows.set, first, sh.D, probs.data(), n_q, ld,
                                      pos, A0.data(), Z0.data(), zs);
           for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-            if (!detail::attn::isa_supported(isa)) continue;
+            if (!cpu::isa_supported(isa)) continue;
             std::vector<float> A2 = A1, Z2 = Z1;
             detail::attn::token_values(isa, rows.set, first, sh.D, probs.data(), n_q, ld, pos,
                                        A2.data(), Z2.data(), zs);
-            const std::string w = what + " " + detail::attn::to_string(isa);
+            const std::string w = what + " " + cpu::to_string(isa);
             for (std::size_t i = 0; i < A0.size(); ++i)
               ASSERT_EQ(bits_of(A0[i]), bits_of(A2[i])) << w << " partial sum " << i;
             for (std::size_t i = 0; i < Z0.size(); ++i)
@@ -336,13 +336,13 @@ TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
           }
         }
         for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-          if (!detail::attn::isa_supported(isa)) continue;
+          if (!cpu::isa_supported(isa)) continue;
           std::fill(s1.begin(), s1.end(), 7.0f);
           detail::attn::channel_scores(isa, rows.set, scale.data(), zero.data(), D, q.data(), n_q,
                                        pos, s1.data(), n);
           for (std::size_t i = 0; i < s0.size(); ++i)
             ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i]))
-                << what << " " << detail::attn::to_string(isa) << " score " << i;
+                << what << " " << cpu::to_string(isa) << " score " << i;
         }
       }
     }
@@ -436,7 +436,7 @@ TEST(BlockStore, HoldsGgmlBlocksAndAttendsOnThem) {
     }
     s->append(TensorRef::f32(k.data(), 1, 1, 5, D), TensorRef::f32(v.data(), 1, 1, 5, D), 0, 0,
               10);
-    const detail::RowsRef rows = s->rows();
+    const HeadRows rows = s->rows();
     ASSERT_NE(rows.packed, nullptr);
     if (q4) {
       const float expect[6] = {-16.0f, 14.0f, 4.0f, 2.0f, 0.0f, 6.0f};  // (code - 8) * 2
@@ -460,7 +460,7 @@ TEST(BlockStore, HoldsGgmlBlocksAndAttendsOnThem) {
     s->rows().packed->load_value(1, after.data());
     EXPECT_EQ(before, after);
     // Fused attention against the dequantized rows (double).
-    const detail::RowsRef r2 = s->rows();
+    const HeadRows r2 = s->rows();
     const std::vector<float> q = random_vec(rng, 2 * D);
     std::vector<float> scores(2 * 4), out(2 * D), scratch(8 * 2 * D);
     r2.packed->attend_scores(q.data(), 2, 100, scores.data(), 4);

@@ -61,7 +61,7 @@ void expect_bulk_matches(const PackedRows& p, std::int64_t D, std::int64_t r0, s
 // The whole store and a few sub-ranges (starting inside key groups and inside the tail).
 void expect_all_ranges(const detail::RowStore& s, std::int64_t D, std::mt19937& rng,
                        const std::string& what) {
-  const detail::RowsRef rows = s.rows();
+  const HeadRows rows = s.rows();
   ASSERT_NE(rows.packed, nullptr) << what;
   const std::int64_t n = rows.n_rows;
   expect_bulk_matches(*rows.packed, D, 0, n, what + " [0, n)");

@@ -21,7 +21,7 @@ struct RefRow {
 void expect_same(const detail::RowStore& s, const std::vector<RefRow>& ref, std::int64_t D,
                  DType dtype, const std::string& what) {
   ASSERT_EQ(s.size(), static_cast<std::int64_t>(ref.size())) << what;
-  const detail::RowsRef rows = s.rows();
+  const HeadRows rows = s.rows();
   ASSERT_EQ(rows.n_rows, static_cast<std::int64_t>(ref.size())) << what;
   std::vector<float> k(static_cast<std::size_t>(D)), v(k.size());
   for (std::size_t r = 0; r < ref.size(); ++r) {

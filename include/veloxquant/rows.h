@@ -79,6 +79,17 @@ struct VQ_API HeadRows {
   // Element access converted to float (tests and tools; not for hot loops).
   float key(std::int64_t row, std::int64_t d) const noexcept;
   float value(std::int64_t row, std::int64_t d) const noexcept;
+  // Plain rows: row `row`'s key / value, row_stride elements of dtype (the first head_dim used).
+  const void* key_row(std::int64_t row) const noexcept {
+    return static_cast<const char*>(keys) +
+           row * row_stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+  const void* value_row(std::int64_t row) const noexcept {
+    return static_cast<const char*>(values) +
+           row * row_stride * static_cast<std::int64_t>(dtype_size(dtype));
+  }
+  // Row `row`'s key as fp32, plain or packed: out [row_stride] (packed: [head_dim]).
+  void load_key(std::int64_t row, float* out) const noexcept;
 };
 
 // `rows` as plain rows: packed rows are dequantized into `keys` and `values` (resized to

@@ -1,5 +1,7 @@
 #include "veloxquant/rows.h"
 
+#include "base/kernels.h"
+
 namespace vq {
 
 float HeadRows::key(std::int64_t row, std::int64_t d) const noexcept {
@@ -14,6 +16,14 @@ float HeadRows::value(std::int64_t row, std::int64_t d) const noexcept {
   const std::int64_t off = row * row_stride + d;
   return dtype == DType::kF32 ? static_cast<const float*>(values)[off]
                               : half_to_float(static_cast<const std::uint16_t*>(values)[off]);
+}
+
+void HeadRows::load_key(std::int64_t row, float* out) const noexcept {
+  if (packed != nullptr) {
+    packed->load_key(row, out);
+  } else {
+    kernels::load_row(key_row(row), dtype, out, row_stride);
+  }
 }
 
 void PackedRows::load_rows(std::int64_t r0, std::int64_t r1, std::int64_t stride, float* keys,

@@ -78,10 +78,6 @@ void give_back_capacity(std::vector<T>& v, std::int64_t rows, std::int64_t per_r
   v.swap(t);
 }
 
-HeadRows to_head_rows(const detail::RowsRef& r) {
-  return HeadRows{r.keys, r.values, r.positions, r.dtype, r.n_rows, r.stride, r.packed};
-}
-
 // Plan, then apply: the one place where a layer's stores change on a policy's decision
 // (policies/decision.h says what each kind does). Bound to one LayerState for its life.
 class StoreApplier final : public detail::DecisionSink {
@@ -118,7 +114,7 @@ class StoreApplier final : public detail::DecisionSink {
       for (std::int64_t i = 0; i < D; ++i) a_[i] = (1.0f - w) * a_[i] + w * b_[i];
       store.write_key(d.target, a_.data());
     }
-    const detail::RowsRef rows = store.rows();
+    const HeadRows rows = store.rows();
     store.set_position(d.target, std::max(rows.positions[d.target], rows.positions[d.loser]));
   }
 
@@ -266,7 +262,7 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
     st.tokens_seen += S;
   }
   for (std::size_t i = 0; i < st.heads.size(); ++i) {
-    st.view_rows[i] = to_head_rows(st.heads[i].store()->rows());
+    st.view_rows[i] = st.heads[i].store()->rows();
   }
   st.step_open = true;
   StepView view;
@@ -435,7 +431,7 @@ HeadRows LayerCache::stored(std::int64_t b, std::int64_t h) const {
                     "] and h in [0, " + std::to_string(st.shape.n_kv_heads - 1) + "], got (" +
                     std::to_string(b) + ", " + std::to_string(h) + ")");
   }
-  return to_head_rows(st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store()->rows());
+  return st.heads[static_cast<std::size_t>(b * st.shape.n_kv_heads + h)].store()->rows();
 }
 
 std::vector<float> LayerCache::row_scores(std::int64_t b, std::int64_t h) const {

@@ -120,7 +120,7 @@ float window_gate_probability(float a_loser, const float* a_window, std::int64_t
 // cos(k_loser, k_j) (ties to the lowest index, NaN never wins). Returns -1 when no such row
 // exists (only sinks survive). `live` maps live index -> physical row of `rows`; *cos_out
 // receives the winning cosine. scratch: [2 * head_dim] floats.
-std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
+std::int64_t find_merge_target(const HeadRows& rows, const std::int64_t* live, std::int64_t n_live,
                                std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
                                std::int64_t head_dim, float* cos_out, float* scratch);
 
@@ -131,7 +131,7 @@ struct HeadCtx {
   std::int64_t index;  // b * n_kv_heads + h
   std::int64_t head_dim;
   const CounterRng& rng;
-  RowsRef rows() const noexcept { return hs.store()->rows(); }
+  HeadRows rows() const noexcept { return hs.store()->rows(); }
   std::int64_t n_live() const noexcept { return static_cast<std::int64_t>(hs.live.size()); }
 };
 

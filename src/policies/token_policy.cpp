@@ -168,11 +168,11 @@ const float* TokenPolicy::key_of_row(const HeadCtx& h, std::int64_t row) {
 }
 
 void TokenPolicy::proxy_weights(const HeadCtx& h, const float* q, std::int64_t n, float* out) {
-  const RowsRef rows = h.rows();
+  const HeadRows rows = h.rows();
   const float sqrt_d = std::sqrt(static_cast<float>(h.head_dim));
   if (rows.packed == nullptr && n > 0 && h.hs.live[static_cast<std::size_t>(n - 1)] == n - 1) {
     // live is the identity (strictly increasing from 0): rows 0 .. n-1 in one batched call.
-    kernels::dot_rows(rows.keys, rows.dtype, rows.stride, q, h.head_dim, n, out);
+    kernels::dot_rows(rows.keys, rows.dtype, rows.row_stride, q, h.head_dim, n, out);
     for (std::int64_t i = 0; i < n; ++i) out[i] = out[i] / sqrt_d;
     kernels::softmax(out, n);
     return;
@@ -181,8 +181,9 @@ void TokenPolicy::proxy_weights(const HeadCtx& h, const float* q, std::int64_t n
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t r = h.hs.live[static_cast<std::size_t>(i)];
     if (rows.packed != nullptr) rows.packed->load_key(r, key.data());
-    out[i] = (rows.packed != nullptr ? kernels::dot(key.data(), q, h.head_dim)
-                                     : kernels::dot_row(rows.key(r), rows.dtype, q, h.head_dim)) /
+    out[i] = (rows.packed != nullptr
+                  ? kernels::dot(key.data(), q, h.head_dim)
+                  : kernels::dot_row(rows.key_row(r), rows.dtype, q, h.head_dim)) /
              sqrt_d;
   }
   kernels::softmax(out, n);
@@ -209,7 +210,7 @@ void TokenPolicy::on_merge(HeadCtx& h, std::int64_t target, std::int64_t loser) 
   h.hs.score[static_cast<std::size_t>(target)] += h.hs.score[static_cast<std::size_t>(loser)];
 }
 
-std::int64_t find_merge_target(const RowsRef& rows, const std::int64_t* live, std::int64_t n_live,
+std::int64_t find_merge_target(const HeadRows& rows, const std::int64_t* live, std::int64_t n_live,
                                std::int64_t n_sink, std::int64_t loser, const std::uint8_t* excluded,
                                std::int64_t head_dim, float* cos_out, float* scratch) {
   float* a = scratch;

@@ -54,15 +54,7 @@ class BlockStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.dtype = DType::kF32;
-    r.n_rows = size();
-    r.stride = D_;
-    r.packed = this;
-    return r;
-  }
+  HeadRows rows() const noexcept override { return packed_rows(this, pos_.data(), size(), D_); }
 
   void load_key(std::int64_t i, float* out) const noexcept override {
     for (std::int64_t c = 0; c < D_; ++c) out[c] = at(kc_, ks_, i, c);
@@ -77,12 +69,12 @@ class BlockStore final : public RowStore, public PackedRows {
 
   void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
                      std::int64_t ld) const noexcept override {
-    attn::token_scores(attn::best_isa(), set(kc_, ks_), D_, q, n_q, pos, scores, ld);
+    attn::token_scores(cpu::best_isa(), set(kc_, ks_), D_, q, n_q, pos, scores, ld);
   }
   void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                      float* out, float* scratch) const noexcept override {
     std::fill(scratch, scratch + n_q * 4 * D_, 0.0f);
-    attn::token_values(attn::best_isa(), set(vc_, vs_), 0, D_, probs, n_q, ld, pos, scratch,
+    attn::token_values(cpu::best_isa(), set(vc_, vs_), 0, D_, probs, n_q, ld, pos, scratch,
                        nullptr, 0);
     attn::finish_values(scratch, nullptr, 0, D_, n_q, D_, out);
   }

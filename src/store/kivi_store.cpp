@@ -119,15 +119,7 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.dtype = DType::kF32;
-    r.n_rows = size();
-    r.stride = D_;
-    r.packed = this;
-    return r;
-  }
+  HeadRows rows() const noexcept override { return packed_rows(this, pos_.data(), size(), D_); }
 
   // PackedRows / reads: dequantized on the fly.
   void load_key(std::int64_t i, float* out) const noexcept override {
@@ -179,7 +171,7 @@ class KiviStore final : public RowStore, public PackedRows {
   // (token_values); the tail rows as plain rows, in the same sums.
   void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
                      std::int64_t ld) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     attn::RowSet k;
     k.fmt = bits_ == 2 ? attn::Fmt::kU2 : attn::Fmt::kU4;
     k.row_bytes = row_bytes_;
@@ -196,7 +188,7 @@ class KiviStore final : public RowStore, public PackedRows {
   }
   void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                      float* out, float* scratch) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     float* A = scratch;                // [n_q][4][D]
     float* Z = scratch + n_q * 4 * D_;  // [n_q][4][n_vgroups]
     std::fill(scratch, scratch + n_q * 4 * (D_ + n_vgroups_), 0.0f);

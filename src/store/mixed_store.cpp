@@ -95,20 +95,11 @@ class MixedStore final : public RowStore, public PackedRows {
     }
   }
 
-  RowsRef rows() const noexcept override {
-    RowsRef r;
-    r.positions = pos_.data();
-    r.n_rows = size();
-    r.stride = D_;
+  HeadRows rows() const noexcept override {
     if (n_demoted_ == 0) {  // every row is fp16: physical row i is fp16 slot i
-      r.keys = fk_.data();
-      r.values = fv_.data();
-      r.dtype = dtype_;
-      return r;
+      return HeadRows{fk_.data(), fv_.data(), pos_.data(), dtype_, size(), D_};
     }
-    r.dtype = DType::kF32;
-    r.packed = this;
-    return r;
+    return packed_rows(this, pos_.data(), size(), D_);
   }
 
   void load_key(std::int64_t i, float* out) const noexcept override {
@@ -136,14 +127,14 @@ class MixedStore final : public RowStore, public PackedRows {
   // summed apart), the fp16 rows after it.
   void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
                      std::int64_t ld) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     for (const Run& run : runs(true)) {
       attn::token_scores(isa, run.rows, D_, q, n_q, pos, scores + run.first, ld);
     }
   }
   void attend_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                      float* out, float* scratch) const noexcept override {
-    const attn::Isa isa = attn::best_isa();
+    const cpu::Isa isa = cpu::best_isa();
     float* A = scratch;                // [n_q][4][D]
     float* Z = scratch + n_q * 4 * D_;  // [n_q][4][n_groups]
     std::fill(scratch, scratch + n_q * 4 * (D_ + n_groups_), 0.0f);

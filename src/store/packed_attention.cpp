@@ -10,7 +10,6 @@
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define VQ_ATTN_X86 1
 #endif
@@ -178,40 +177,6 @@ bool simd_shape(const RowSet& s, std::int64_t D) noexcept {
 
 }  // namespace
 
-const char* to_string(Isa isa) noexcept {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2+f16c";
-    case Isa::kAvx512:
-      return "avx512vl+bw+dq";
-  }
-  return "?";
-}
-
-bool isa_supported(Isa isa) noexcept {
-  if (isa == Isa::kScalar) return true;
-#ifdef VQ_ATTN_X86
-  unsigned a = 0, b = 0, c = 0, d = 0;  // F16C: CPUID leaf 1, ECX bit 29
-  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 29) & 1u) != 0;
-  const bool avx2 = __builtin_cpu_supports("avx2") && f16c;
-  if (isa == Isa::kAvx2) return avx2;
-  // AVX-512 as the CPU and the OS report it (libgcc checks the OS saves the zmm state).
-  return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
-
-Isa best_isa() noexcept {
-  static const Isa best = isa_supported(Isa::kAvx512) ? Isa::kAvx512
-                          : isa_supported(Isa::kAvx2) ? Isa::kAvx2
-                                                      : Isa::kScalar;
-  return best;
-}
-
 float element(const RowSet& s, std::int64_t r, std::int64_t c) noexcept {
   const std::uint8_t* row = s.data + r * s.row_bytes;
   switch (s.fmt) {
@@ -240,12 +205,14 @@ float element(const RowSet& s, std::int64_t r, std::int64_t c) noexcept {
   return 0.0f;
 }
 
-void token_scores(Isa isa, const RowSet& rows, std::int64_t D, const float* q, std::int64_t n_q,
-                  std::int64_t pos, float* out, std::int64_t ld) noexcept {
+void token_scores(cpu::Isa isa, const RowSet& rows, std::int64_t D, const float* q,
+                  std::int64_t n_q, std::int64_t pos, float* out, std::int64_t ld) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != Isa::kScalar && simd_shape(rows, D)) {
-    if (isa == Isa::kAvx512) return avx512::scores_any(rows, D, q, n_q, pos, out, ld);
+  if (kernels_for(isa) != cpu::Isa::kScalar && simd_shape(rows, D)) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
+      return avx512::scores_any(rows, D, q, n_q, pos, out, ld);
+    }
     return avx2::scores_any(rows, D, q, n_q, pos, out, ld);
   }
 #else
@@ -254,13 +221,15 @@ void token_scores(Isa isa, const RowSet& rows, std::int64_t D, const float* q, s
   token_scores_scalar(rows, D, q, n_q, pos, out, ld);
 }
 
-void channel_scores(Isa isa, const RowSet& rows, const std::uint16_t* scale,
+void channel_scores(cpu::Isa isa, const RowSet& rows, const std::uint16_t* scale,
                     const std::uint16_t* zero, std::int64_t D, const float* q, std::int64_t n_q,
                     std::int64_t pos, float* out, std::int64_t ld) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != Isa::kScalar && D % 8 == 0 && D <= 256) {
-    if (isa == Isa::kAvx512) return avx512::channel_any(rows, scale, zero, D, q, n_q, pos, out, ld);
+  if (kernels_for(isa) != cpu::Isa::kScalar && D % 8 == 0 && D <= 256) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
+      return avx512::channel_any(rows, scale, zero, D, q, n_q, pos, out, ld);
+    }
     return avx2::channel_any(rows, scale, zero, D, q, n_q, pos, out, ld);
   }
 #else
@@ -269,13 +238,15 @@ void channel_scores(Isa isa, const RowSet& rows, const std::uint16_t* scale,
   channel_scores_scalar(rows, scale, zero, D, q, n_q, pos, out, ld);
 }
 
-void token_values(Isa isa, const RowSet& rows, std::int64_t first, std::int64_t D,
+void token_values(cpu::Isa isa, const RowSet& rows, std::int64_t first, std::int64_t D,
                   const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                   float* A, float* Z, std::int64_t zs) noexcept {
   if (rows.n <= 0) return;
 #ifdef VQ_ATTN_X86
-  if (isa != Isa::kScalar && simd_shape(rows, D)) {
-    if (isa == Isa::kAvx512) return avx512::values_any(rows, first, D, probs, n_q, ld, pos, A, Z, zs);
+  if (kernels_for(isa) != cpu::Isa::kScalar && simd_shape(rows, D)) {
+    if (kernels_for(isa) == cpu::Isa::kAvx512) {
+      return avx512::values_any(rows, first, D, probs, n_q, ld, pos, A, Z, zs);
+    }
     return avx2::values_any(rows, first, D, probs, n_q, ld, pos, A, Z, zs);
   }
 #else

@@ -22,16 +22,19 @@
 
 #include <cstdint>
 
+#include "base/cpu.h"
+
 namespace vq::detail::attn {
 
-// kAvx512: the AVX2 kernels' 8-lane operations compiled for AVX-512 VL/BW/DQ (32 vector
-// registers, EVEX forms); the same operations in the same order, so the same bits.
-enum class Isa { kScalar, kAvx2, kAvx512 };
-const char* to_string(Isa isa) noexcept;
-// Whether this CPU runs `isa` (asked of the CPU and the OS, not of the compiler).
-bool isa_supported(Isa isa) noexcept;
-// The fastest supported family (fixed for the process, so results never depend on a thread).
-Isa best_isa() noexcept;
+// The kernel families (cpu::Isa; base/cpu.h): kAvx2 and kAvx2Vnni run the AVX2 kernels;
+// kAvx512 and kAvx512Vnni the same 8-lane operations compiled for AVX-512 VL/BW/DQ (32 vector
+// registers, EVEX forms): the same operations in the same order, so the same bits.
+// kernels_for(isa) is the family whose kernels `isa` runs here (kScalar, kAvx2 or kAvx512).
+constexpr cpu::Isa kernels_for(cpu::Isa isa) noexcept {
+  return cpu::uses_avx512(isa)       ? cpu::Isa::kAvx512
+         : isa == cpu::Isa::kScalar ? cpu::Isa::kScalar
+                                     : cpu::Isa::kAvx2;
+}
 
 enum class Fmt { kF32, kF16, kU2, kU4, kQ8_0, kQ4_0 };
 
@@ -61,14 +64,14 @@ float element(const RowSet& rows, std::int64_t r, std::int64_t c) noexcept;
 //   is ((acc_0+acc_4)+(acc_2+acc_6)) + ((acc_1+acc_5)+(acc_3+acc_7)), plus, asymmetric,
 //   zt = sum over g, in order, from +0, of z_rg * Q_jg with Q_jg = kernels::sum of q_j over the
 //   group's channels.
-void token_scores(Isa isa, const RowSet& rows, std::int64_t D, const float* q, std::int64_t n_q,
-                  std::int64_t pos, float* out, std::int64_t ld) noexcept;
+void token_scores(cpu::Isa isa, const RowSet& rows, std::int64_t D, const float* q,
+                  std::int64_t n_q, std::int64_t pos, float* out, std::int64_t ld) noexcept;
 
 // Scores over a KIVI key group: rows sharing per-channel fp16 scale[c] and zero[c], codes kU2 or
 // kU4 (fmt), param_stride and group unused. out[j * ld + r] = -inf if positions[r] > pos, else
 // dot(qs_j, x_r) + dot(q_j, z) where qs_jc = q_jc * s_c (the query folded into the scales once
 // per group).
-void channel_scores(Isa isa, const RowSet& rows, const std::uint16_t* scale,
+void channel_scores(cpu::Isa isa, const RowSet& rows, const std::uint16_t* scale,
                     const std::uint16_t* zero, std::int64_t D, const float* q, std::int64_t n_q,
                     std::int64_t pos, float* out, std::int64_t ld) noexcept;
 
@@ -78,7 +81,7 @@ void channel_scores(Isa isa, const RowSet& rows, const std::uint16_t* scale,
 //   A[(j * 4 + k) * D + c] += w * x_rc for the group's channels c, w = p (plain) or p * s_rg;
 //   asymmetric: Z[(j * 4 + k) * zs + g] += p * z_rg (zs: Z's stride, >= the number of groups).
 // A and Z are the caller's, +0 at the start of the head; finish_values turns them into outputs.
-void token_values(Isa isa, const RowSet& rows, std::int64_t first, std::int64_t D,
+void token_values(cpu::Isa isa, const RowSet& rows, std::int64_t first, std::int64_t D,
                   const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,
                   float* A, float* Z, std::int64_t zs) noexcept;
 

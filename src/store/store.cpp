@@ -11,14 +11,6 @@
 
 namespace vq::detail {
 
-void RowsRef::load_key(std::int64_t i, float* out) const noexcept {
-  if (packed != nullptr) {
-    packed->load_key(i, out);
-  } else {
-    kernels::load_row(key(i), dtype, out, stride);
-  }
-}
-
 void RowStore::settle_keep_all() {
   std::vector<std::int64_t> live(static_cast<std::size_t>(size()));
   for (std::size_t i = 0; i < live.size(); ++i) live[i] = static_cast<std::int64_t>(i);
@@ -67,9 +59,9 @@ class PlainStore final : public RowStore {
     n_ += S;
   }
 
-  RowsRef rows() const noexcept override {
-    return RowsRef{k_.data() + base_ * d_, v_.data() + base_ * d_, pos_.data() + base_, kDtype,
-                   n_, d_};
+  HeadRows rows() const noexcept override {
+    return HeadRows{k_.data() + base_ * d_, v_.data() + base_ * d_, pos_.data() + base_, kDtype,
+                    n_, d_};
   }
   void read_key(std::int64_t i, float* out) const noexcept override {
     kernels::load_row(key_row(i), kDtype, out, d_);

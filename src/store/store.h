@@ -11,28 +11,11 @@
 
 namespace vq::detail {
 
-// Read access to the rows: keys/values are [n_rows][stride] elements of dtype, or, when
-// `packed` is set (a quantizing store), null: the rows are then read through `packed`
-// (load_key / load_value, or RowStore::read_key / read_value).
-struct RowsRef {
-  const void* keys = nullptr;
-  const void* values = nullptr;
-  const std::int32_t* positions = nullptr;
-  DType dtype = DType::kF16;
-  std::int64_t n_rows = 0;
-  std::int64_t stride = 0;
-  const PackedRows* packed = nullptr;
-
-  const void* key(std::int64_t i) const noexcept {
-    return static_cast<const char*>(keys) + i * stride * static_cast<std::int64_t>(dtype_size(dtype));
-  }
-  const void* value(std::int64_t i) const noexcept {
-    return static_cast<const char*>(values) +
-           i * stride * static_cast<std::int64_t>(dtype_size(dtype));
-  }
-  // Row i's key as fp32 (out: [stride]), plain or packed.
-  void load_key(std::int64_t i, float* out) const noexcept;
-};
+// The rows of a packing store: read through `packed` (keys and values null, fp32 when read).
+inline HeadRows packed_rows(const PackedRows* packed, const std::int32_t* positions,
+                            std::int64_t n_rows, std::int64_t head_dim) noexcept {
+  return HeadRows{nullptr, nullptr, positions, DType::kF32, n_rows, head_dim, packed};
+}
 
 class RowStore {
  public:
@@ -47,8 +30,8 @@ class RowStore {
   virtual void append(const TensorRef& k, const TensorRef& v, std::int64_t b, std::int64_t h,
                       std::int32_t first_pos) = 0;
   // All rows in physical order, readable until the next mutating call (packed rows: through
-  // RowsRef::packed, dequantized on the fly).
-  virtual RowsRef rows() const noexcept = 0;
+  // HeadRows::packed, dequantized on the fly).
+  virtual HeadRows rows() const noexcept = 0;
   virtual void read_key(std::int64_t i, float* out) const noexcept = 0;
   virtual void read_value(std::int64_t i, float* out) const noexcept = 0;
   virtual void write_key(std::int64_t i, const float* in) noexcept = 0;

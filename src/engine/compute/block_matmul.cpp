@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "veloxquant/types.h"
 
@@ -29,6 +30,8 @@
 
 namespace vq::engine {
 
+using cpu::Isa;
+
 const char* to_string(ActType a) noexcept {
   switch (a) {
     case ActType::kQ8_0:
@@ -39,22 +42,6 @@ const char* to_string(ActType a) noexcept {
       return "q8_k";
   }
   return "?";
-}
-
-ActType activation_type(WeightType w) noexcept {
-  switch (w) {
-    case WeightType::kQ4_1:
-    case WeightType::kQ5_1:
-      return ActType::kQ8_1;
-    case WeightType::kQ2_K:
-    case WeightType::kQ3_K:
-    case WeightType::kQ4_K:
-    case WeightType::kQ5_K:
-    case WeightType::kQ6_K:
-      return ActType::kQ8_K;
-    default:
-      return ActType::kQ8_0;
-  }
 }
 
 namespace {
@@ -103,6 +90,30 @@ constexpr bool signed_codes(WeightType t) noexcept {
   return t == WeightType::kQ4_0 || t == WeightType::kQ5_0 || t == WeightType::kQ3_K ||
          t == WeightType::kQ6_K;
 }
+constexpr ActType act_type(WeightType t) noexcept {
+  return is_k(t) ? ActType::kQ8_K : has_min(t) ? ActType::kQ8_1 : ActType::kQ8_0;
+}
+
+// The one switch over the block types this file computes: calls f(Type<T>{}) for t's type T
+// (the kernels are templates over T, reading the traits above), and returns false without
+// calling f for any other type (F32/F16/BF16/Q8_0: matmul.cpp's kernels).
+template <WeightType T>
+using Type = std::integral_constant<WeightType, T>;
+template <class F>
+bool with_block_type(WeightType t, F&& f) {
+  switch (t) {
+    case WeightType::kQ4_0: f(Type<WeightType::kQ4_0>{}); return true;
+    case WeightType::kQ4_1: f(Type<WeightType::kQ4_1>{}); return true;
+    case WeightType::kQ5_0: f(Type<WeightType::kQ5_0>{}); return true;
+    case WeightType::kQ5_1: f(Type<WeightType::kQ5_1>{}); return true;
+    case WeightType::kQ2_K: f(Type<WeightType::kQ2_K>{}); return true;
+    case WeightType::kQ3_K: f(Type<WeightType::kQ3_K>{}); return true;
+    case WeightType::kQ4_K: f(Type<WeightType::kQ4_K>{}); return true;
+    case WeightType::kQ5_K: f(Type<WeightType::kQ5_K>{}); return true;
+    case WeightType::kQ6_K: f(Type<WeightType::kQ6_K>{}); return true;
+    default: return false;
+  }
+}
 
 // A decoded block: codes (32 or 256), and for the K-quants per 16-group scale and min, plus the
 // scales in the layout the SIMD dot reads (scx[k] = sc[2k] x 8, sc[2k+1] x 8 as int16).
@@ -124,6 +135,45 @@ void fill_scx(Decoded* o) noexcept {
 }
 
 // ---- Scalar decoders (the definition's codes and scales, from quants.h's layouts) ----
+
+// A K-quant super-block's scales: d, dmin and per 16-group the integer scale sc[g] and min mn[g]
+// (0 where the type has none; dmin 0 too). A few bytes a block: every family decodes them with
+// this code, inlined into each decoder (a call per block costs the AVX2 Q4_K matvec about 12%).
+template <WeightType T>
+[[gnu::always_inline]] inline void decode_k_scales(const std::uint8_t* blk, Decoded* o) noexcept {
+  if constexpr (T == WeightType::kQ2_K) {
+    o->d = load_half(blk + 80);
+    o->dmin = load_half(blk + 82);
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = static_cast<std::int16_t>(blk[g] & 0xF);
+      o->mn[g] = static_cast<std::int16_t>(blk[g] >> 4);
+    }
+  } else if constexpr (T == WeightType::kQ3_K) {
+    o->d = load_half(blk + 108);
+    o->dmin = 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = static_cast<std::int16_t>(scale_q3k(g, blk + 96));
+      o->mn[g] = 0;
+    }
+  } else if constexpr (T == WeightType::kQ4_K || T == WeightType::kQ5_K) {
+    o->d = load_half(blk);
+    o->dmin = load_half(blk + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      scale_min_k4(s, blk + 4, &sc, &m);
+      o->sc[2 * s] = o->sc[2 * s + 1] = static_cast<std::int16_t>(sc);
+      o->mn[2 * s] = o->mn[2 * s + 1] = static_cast<std::int16_t>(m);
+    }
+  } else {
+    static_assert(T == WeightType::kQ6_K);
+    o->d = load_half(blk + 208);
+    o->dmin = 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      o->sc[g] = static_cast<std::int8_t>(blk[192 + g]);
+      o->mn[g] = 0;
+    }
+  }
+}
 
 template <WeightType T>
 void decode_scalar(const std::uint8_t* blk, Decoded* o) noexcept {
@@ -150,25 +200,14 @@ void decode_scalar(const std::uint8_t* blk, Decoded* o) noexcept {
       c[j + 16] = static_cast<std::int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
     }
   } else if constexpr (T == WeightType::kQ2_K) {
-    const std::uint8_t* scales = blk;
-    o->d = load_half(blk + 80);
-    o->dmin = load_half(blk + 82);
-    for (int g = 0; g < 16; ++g) {
-      o->sc[g] = static_cast<std::int16_t>(scales[g] & 0xF);
-      o->mn[g] = static_cast<std::int16_t>(scales[g] >> 4);
-    }
+    decode_k_scales<T>(blk, o);
     for (int y = 0; y < 256; ++y) {
       const int n = y / 128, j = (y % 128) / 32, l = y % 32;
       c[y] = static_cast<std::int8_t>((blk[16 + 32 * n + l] >> (2 * j)) & 3);
     }
   } else if constexpr (T == WeightType::kQ3_K) {
     const std::uint8_t* hmask = blk;
-    o->d = load_half(blk + 108);
-    o->dmin = 0.0f;
-    for (int g = 0; g < 16; ++g) {
-      o->sc[g] = static_cast<std::int16_t>(scale_q3k(g, blk + 96));
-      o->mn[g] = 0;
-    }
+    decode_k_scales<T>(blk, o);
     for (int y = 0; y < 256; ++y) {
       const int n = y / 128, j = (y % 128) / 32, l = y % 32;
       const int v = ((blk[32 + 32 * n + l] >> (2 * j)) & 3) - (((hmask[l] >> (4 * n + j)) & 1) ? 0 : 4);
@@ -176,14 +215,7 @@ void decode_scalar(const std::uint8_t* blk, Decoded* o) noexcept {
     }
   } else if constexpr (T == WeightType::kQ4_K || T == WeightType::kQ5_K) {
     constexpr bool k5 = T == WeightType::kQ5_K;
-    o->d = load_half(blk);
-    o->dmin = load_half(blk + 2);
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      scale_min_k4(s, blk + 4, &sc, &m);
-      o->sc[2 * s] = o->sc[2 * s + 1] = static_cast<std::int16_t>(sc);
-      o->mn[2 * s] = o->mn[2 * s + 1] = static_cast<std::int16_t>(m);
-    }
+    decode_k_scales<T>(blk, o);
     const std::uint8_t* qh = blk + 16;
     const std::uint8_t* qs = blk + (k5 ? 48 : 16);
     for (int y = 0; y < 256; ++y) {
@@ -197,13 +229,7 @@ void decode_scalar(const std::uint8_t* blk, Decoded* o) noexcept {
     static_assert(T == WeightType::kQ6_K);
     const std::uint8_t* ql = blk;
     const std::uint8_t* qh = blk + 128;
-    const auto* scales = reinterpret_cast<const std::int8_t*>(blk + 192);
-    o->d = load_half(blk + 208);
-    o->dmin = 0.0f;
-    for (int g = 0; g < 16; ++g) {
-      o->sc[g] = scales[g];
-      o->mn[g] = 0;
-    }
+    decode_k_scales<T>(blk, o);
     for (int y = 0; y < 256; ++y) {
       const int h = y / 128, k = (y % 128) / 32, l = y % 32;
       const std::uint8_t lo = ql[64 * h + 32 * (k % 2) + l];
@@ -677,25 +703,13 @@ struct Avx2Family {
       o->dmin = kMin ? load_half(blk + 2) : 0.0f;
       store32(o, 0, legacy_codes<T>(blk));
     } else {
-      // The scales are a few bytes a block: the scalar decoder's code.
+      decode_k_scales<T>(blk, o);  // a few bytes a block: the scalar code
       if constexpr (T == WeightType::kQ2_K) {
-        o->d = load_half(blk + 80);
-        o->dmin = load_half(blk + 82);
-        for (int g = 0; g < 16; ++g) {
-          o->sc[g] = static_cast<std::int16_t>(blk[g] & 0xF);
-          o->mn[g] = static_cast<std::int16_t>(blk[g] >> 4);
-        }
         for (int n = 0; n < 2; ++n) {
           const __m256i q = load32(blk + 16 + 32 * n);
           for (int j = 0; j < 4; ++j) store32(o, 4 * n + j, byte_bits(q, 2 * j, 3));
         }
       } else if constexpr (T == WeightType::kQ3_K) {
-        o->d = load_half(blk + 108);
-        o->dmin = 0.0f;
-        for (int g = 0; g < 16; ++g) {
-          o->sc[g] = static_cast<std::int16_t>(scale_q3k(g, blk + 96));
-          o->mn[g] = 0;
-        }
         const __m256i hm = load32(blk);
         for (int n = 0; n < 2; ++n) {
           const __m256i q = load32(blk + 32 + 32 * n);
@@ -708,14 +722,6 @@ struct Avx2Family {
         }
       } else if constexpr (T == WeightType::kQ4_K || T == WeightType::kQ5_K) {
         constexpr bool k5 = T == WeightType::kQ5_K;
-        o->d = load_half(blk);
-        o->dmin = load_half(blk + 2);
-        for (int s = 0; s < 8; ++s) {
-          int sc, m;
-          scale_min_k4(s, blk + 4, &sc, &m);
-          o->sc[2 * s] = o->sc[2 * s + 1] = static_cast<std::int16_t>(sc);
-          o->mn[2 * s] = o->mn[2 * s + 1] = static_cast<std::int16_t>(m);
-        }
         const __m256i qh = k5 ? load32(blk + 16) : _mm256_setzero_si256();
         for (int g = 0; g < 4; ++g) {
           const __m256i q = load32(blk + (k5 ? 48 : 16) + 32 * g);
@@ -729,12 +735,6 @@ struct Avx2Family {
         }
       } else {
         static_assert(T == WeightType::kQ6_K);
-        o->d = load_half(blk + 208);
-        o->dmin = 0.0f;
-        for (int g = 0; g < 16; ++g) {
-          o->sc[g] = static_cast<std::int8_t>(blk[192 + g]);
-          o->mn[g] = 0;
-        }
         for (int h = 0; h < 2; ++h) {
           const __m256i l0 = load32(blk + 64 * h), l1 = load32(blk + 64 * h + 32);
           const __m256i qh = load32(blk + 128 + 32 * h);
@@ -833,59 +833,6 @@ namespace mv512 {
 #endif
 #endif
 
-template <class Family>
-void dispatch_rows(float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
-                   std::int64_t begin, std::int64_t end) noexcept {
-  switch (w.type) {
-    case WeightType::kQ4_0:
-      return rows_family<WeightType::kQ4_0, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ4_1:
-      return rows_family<WeightType::kQ4_1, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ5_0:
-      return rows_family<WeightType::kQ5_0, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ5_1:
-      return rows_family<WeightType::kQ5_1, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ2_K:
-      return rows_family<WeightType::kQ2_K, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ3_K:
-      return rows_family<WeightType::kQ3_K, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ4_K:
-      return rows_family<WeightType::kQ4_K, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ5_K:
-      return rows_family<WeightType::kQ5_K, Family>(out, a, w, S, begin, end);
-    case WeightType::kQ6_K:
-      return rows_family<WeightType::kQ6_K, Family>(out, a, w, S, begin, end);
-    default:
-      return;  // F32/F16/BF16/Q8_0: matmul.cpp's kernels
-  }
-}
-
-template <class Family>
-void decode_one(const WeightMatrix& w, const std::uint8_t* blk, Decoded* o) noexcept {
-  switch (w.type) {
-    case WeightType::kQ4_0:
-      return Family::template decode<WeightType::kQ4_0>(blk, o);
-    case WeightType::kQ4_1:
-      return Family::template decode<WeightType::kQ4_1>(blk, o);
-    case WeightType::kQ5_0:
-      return Family::template decode<WeightType::kQ5_0>(blk, o);
-    case WeightType::kQ5_1:
-      return Family::template decode<WeightType::kQ5_1>(blk, o);
-    case WeightType::kQ2_K:
-      return Family::template decode<WeightType::kQ2_K>(blk, o);
-    case WeightType::kQ3_K:
-      return Family::template decode<WeightType::kQ3_K>(blk, o);
-    case WeightType::kQ4_K:
-      return Family::template decode<WeightType::kQ4_K>(blk, o);
-    case WeightType::kQ5_K:
-      return Family::template decode<WeightType::kQ5_K>(blk, o);
-    case WeightType::kQ6_K:
-      return Family::template decode<WeightType::kQ6_K>(blk, o);
-    default:
-      return;
-  }
-}
-
 // A block of 32 activations with a NaN or an infinity: d (and s) NaN, codes 0.
 bool finite_block(const float* x, std::int64_t n) noexcept {
   for (std::int64_t j = 0; j < n; ++j) {
@@ -900,20 +847,10 @@ namespace {
 std::atomic<bool> g_avx512_prefill{true};
 }  // namespace
 
-bool avx512_prefill_supported() noexcept {
-#ifdef VQ_BLOCKS_X86
-  // __builtin_cpu_supports checks the OS's zmm state (XCR0) too.
-  static const bool ok = isa_supported(Isa::kAvx2Vnni) && __builtin_cpu_supports("avx512f") &&
-                         __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok;
-#else
-  return false;
-#endif
-}
 void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
-bool avx512_prefill() noexcept { return g_avx512_prefill.load() && avx512_prefill_supported(); }
+bool avx512_prefill() noexcept {
+  return g_avx512_prefill.load() && cpu::avx512_prefill_supported();
+}
 
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
                                float* s) noexcept {
@@ -982,91 +919,68 @@ bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, cons
 #endif
 }
 
-void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
-                        std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
-  if (isa == Isa::kAvx512Vnni) {  // its own kernels for one token, kAvx2Vnni's / kAvx2's else
+namespace {
+
+// Rows [begin, end) x S tokens of type T with the family `isa` (matmul_rows_blocks).
+template <WeightType T>
+void rows_of_type(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w, std::int64_t S,
+                  std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_BLOCKS_X86
-    if (S == 1 && mv512::matvec_blocks(out, a, w, begin, end)) return;
-#endif
-    isa = avx512_base_isa();
+  // kAvx512Vnni: its own kernels for one token; the AVX-512 families run avx512_base()'s else.
+  if (isa == Isa::kAvx512Vnni && S == 1 && mv512::matvec_blocks<T>(out, a, w, begin, end)) {
+    return;
   }
-#ifdef VQ_BLOCKS_X86
-  if (p512::use(isa, w, S)) {
-    switch (w.type) {
-      case WeightType::kQ4_0:
-        return p512::rows_q4_0(out, a, w, S, begin, end);
-      case WeightType::kQ2_K:
-        return p512::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
-      case WeightType::kQ3_K:
-        return p512::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
-      case WeightType::kQ4_K:
-        return p512::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
-      case WeightType::kQ5_K:
-        return p512::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
-      case WeightType::kQ6_K:
-        return p512::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
-      default:
-        break;
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
+  if constexpr (T == WeightType::kQ4_0 || is_k(T)) {
+    if (p512::use(isa, w, S)) {
+      if constexpr (is_k(T)) return p512::rows_k<T>(out, a, w, S, begin, end);
+      else return p512::rows_q4_0(out, a, w, S, begin, end);
     }
   }
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
-    switch (w.type) {
-      case WeightType::kQ4_0:
-        return rows_legacy_avx2<WeightType::kQ4_0>(out, a, w, S, begin, end);
-      case WeightType::kQ4_1:
-        return rows_legacy_avx2<WeightType::kQ4_1>(out, a, w, S, begin, end);
-      case WeightType::kQ5_0:
-        return rows_legacy_avx2<WeightType::kQ5_0>(out, a, w, S, begin, end);
-      case WeightType::kQ5_1:
-        return rows_legacy_avx2<WeightType::kQ5_1>(out, a, w, S, begin, end);
-      default:
-        break;
-    }
-    if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
-      const bool vnni = isa == Isa::kAvx2Vnni;
-      switch (w.type) {
-        case WeightType::kQ2_K:
-          return vnni ? k_vnni::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end)
-                      : k_avx2::rows_k<WeightType::kQ2_K>(out, a, w, S, begin, end);
-        case WeightType::kQ3_K:
-          return vnni ? k_vnni::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end)
-                      : k_avx2::rows_k<WeightType::kQ3_K>(out, a, w, S, begin, end);
-        case WeightType::kQ4_K:
-          return vnni ? k_vnni::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end)
-                      : k_avx2::rows_k<WeightType::kQ4_K>(out, a, w, S, begin, end);
-        case WeightType::kQ5_K:
-          return vnni ? k_vnni::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end)
-                      : k_avx2::rows_k<WeightType::kQ5_K>(out, a, w, S, begin, end);
-        case WeightType::kQ6_K:
-          return vnni ? k_vnni::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end)
-                      : k_avx2::rows_k<WeightType::kQ6_K>(out, a, w, S, begin, end);
-        default:
-          break;
+    if constexpr (!is_k(T)) {
+      return rows_legacy_avx2<T>(out, a, w, S, begin, end);
+    } else {
+      if (S > 1 && prefill_kernels() == PrefillKernels::kTiles) {
+        return isa == Isa::kAvx2Vnni ? k_vnni::rows_k<T>(out, a, w, S, begin, end)
+                                     : k_avx2::rows_k<T>(out, a, w, S, begin, end);
       }
+      return rows_family<T, Avx2Family>(out, a, w, S, begin, end);
     }
-    return dispatch_rows<Avx2Family>(out, a, w, S, begin, end);
   }
 #else
   (void)isa;
 #endif
-  dispatch_rows<ScalarFamily>(out, a, w, S, begin, end);
+  rows_family<T, ScalarFamily>(out, a, w, S, begin, end);
+}
+
+}  // namespace
+
+ActType activation_type(WeightType w) noexcept {
+  ActType act = ActType::kQ8_0;  // Q8_0 weights
+  with_block_type(w, [&](auto type) { act = act_type(decltype(type)::value); });
+  return act;
+}
+
+void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
+                        std::int64_t S, std::int64_t begin, std::int64_t end) noexcept {
+  with_block_type(w.type, [&](auto type) {
+    rows_of_type<decltype(type)::value>(isa, out, a, w, S, begin, end);
+  });
 }
 
 void decode_block(Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
                   DecodedBlock* out) noexcept {
-  if (isa == Isa::kAvx512Vnni) isa = avx512_base_isa();
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
   Decoded dec{};
   const std::uint8_t* blk = w.row(row) + block * weight_block_bytes(w.type);
+  with_block_type(w.type, [&](auto type) {
+    constexpr WeightType T = decltype(type)::value;
 #ifdef VQ_BLOCKS_X86
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
-    decode_one<Avx2Family>(w, blk, &dec);
-  } else {
-    decode_one<ScalarFamily>(w, blk, &dec);
-  }
-#else
-  (void)isa;
-  decode_one<ScalarFamily>(w, blk, &dec);
+    if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return Avx2Family::decode<T>(blk, &dec);
 #endif
+    ScalarFamily::decode<T>(blk, &dec);
+  });
   std::memset(out, 0, sizeof(*out));
   const int n = weight_block_size(w.type) == 256 ? 256 : 32;
   std::memcpy(out->codes, dec.c, static_cast<std::size_t>(n));

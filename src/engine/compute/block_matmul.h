@@ -84,7 +84,7 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
 
 // Rows [row_begin, row_end) of out[s][i] for s < S (out row stride w.rows), one thread, with
 // the given kernel family; w is a block type other than Q8_0 and a.type its activation_type.
-void matmul_rows_blocks(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
+void matmul_rows_blocks(cpu::Isa isa, float* out, const BlockActs& a, const WeightMatrix& w,
                         std::int64_t S, std::int64_t row_begin, std::int64_t row_end) noexcept;
 
 // For matmul.cpp: rows [row_begin, row_end) of the Q8_0 x Q8_0 product (engine/matmul.h's
@@ -94,14 +94,12 @@ bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, cons
                         std::int64_t row_begin, std::int64_t row_end) noexcept;
 
 // AVX-512 VNNI prefill tiles (block_prefill_avx512.inc) for Q4_0 and the K-quants: within the
-// kAvx2Vnni family, a product over S > 1 tokens with PrefillKernels::kTiles runs them when the
-// CPU has AVX-512 F, BW, VL and VNNI (checked at run time) and they are switched on (the
-// default); rows wider than 16384 values keep the AVX2 tiles. They give the scalar
-// definition's bits like every family. set_avx512_prefill(false) keeps the AVX2 tiles (for
-// tests and benchmarks comparing them in one process); process-wide, like
-// set_prefill_kernels, not to be changed while a matmul runs. avx512_prefill() is whether they
-// are on and supported.
-bool avx512_prefill_supported() noexcept;
+// kAvx2Vnni family, a product over S > 1 tokens with PrefillKernels::kTiles runs them where
+// cpu::avx512_prefill_supported() and they are switched on (the default); rows wider than 16384
+// values keep the AVX2 tiles. They give the scalar definition's bits like every family.
+// set_avx512_prefill(false) keeps the AVX2 tiles (for tests and benchmarks comparing them in one
+// process); process-wide, like set_prefill_kernels, not to be changed while a matmul runs.
+// avx512_prefill() is whether they are on and supported.
 void set_avx512_prefill(bool on) noexcept;
 bool avx512_prefill() noexcept;
 
@@ -114,7 +112,7 @@ struct DecodedBlock {
   std::int32_t mn[16];
   float d, dmin;
 };
-void decode_block(Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
+void decode_block(cpu::Isa isa, const WeightMatrix& w, std::int64_t row, std::int64_t block,
                   DecodedBlock* out) noexcept;
 
 }  // namespace vq::engine

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/compute/block_matmul.h"
@@ -14,7 +15,6 @@
 #include "veloxquant/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define VQ_MATMUL_X86 1
 #endif
@@ -24,6 +24,8 @@
 #endif
 
 namespace vq::engine {
+
+using cpu::Isa;
 
 const char* to_string(WeightType type) noexcept {
   switch (type) {
@@ -53,20 +55,6 @@ const char* to_string(WeightType type) noexcept {
       return "q5_k";
     case WeightType::kQ6_K:
       return "q6_k";
-  }
-  return "?";
-}
-
-const char* to_string(Isa isa) noexcept {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2+f16c";
-    case Isa::kAvx2Vnni:
-      return "avx2+f16c+avxvnni";
-    case Isa::kAvx512Vnni:
-      return "avx512vnni+vbmi";
   }
   return "?";
 }
@@ -413,80 +401,26 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
 
 }  // namespace
 
-bool isa_supported(Isa isa) noexcept {
-  if (isa == Isa::kScalar) return true;
-#ifdef VQ_MATMUL_X86
-  // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 29) & 1u) != 0;
-  const bool avx2 = __builtin_cpu_supports("avx2") && f16c;
-  if (isa == Isa::kAvx2) return avx2;
-  // AVX-VNNI (the VEX-coded vpdpbusd) is CPUID leaf 7 subleaf 1, EAX bit 4. Asked of the CPU,
-  // not of the compiler: the build may target a CPU with it (-march=native) and run on one
-  // without. It needs no OS state beyond AVX2's (ymm registers).
-  if (isa == Isa::kAvx512Vnni) {
-    // AVX-512 F/BW/VL/DQ as the CPU and the OS report them (libgcc checks that the OS saves the
-    // zmm and mask state); VNNI (vpdpbusd/vpdpwssd on zmm) and VBMI (vpermi2b) are CPUID leaf 7
-    // subleaf 0, ECX bits 11 and 1.
-    a = b = c = d = 0;
-    const bool leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0;
-    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && leaf7 &&
-           ((c >> 11) & 1u) != 0 && ((c >> 1) & 1u) != 0;
-  }
-  a = b = c = d = 0;
-  const bool vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
-  return avx2 && vnni;
-#else
-  return false;
-#endif
-}
-
-Isa best_isa() noexcept {
-  static const Isa best = isa_supported(Isa::kAvx512Vnni) ? Isa::kAvx512Vnni
-                          : isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni
-                          : isa_supported(Isa::kAvx2)     ? Isa::kAvx2
-                                                          : Isa::kScalar;
-  return best;
-}
-
-Isa avx512_base_isa() noexcept {
-  static const Isa base = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni : Isa::kAvx2;
-  return base;
-}
-
 void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t begin, std::int64_t end) noexcept {
-  if (isa == Isa::kAvx512Vnni) isa = avx512_base_isa();  // no fp32-activation kernels of its own
-#ifdef VQ_MATMUL_X86
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {  // the same kernels for fp32 activations
-    switch (w.type) {
-      case WeightType::kF32:
-        return rows_avx2<WeightType::kF32>(out, x, w, S, begin, end);
-      case WeightType::kF16:
-        return rows_avx2<WeightType::kF16>(out, x, w, S, begin, end);
-      case WeightType::kBF16:
-        return rows_avx2<WeightType::kBF16>(out, x, w, S, begin, end);
-      case WeightType::kQ8_0:
-        return rows_avx2<WeightType::kQ8_0>(out, x, w, S, begin, end);
-      default:
-        return rows_dequantized(out, x, w, S, begin, end);
-    }
-  }
-#else
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();  // no fp32-activation kernels of its own
+#ifndef VQ_MATMUL_X86
   (void)isa;
 #endif
-  switch (w.type) {
-    case WeightType::kF32:
-      return rows_scalar<WeightType::kF32>(out, x, w, S, begin, end);
-    case WeightType::kF16:
-      return rows_scalar<WeightType::kF16>(out, x, w, S, begin, end);
-    case WeightType::kBF16:
-      return rows_scalar<WeightType::kBF16>(out, x, w, S, begin, end);
-    case WeightType::kQ8_0:
-      return rows_scalar<WeightType::kQ8_0>(out, x, w, S, begin, end);
-    default:
-      return rows_dequantized(out, x, w, S, begin, end);
+  const auto rows = [&](auto type) {
+    constexpr WeightType T = decltype(type)::value;
+#ifdef VQ_MATMUL_X86
+    // kAvx2 and kAvx2Vnni run the same kernels for fp32 activations.
+    if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return rows_avx2<T>(out, x, w, S, begin, end);
+#endif
+    rows_scalar<T>(out, x, w, S, begin, end);
+  };
+  switch (w.type) {  // the types read in place; the block types are dequantized first
+    case WeightType::kF32: return rows(std::integral_constant<WeightType, WeightType::kF32>{});
+    case WeightType::kF16: return rows(std::integral_constant<WeightType, WeightType::kF16>{});
+    case WeightType::kBF16: return rows(std::integral_constant<WeightType, WeightType::kBF16>{});
+    case WeightType::kQ8_0: return rows(std::integral_constant<WeightType, WeightType::kQ8_0>{});
+    default: return rows_dequantized(out, x, w, S, begin, end);
   }
 }
 
@@ -520,10 +454,11 @@ void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, f
 void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
                       const WeightMatrix& w, std::int64_t S, std::int64_t begin,
                       std::int64_t end) noexcept {
-  if (isa == Isa::kAvx512Vnni) {  // its own kernel for one token, kAvx2Vnni's / kAvx2's else
-    if (S == 1 && matvec_q8_0_avx512(out, xq, xd, w, begin, end)) return;
-    isa = avx512_base_isa();
+  // kAvx512Vnni: its own kernel for one token; the AVX-512 families run avx512_base()'s else.
+  if (isa == Isa::kAvx512Vnni && S == 1 && matvec_q8_0_avx512(out, xq, xd, w, begin, end)) {
+    return;
   }
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
 #ifdef VQ_MATMUL_X86
   if (isa == Isa::kAvx2) return q8q8_avx2::rows(out, xq, xd, w, S, begin, end);
   if (isa == Isa::kAvx2Vnni) return q8q8_vnni::rows(out, xq, xd, w, S, begin, end);
@@ -563,7 +498,7 @@ void matmul_fused(std::span<const MatmulOut> outs, const float* x, std::int64_t 
                       ", got " + std::to_string(o.w->cols));
     }
   }
-  const Isa isa = best_isa();
+  const Isa isa = cpu::best_isa();
   // The activations each weight type reads, quantized here once per call for all the matrices
   // that read them: Q8_0 codes (Q8_0 weights in kQ8_0 mode, Q4_0, Q5_0), Q8_1 (the same codes
   // and scales plus s: Q4_1, Q5_1), Q8_K (the K-quants). F32/F16/BF16 read x itself.

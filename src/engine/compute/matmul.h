@@ -34,29 +34,25 @@
 #include <cstdint>
 #include <span>
 
+#include "base/cpu.h"
 #include "engine/compute/weights.h"
 
 namespace vq::engine {
 
-// The kernel families. kAvx2 needs AVX2 and F16C; kAvx2Vnni also AVX-VNNI (CPUID leaf 7.1 EAX
-// bit 4), which only its Q8_0 x Q8_0 block dots use: for fp32 activations it runs kAvx2's
-// kernels. kAvx512Vnni needs AVX2, F16C and AVX-512 F/BW/VL/DQ/VNNI/VBMI (with the OS saving the
-// zmm state): it has its own matrix-vector kernels (S = 1, decode) for Q4_0 and Q8_0 x Q8_0 and
-// Q4_K/Q5_K/Q6_K x Q8_K (engine/block_matvec_avx512.inc); everything else it runs with
-// avx512_base_isa()'s kernels. Support is checked at run time (CPUID), never taken from the
-// compiler's flags.
-enum class Isa { kScalar, kAvx2, kAvx2Vnni, kAvx512Vnni };
-const char* to_string(Isa isa) noexcept;
-// The best family this CPU supports (cached after the first call).
-Isa best_isa() noexcept;
-bool isa_supported(Isa isa) noexcept;
-// The family kAvx512Vnni runs where it has no kernel of its own: kAvx2Vnni where the CPU has
-// AVX-VNNI, else kAvx2 (cached).
-Isa avx512_base_isa() noexcept;
+// The kernel families (cpu::Isa) and which kernels each runs here: base/cpu.h. In short,
+// kAvx2Vnni differs from kAvx2 only in the Q8_0 x Q8_0 block dots (vpdpbusd); kAvx512Vnni has
+// its own matrix-vector kernels (S = 1, decode) for Q4_0 and Q8_0 x Q8_0 and Q4_K/Q5_K/Q6_K x
+// Q8_K (engine/block_matvec_avx512.inc); kAvx512, and kAvx512Vnni elsewhere, run
+// cpu::avx512_base()'s kernels.
+//
+// eval/decode_bench.cpp names the family as engine::to_string(engine::best_isa()) (outside this
+// layer's change); the two names stay visible here until it reads cpu::'s.
+using cpu::best_isa;
+using cpu::to_string;
 
 // Rows [row_begin, row_end) of out[s][i] for s < S, one thread, with the given kernel family:
 // x is [S][w.cols], out is [S][w.rows] (row stride w.rows). For tests and benchmarks.
-void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
+void matmul_rows(cpu::Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t row_begin, std::int64_t row_end) noexcept;
 
 // Activations quantized for Q8_0 weights as llama.cpp's CPU backend does on x86 (ggml-cpu's
@@ -69,7 +65,7 @@ void quantize_activations_q8_0(const float* x, std::int64_t n, std::int8_t* q, f
 // Rows [row_begin, row_end) of the Q8_0 x Q8_0 product (definition above), one thread: w is
 // Q8_0, xq is [S][w.cols] codes and xd [S][w.cols / 32] scales from quantize_activations_q8_0;
 // out is [S][w.rows]. For tests and benchmarks.
-void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+void matmul_rows_q8_0(cpu::Isa isa, float* out, const std::int8_t* xq, const float* xd,
                       const WeightMatrix& w, std::int64_t S, std::int64_t row_begin,
                       std::int64_t row_end) noexcept;
 
