@@ -1,7 +1,7 @@
 // Micro-benchmarks: one decode-step update per method at a fixed budget, as the context grows.
 #include <benchmark/benchmark.h>
 
-#include "eval/synthetic.h"
+#include "eval/perturb/synthetic.h"
 #include "veloxquant/veloxquant.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // A result file as `bench table` reads it: parsed with the JSON limits, then tabulated.
 #include "engine/formats/json_limits.h"
-#include "eval/perturb_bench.h"
+#include "eval/perturb/perturb_bench.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -3,7 +3,7 @@
 
 Recomputes, from a result file's per-window values alone, every row's means, paired differences
 to the full cache and 95% percentile-bootstrap intervals, replaying the resampling indices from
-the definition in src/eval/bootstrap.h (CounterRng of src/base/rng.h, written here again from its
+the definition in src/eval/report/bootstrap.h (CounterRng of src/base/rng.h, written here again from its
 definition: SplitMix64's output function over key + (counter + 1) * golden ratio), and the
 best-per-ratio "indistinguishable" sets. Checks a fresh small run of the binary, and every
 committed windowed result under results/eval.

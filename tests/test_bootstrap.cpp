@@ -1,4 +1,4 @@
-// The paired percentile bootstrap of `eval --windows` (eval/bootstrap.h) against values worked
+// The paired percentile bootstrap of `eval --windows` (eval/report/bootstrap.h) against values worked
 // out by hand: quantiles of small sorted lists, an interval from explicit resampling indices,
 // and the exact resampling distribution of a three-window case (27 equally likely resamples).
 // tests/bootstrap_reference.py checks result files against a NumPy re-implementation.
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <map>
 
-#include "eval/bootstrap.h"
+#include "eval/report/bootstrap.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine_test_util.h"
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 #include "veloxquant/registry.h"
 
 namespace vq {

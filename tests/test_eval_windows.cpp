@@ -10,7 +10,7 @@
 #include "engine/formats/mapped_file.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 

@@ -1,7 +1,7 @@
 // `veloxquant eval`'s harness: the run plan (reference first, budgets, skipped cells), the
 // result file (schema, reproducible except timing) and the plot.
 #include "engine_test_util.h"
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 
 #include <fmt/format.h>
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "eval/perturb.h"
-#include "eval/perturb_bench.h"
-#include "eval/synthetic.h"
+#include "eval/perturb/perturb.h"
+#include "eval/perturb/perturb_bench.h"
+#include "eval/perturb/synthetic.h"
 #include "test_util.h"
 
 namespace vq {

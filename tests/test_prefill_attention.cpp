@@ -24,7 +24,7 @@
 #include "engine/model/transformer.h"
 #include "attention_util.h"
 #include "engine_test_util.h"
-#include "eval/resources.h"
+#include "engine/run/resources.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/config.h"
 #include "veloxquant/registry.h"
@@ -343,8 +343,8 @@ TEST(PrefillAttention, NoProbabilityBufferForMethodsThatReadNone) {
   EXPECT_GT(reading, 0u);
   EXPECT_LT(reading, configs.size());
   // The memory estimate counts the buffer only for a method that reads it: Hq * S * R floats.
-  const double with = eval::engine_run_bytes(c, 64, 128, true);
-  const double without = eval::engine_run_bytes(c, 64, 128, false);
+  const double with = engine::engine_run_bytes(c, 64, 128, true);
+  const double without = engine::engine_run_bytes(c, 64, 128, false);
   EXPECT_EQ(with - without, 4.0 * 8 * 64 * 128);
 }
 

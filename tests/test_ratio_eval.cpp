@@ -2,8 +2,8 @@
 // ratios it reaches (worked out by hand from stories260K's shapes: 640 bytes per fp16 row over
 // its 5 layers x 4 KV heads, head_dim 8), the correction by running, and the result file.
 #include "engine_test_util.h"
-#include "eval/model_eval.h"
-#include "eval/pareto.h"
+#include "eval/model/model_eval.h"
+#include "eval/report/pareto.h"
 #include "veloxquant/registry.h"
 
 namespace vq {

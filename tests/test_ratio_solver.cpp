@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "engine_test_util.h"
-#include "eval/pareto.h"
-#include "eval/ratio_solver.h"
+#include "eval/report/pareto.h"
+#include "eval/model/ratio_solver.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 

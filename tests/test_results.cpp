@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "eval/plot.h"
-#include "eval/results.h"
+#include "eval/report/plot.h"
+#include "eval/report/results.h"
 #include "test_util.h"
 
 namespace vq {

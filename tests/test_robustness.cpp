@@ -22,8 +22,8 @@
 #include "engine/tokenizers/gguf_tokenizer.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/weights_check.h"
-#include "eval/output_set.h"
-#include "eval/resources.h"
+#include "eval/report/output_set.h"
+#include "engine/run/resources.h"
 #include "test_util.h"
 
 namespace vq {
@@ -241,26 +241,26 @@ TEST(Sizes, TextFilesAreCappedWhileReading) {
 }
 
 TEST(Sizes, MaxMemoryFlag) {
-  EXPECT_EQ(eval::parse_memory_size("512M", "--max-memory"), std::uint64_t{512} << 20);
-  EXPECT_EQ(eval::parse_memory_size("8g", "--max-memory"), std::uint64_t{8} << 30);
-  EXPECT_EQ(eval::parse_memory_size("1000", "--max-memory"), 1000u);
-  EXPECT_EQ(eval::parse_memory_size("2KiB", "--max-memory"), 2048u);
+  EXPECT_EQ(engine::parse_memory_size("512M", "--max-memory"), std::uint64_t{512} << 20);
+  EXPECT_EQ(engine::parse_memory_size("8g", "--max-memory"), std::uint64_t{8} << 30);
+  EXPECT_EQ(engine::parse_memory_size("1000", "--max-memory"), 1000u);
+  EXPECT_EQ(engine::parse_memory_size("2KiB", "--max-memory"), 2048u);
   for (const char* bad : {"", "-1", "0", "12Q", "M", "18446744073709551616", "17179869184G"}) {
-    test::expect_error([&] { (void)eval::parse_memory_size(bad, "--max-memory"); },
+    test::expect_error([&] { (void)engine::parse_memory_size(bad, "--max-memory"); },
                        ErrorCode::kInvalidArgument, {"--max-memory expects a size"});
   }
 }
 
 TEST(Sizes, MemoryGuardRefusesWithTheEstimate) {
   test::expect_error(
-      [] { eval::check_memory("demo", 3.0 * (1 << 30), "synthetic K/V", std::uint64_t{1} << 30); },
+      [] { engine::check_memory("demo", 3.0 * (1 << 30), "synthetic K/V", std::uint64_t{1} << 30); },
       ErrorCode::kInvalidArgument,
       {"demo: the run needs about 3.0 GiB (synthetic K/V), more than 1.0 GiB (the --max-memory "
        "limit)"});
-  EXPECT_NO_THROW(eval::check_memory("demo", 1000, "x", 1 << 20));
+  EXPECT_NO_THROW(engine::check_memory("demo", 1000, "x", 1 << 20));
   // Without --max-memory the limit is MemAvailable: a petabyte never fits.
-  if (eval::available_memory_bytes() > 0) {
-    test::expect_error([] { eval::check_memory("eval", 1e15, "x", 0); },
+  if (engine::available_memory_bytes() > 0) {
+    test::expect_error([] { engine::check_memory("eval", 1e15, "x", 0); },
                        ErrorCode::kInvalidArgument, {"MemAvailable"});
   }
 }

@@ -8,7 +8,7 @@
 #include "engine/compute/parallel.h"
 #include "engine/run/generate.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/task_eval.h"
+#include "eval/tasks/task_eval.h"
 
 namespace vq::eval {
 namespace {

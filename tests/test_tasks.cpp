@@ -1,5 +1,5 @@
-// The RULER-style task prompts and generators of `eval --task` (eval/task_prompts.h,
-// eval/task_gen.h) against hand-written expectations: prompt texts written out by hand from
+// The RULER-style task prompts and generators of `eval --task` (eval/tasks/task_prompts.h,
+// eval/tasks/task_gen.h) against hand-written expectations: prompt texts written out by hand from
 // docs/tasks.md, the scorer and the Wilson interval on hand-computed cases, and every
 // generator's samples checked by reading the rendered prompt back (needle counts, depth, chain,
 // word counts, token counts at most L and maximal).
@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/task_gen.h"
-#include "eval/task_prompts.h"
+#include "eval/tasks/task_gen.h"
+#include "eval/tasks/task_prompts.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {

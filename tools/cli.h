@@ -87,7 +87,7 @@ CLI::Validator real_range(double min_value, double max_value);
 // A file path flag must not be empty.
 CLI::Validator non_empty_path();
 
-// Adds `--max-memory SIZE` (eval/resources.h) to a command; `bytes` stays 0 when not given
+// Adds `--max-memory SIZE` (engine/run/resources.h) to a command; `bytes` stays 0 when not given
 // (the limit is then the available memory).
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes);
 

@@ -1,7 +1,7 @@
 // `veloxquant bench ...`: benchmarks that write result files.
-//   bench perturb  the model-free perturbation benchmark (src/eval/perturb_bench.h)
+//   bench perturb  the model-free perturbation benchmark (src/eval/perturb/perturb_bench.h)
 //   bench table    markdown tables of perturb result files (docs/benchmarks.md's tables)
-//   bench decode   decode speed at real model shapes and long contexts (src/eval/decode_bench.h)
+//   bench decode   decode speed at real model shapes and long contexts (src/eval/model/decode_bench.h)
 #include <fmt/format.h>
 
 #include <iostream>
@@ -9,13 +9,13 @@
 
 #include "base/validate.h"
 #include "cli.h"
-#include "eval/decode_bench.h"
+#include "eval/model/decode_bench.h"
 #include "engine/formats/json_limits.h"
 #include "engine/formats/mapped_file.h"
-#include "eval/output_set.h"
-#include "eval/perturb_bench.h"
-#include "eval/resources.h"
-#include "eval/results.h"
+#include "eval/report/output_set.h"
+#include "eval/perturb/perturb_bench.h"
+#include "engine/run/resources.h"
+#include "eval/report/results.h"
 #include "engine/compute/parallel.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -53,10 +53,10 @@ void run_bench_perturb(const PerturbArgs& a) {
   o.feed = eval::parse_feed(a.feed);
   // Everything is checked before the first row runs; a failed run writes nothing.
   const std::vector<eval::PerturbCase> cases = eval::plan_perturb(o);
-  eval::check_memory("bench perturb", eval::perturb_bytes(o),
+  engine::check_memory("bench perturb", eval::perturb_bytes(o),
                      "synthetic K/V of every seed at the longest --seq, probes and caches",
                      a.max_memory);
-  eval::OutputSet out;  // checked now, written together at the end (eval/output_set.h)
+  eval::OutputSet out;  // checked now, written together at the end (eval/report/output_set.h)
   out.declare("--json", a.json);
   if (!a.plot.empty()) out.declare("--plot", a.plot);
 
@@ -126,7 +126,7 @@ void run_bench_decode(DecodeArgs& a) {
   o.weight_type = parse_weight_type(a.weights, "--weights");
   eval::validate_decode_options(o);
   // Every output is checked before the run and all are written together at the end, or none
-  // is (eval/output_set.h).
+  // is (eval/report/output_set.h).
   eval::OutputSet out;
   if (!a.json.empty()) out.declare("--json", a.json);
   if (!a.plot.empty()) out.declare("--plot", a.plot);

@@ -9,8 +9,8 @@
 #include "cli.h"
 #include "engine/run/gguf_convert.h"
 #include "engine/model/model.h"
-#include "eval/output_set.h"
-#include "eval/resources.h"
+#include "eval/report/output_set.h"
+#include "engine/run/resources.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -38,7 +38,7 @@ void run_convert(const ConvertCliOptions& o) {
   if (o.to.size() < 5 || o.to.compare(o.to.size() - 5, 5, ".gguf") != 0) {
     throw Error(ErrorCode::kInvalidArgument, "--to must name a .gguf file, got '" + o.to + "'");
   }
-  // The output is checked like every output (eval/output_set.h): an existing symlink, FIFO,
+  // The output is checked like every output (eval/report/output_set.h): an existing symlink, FIFO,
   // device or directory is refused before any work. The writer writes TO.tmpPID and renames it
   // into place; a failure or a signal removes the temporary file (CleanupGuard).
   eval::check_output_path("--to", o.to);
@@ -54,7 +54,7 @@ void run_convert(const ConvertCliOptions& o) {
       (type == engine::GgmlType::kF32 ? 4.0 : type == engine::GgmlType::kQ8_0 ? 34.0 / 32 : 2.0);
   const double largest = 4.0 * static_cast<double>(std::max(c.vocab_size, c.hidden_dim)) *
                          static_cast<double>(c.dim);
-  eval::check_memory("convert", out_bytes + largest,
+  engine::check_memory("convert", out_bytes + largest,
                      "the converted tensors of '" + o.from + "' as " + o.type, o.max_memory);
   set_activity("writing '" + o.to + "'");
   const engine::ConvertReport r = engine::convert_to_gguf(model, o.tokenizer, type, o.to);

@@ -6,10 +6,10 @@
 #include <optional>
 
 #include "cli.h"
-#include "eval/perturb.h"
-#include "eval/perturb_bench.h"
-#include "eval/resources.h"
-#include "eval/synthetic.h"
+#include "eval/perturb/perturb.h"
+#include "eval/perturb/perturb_bench.h"
+#include "engine/run/resources.h"
+#include "eval/perturb/synthetic.h"
 #include "policies/spec_budget.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
@@ -27,7 +27,7 @@ struct DemoOptions {
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
 };
 
-// Flag ranges (the same as bench perturb's, eval/perturb_bench.h).
+// Flag ranges (the same as bench perturb's, eval/perturb/perturb_bench.h).
 constexpr std::int64_t kMaxTokens = std::int64_t{1} << 20;
 
 void run_demo(const DemoOptions& o) {
@@ -61,7 +61,7 @@ void run_demo(const DemoOptions& o) {
   // method's cache (fp32 at most).
   const double bytes = 4 * d(o.heads) * d(o.head_dim) * (2 * d(o.seq) + d(o.probes) + 1) +
                        (2 * 2 + 2 * 4 + 2 * 4) * d(o.heads) * d(o.seq) * d(o.head_dim);
-  eval::check_memory("demo", bytes,
+  engine::check_memory("demo", bytes,
                      "--heads " + std::to_string(o.heads) + " x --seq " + std::to_string(o.seq) +
                          " x --head-dim " + std::to_string(o.head_dim) +
                          " of synthetic K/V and caches, plus --probes " + std::to_string(o.probes),

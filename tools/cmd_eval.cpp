@@ -7,10 +7,10 @@
 
 #include "cli.h"
 #include "engine/compute/parallel.h"
-#include "eval/model_eval.h"
-#include "eval/output_set.h"
-#include "eval/resources.h"
-#include "eval/results.h"
+#include "eval/model/model_eval.h"
+#include "eval/report/output_set.h"
+#include "engine/run/resources.h"
+#include "eval/report/results.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -112,7 +112,7 @@ void run_eval(EvalCliOptions& o) {
   o.eval.more_texts.assign(o.texts.begin() + 1, o.texts.end());
   o.eval.threads = o.threads;
   // Every output is checked before the (long) run and all are written together at the end,
-  // or none is (eval/output_set.h).
+  // or none is (eval/report/output_set.h).
   eval::OutputSet out;
   if (!o.json.empty()) out.declare("--json", o.json);
   if (!o.plot.empty()) out.declare("--plot", o.plot);
@@ -129,9 +129,9 @@ void run_eval(EvalCliOptions& o) {
                           static_cast<double>(c.vocab_size);
     // The chunk's probabilities count when a method reads them (every method: some do).
     bool probs = o.eval.methods.empty();
-    for (const std::string& m : o.eval.methods) probs = probs || eval::reads_attention(m, c);
-    eval::check_memory(
-        "eval", runs_at_once * eval::engine_run_bytes(c, chunk, o.eval.tokens, probs) + logits,
+    for (const std::string& m : o.eval.methods) probs = probs || engine::reads_attention(m, c);
+    engine::check_memory(
+        "eval", runs_at_once * engine::engine_run_bytes(c, chunk, o.eval.tokens, probs) + logits,
         "the engine's buffers and a " + std::to_string(o.eval.tokens) + "-position cache per " +
             "run at once, and the reference logits of every window",
         o.max_memory);

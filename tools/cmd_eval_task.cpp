@@ -7,10 +7,10 @@
 
 #include "cli.h"
 #include "engine/compute/parallel.h"
-#include "eval/output_set.h"
-#include "eval/resources.h"
-#include "eval/results.h"
-#include "eval/task_eval.h"
+#include "eval/report/output_set.h"
+#include "engine/run/resources.h"
+#include "eval/report/results.h"
+#include "eval/tasks/task_eval.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -109,8 +109,8 @@ void run_task_eval_cli(const TaskCliOptions& t, const TaskCliShared& s) {
     for (const std::int64_t l : o.lengths.empty() ? eval::default_lengths(c.seq_len) : o.lengths)
       longest = std::max(longest, l);
     const double runs_at_once = s.threads > 0 ? s.threads : engine::threads();
-    eval::check_memory("eval --task",
-                       runs_at_once * eval::engine_run_bytes(c, std::max<std::int64_t>(1, longest),
+    engine::check_memory("eval --task",
+                       runs_at_once * engine::engine_run_bytes(c, std::max<std::int64_t>(1, longest),
                                                              std::min(c.seq_len, longest + 128), true),
                        "the engine's buffers and a " + std::to_string(longest) +
                            "-position cache per run at once",

@@ -8,7 +8,7 @@
 #include "engine/run/generate.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/resources.h"
+#include "engine/run/resources.h"
 #include "veloxquant/config.h"
 #include "veloxquant/errors.h"
 
@@ -42,10 +42,10 @@ void run_generate(const GenerateCliOptions& o) {
     // --steps against the model's context, named before anything runs.
     const std::int64_t context = engine::generate_positions(c, o.steps, "--steps");
     const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt, true).size());
-    eval::check_memory(
+    engine::check_memory(
         "generate",
-        eval::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context,
-                               eval::reads_attention(g.method, c)),
+        engine::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context,
+                               engine::reads_attention(g.method, c)),
         "the engine's buffers and a " + std::to_string(context) + "-position cache for " +
             model.path(),
         o.max_memory);

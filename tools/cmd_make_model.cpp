@@ -21,8 +21,8 @@
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
 #include "engine/model/shapes.h"
-#include "eval/output_set.h"
-#include "eval/resources.h"
+#include "eval/report/output_set.h"
+#include "engine/run/resources.h"
 #include "veloxquant/errors.h"
 
 namespace vq::cli {
@@ -103,13 +103,13 @@ void run_make_model(const MakeModelOptions& o) {
   const engine::NamedShape& shape = engine::find_shape(o.shape);
   engine::ModelConfig sc = shape.config;
   sc.n_layers = o.layers == 0 ? shape.default_layers : std::min(o.layers, sc.n_layers);
-  eval::check_memory("make-model", eval::model_weight_bytes(sc, type) + 64.0 * 1024 * 1024,
+  engine::check_memory("make-model", engine::model_weight_bytes(sc, type) + 64.0 * 1024 * 1024,
                      "the weights of --shape " + o.shape + " (" + std::to_string(sc.n_layers) +
                          " layers, " + o.dtype + ") and the write buffers",
                      o.max_memory);
 
   // Outputs: --out/config.json and --out/model.safetensors, checked like every output
-  // (eval/output_set.h: no symlink, FIFO or device replaced), written into a temporary
+  // (eval/report/output_set.h: no symlink, FIFO or device replaced), written into a temporary
   // directory inside --out and renamed into place at the end. A failure or a signal removes
   // the temporary directory and every directory this run created (CleanupGuard).
   namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "cli.h"
-#include "eval/resources.h"
+#include "engine/run/resources.h"
 #include "serve/server.h"
 #include "veloxquant/errors.h"
 
@@ -29,7 +29,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option_function<std::string>(
          "--kv-memory",
          [o](const std::string& text) {
-           const std::uint64_t b = eval::parse_memory_size(text, "--kv-memory");
+           const std::uint64_t b = engine::parse_memory_size(text, "--kv-memory");
            if (b > static_cast<std::uint64_t>(INT64_MAX))
              throw vq::Error(vq::ErrorCode::kInvalidArgument, "--kv-memory is too large: " + text);
            o->kv_memory = static_cast<std::int64_t>(b);

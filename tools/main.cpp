@@ -12,7 +12,7 @@
 #include "cli.h"
 #include "engine/formats/json_limits.h"
 #include "engine/compute/parallel.h"
-#include "eval/resources.h"
+#include "engine/run/resources.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 #include "veloxquant/version.h"
@@ -102,7 +102,7 @@ void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
   cmd.add_option_function<std::string>(
          "--max-memory",
          [&bytes](const std::string& text) {
-           bytes = eval::parse_memory_size(text, "--max-memory");
+           bytes = engine::parse_memory_size(text, "--max-memory");
          },
          "Refuse a run estimated to need more memory than SIZE (e.g. 512M, 8G; default: the "
          "memory available: MemAvailable in /proc/meminfo, or the room under a cgroup memory "

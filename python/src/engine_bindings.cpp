@@ -17,7 +17,7 @@
 #include "engine/run/generate.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 #include "veloxquant/config.h"
 
 namespace py = pybind11;
@@ -187,7 +187,7 @@ void bind_engine(py::module_& m) {
          const py::handle& tokens, const py::handle& prefill,
          const std::vector<std::string>& methods, const py::handle& budgets,
          const std::string& reference) {
-        // The CLI's ranges (eval/model_eval.h), named as the arguments; tokens against the
+        // The CLI's ranges (eval/model/model_eval.h), named as the arguments; tokens against the
         // model's context is checked once the model is loaded.
         const std::string name = "[python] eval: ";
         eval::ModelEvalOptions o;

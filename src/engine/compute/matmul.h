@@ -44,11 +44,6 @@ namespace vq::engine {
 // its own matrix-vector kernels (S = 1, decode) for Q4_0 and Q8_0 x Q8_0 and Q4_K/Q5_K/Q6_K x
 // Q8_K (engine/block_matvec_avx512.inc); kAvx512, and kAvx512Vnni elsewhere, run
 // cpu::avx512_base()'s kernels.
-//
-// eval/decode_bench.cpp names the family as engine::to_string(engine::best_isa()) (outside this
-// layer's change); the two names stay visible here until it reads cpu::'s.
-using cpu::best_isa;
-using cpu::to_string;
 
 // Rows [row_begin, row_end) of out[s][i] for s < S, one thread, with the given kernel family:
 // x is [S][w.cols], out is [S][w.rows] (row stride w.rows). For tests and benchmarks.

@@ -2,7 +2,7 @@
 // memory solver per length), samples generated, every setting run on every sample as
 // `veloxquant generate` runs a prompt, and the cells' statistics computed. The renderers are in
 // task_report.cpp.
-#include "eval/task_eval.h"
+#include "eval/tasks/task_eval.h"
 
 #include <fmt/format.h>
 
@@ -21,8 +21,8 @@
 #include "engine/run/chat_template.h"
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/model_eval_internal.h"
-#include "eval/ratio_solver.h"
+#include "eval/model/model_eval_internal.h"
+#include "eval/model/ratio_solver.h"
 #include "eval/task_pool.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"

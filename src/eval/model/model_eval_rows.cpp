@@ -1,7 +1,7 @@
 // Rows of `veloxquant eval` from their window runs, and the windows' statistics.
 #include <cmath>
 
-#include "eval/model_eval_internal.h"
+#include "eval/model/model_eval_internal.h"
 #include "veloxquant/registry.h"
 
 namespace vq::eval {

@@ -1,4 +1,4 @@
-#include "eval/task_prompts.h"
+#include "eval/tasks/task_prompts.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "eval/pareto.h"
+#include "eval/report/pareto.h"
 
 #include <fmt/format.h>
 
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <optional>
 
-#include "eval/model_eval_internal.h"
-#include "eval/plot.h"
+#include "eval/model/model_eval_internal.h"
+#include "eval/report/plot.h"
 #include "veloxquant/registry.h"
 
 namespace vq::eval {

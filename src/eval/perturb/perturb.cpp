@@ -1,4 +1,4 @@
-#include "eval/perturb.h"
+#include "eval/perturb/perturb.h"
 
 #include <cmath>
 #include <cstring>

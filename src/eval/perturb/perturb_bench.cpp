@@ -1,6 +1,6 @@
-// `bench perturb`: the measurement (eval/perturb_bench.h). Options and planning are in
+// `bench perturb`: the measurement (eval/perturb/perturb_bench.h). Options and planning are in
 // perturb_plan.cpp, the result file and its renderers in perturb_report.cpp.
-#include "eval/perturb_bench.h"
+#include "eval/perturb/perturb_bench.h"
 
 #include <chrono>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <memory>
 #include <utility>
 
-#include "eval/perturb.h"
+#include "eval/perturb/perturb.h"
 #include "veloxquant/cache.h"
 
 namespace vq::eval {

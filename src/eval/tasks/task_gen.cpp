@@ -1,4 +1,4 @@
-#include "eval/task_gen.h"
+#include "eval/tasks/task_gen.h"
 
 #include <algorithm>
 #include <cmath>

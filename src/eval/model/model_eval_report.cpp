@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "eval/model_eval_internal.h"
-#include "eval/pareto.h"
-#include "eval/plot.h"
-#include "eval/results.h"
+#include "eval/model/model_eval_internal.h"
+#include "eval/report/pareto.h"
+#include "eval/report/plot.h"
+#include "eval/report/results.h"
 #include "veloxquant/registry.h"
 
 namespace vq::eval {
@@ -40,7 +40,7 @@ void add_window_settings(const ModelEvalResult& r, nlohmann::json& s) {
       {"method",
        "paired percentile bootstrap over windows (the same resampled windows for every row); "
        "NumPy 'linear' quantiles; indices from CounterRng(seed, 0, 0): index j of resample b = "
-       "floor(uniform(b * N + j) * N) (eval/bootstrap.h, docs/quality.md)"}};
+       "floor(uniform(b * N + j) * N) (eval/report/bootstrap.h, docs/quality.md)"}};
   if (!r.options.select_from.empty()) {
     s["select_from"] = r.options.select_from;
     s["selected_on_text"] = r.selected_text;

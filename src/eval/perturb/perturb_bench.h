@@ -1,7 +1,7 @@
 // The model-free perturbation benchmark behind `veloxquant bench perturb`.
 //
 // For every method spec x token budget x sequence length, and every data seed, the harness
-// makes synthetic K/V (eval/synthetic.h), feeds it to a fresh LayerCache (one prefill call or
+// makes synthetic K/V (eval/perturb/synthetic.h), feeds it to a fresh LayerCache (one prefill call or
 // one token per call) and measures
 //
 //   perturbation = mean over KV heads and probe queries of 1 - cos(o_full, o_kept),
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/synthetic.h"
+#include "eval/perturb/synthetic.h"
 #include "veloxquant/config.h"
 
 namespace vq::eval {

@@ -1,13 +1,13 @@
 // `bench perturb`'s result file and its renderers: the SVG figure and the markdown tables
-// (eval/perturb_bench.h).
+// (eval/perturb/perturb_bench.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "eval/perturb_bench.h"
-#include "eval/plot.h"
-#include "eval/results.h"
+#include "eval/perturb/perturb_bench.h"
+#include "eval/report/plot.h"
+#include "eval/report/results.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {

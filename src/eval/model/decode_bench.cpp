@@ -1,4 +1,4 @@
-#include "eval/decode_bench.h"
+#include "eval/model/decode_bench.h"
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -13,15 +13,16 @@
 #include <optional>
 #include <string_view>
 
+#include "base/cpu.h"
 #include "base/validate.h"
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
 #include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
-#include "eval/plot.h"
-#include "eval/resources.h"
-#include "eval/results.h"
+#include "eval/report/plot.h"
+#include "engine/run/resources.h"
+#include "eval/report/results.h"
 #include "policies/spec_budget.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
@@ -148,9 +149,9 @@ double decode_bench_bytes(const DecodeBenchOptions& o, const engine::ModelConfig
   double methods = 0;
   bool any_reads = false;
   for (const std::string& m : o.methods) {
-    const bool reads = reads_attention(m, c);
+    const bool reads = engine::reads_attention(m, c);
     any_reads = any_reads || reads;
-    methods += engine_run_bytes(c, chunk, rows, reads);
+    methods += engine::engine_run_bytes(c, chunk, rows, reads);
   }
   const double fill_chunk = d(std::min(o.fill_chunk, max_ctx));
   const double fill = o.prefill_real
@@ -246,7 +247,7 @@ nlohmann::json decode_settings(const DecodeBenchOptions& o, const engine::Model&
   settings["fill"] = o.prefill_real ? "prefill" : "synthetic";
   settings["fill_chunk"] = o.fill_chunk;
   settings["model_load_ms"] = load_s * 1e3;
-  settings["matmul_isa"] = engine::to_string(engine::best_isa());
+  settings["matmul_isa"] = cpu::to_string(cpu::best_isa());
   return settings;
 }
 
@@ -444,7 +445,7 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
     engine::ModelConfig sc = engine::find_shape(o.shape).config;
     if (o.layers > 0) sc.n_layers = std::min(o.layers, sc.n_layers);
     else sc.n_layers = engine::find_shape(o.shape).default_layers;
-    check_memory("bench decode", decode_bench_bytes(o, sc, model_weight_bytes(sc, o.weight_type)),
+    engine::check_memory("bench decode", decode_bench_bytes(o, sc, engine::model_weight_bytes(sc, o.weight_type)),
                  "the shape's weights, every method's cache and engine buffers at context " +
                      std::to_string(rows_needed) + ", the fill and bandwidth buffers",
                  o.max_memory);
@@ -461,7 +462,7 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, const std::string& 
                     "model's context (seq_len {})",
                     max_ctx, o.warmup, o.steps, rows_needed, c.seq_len));
   }
-  check_memory("bench decode", decode_bench_bytes(o, c, 0),
+  engine::check_memory("bench decode", decode_bench_bytes(o, c, 0),
                "every method's cache and engine buffers at context " +
                    std::to_string(rows_needed) + ", the fill and bandwidth buffers (beyond the "
                    "loaded model)",

@@ -1,4 +1,4 @@
-#include "eval/plot.h"
+#include "eval/report/plot.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// `bench perturb`: its options checked and its rows planned (eval/perturb_bench.h).
-#include "eval/perturb_bench.h"
+// `bench perturb`: its options checked and its rows planned (eval/perturb/perturb_bench.h).
+#include "eval/perturb/perturb_bench.h"
 
 #include <fmt/format.h>
 

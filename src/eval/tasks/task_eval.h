@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/model/model.h"
-#include "eval/bootstrap.h"
-#include "eval/task_gen.h"
+#include "eval/report/bootstrap.h"
+#include "eval/tasks/task_gen.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/config.h"
 

@@ -1,4 +1,4 @@
-#include "eval/synthetic.h"
+#include "eval/perturb/synthetic.h"
 
 #include <algorithm>
 #include <cmath>

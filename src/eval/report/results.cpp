@@ -1,9 +1,9 @@
-#include "eval/results.h"
+#include "eval/report/results.h"
 
 #include <fstream>
 #include <thread>
 
-#include "eval/output_set.h"
+#include "eval/report/output_set.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 #include "veloxquant/version.h"

@@ -1,4 +1,4 @@
-#include "eval/resources.h"
+#include "engine/run/resources.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 
-namespace vq::eval {
+namespace vq::engine {
 
 namespace {
 // The room left under this process's cgroup (v2) memory limit: memory.max - memory.current;
@@ -153,4 +153,4 @@ bool reads_attention(const std::string& method, const engine::ModelConfig& model
   }
 }
 
-}  // namespace vq::eval
+}  // namespace vq::engine

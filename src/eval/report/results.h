@@ -25,7 +25,7 @@ std::string command_line(int argc, const char* const* argv);
 // The same with the arguments a caller kept (for commands run through CLI11).
 std::string command_line(const std::vector<std::string>& args);
 
-// Writes `content` to `path` atomically: a one-output OutputSet (eval/output_set.h), so the
+// Writes `content` to `path` atomically: a one-output OutputSet (eval/report/output_set.h), so the
 // target must be absent or a regular file (not a device, FIFO, directory or symbolic link),
 // missing parent directories are created, and on failure nothing is left behind (an earlier
 // file at `path` stays as it was). Throws Error(kIoError) naming the path. A command with more
@@ -33,7 +33,7 @@ std::string command_line(const std::vector<std::string>& args);
 void write_file_atomic(const std::string& path, const std::string& content);
 
 // Checks up front, creating nothing, that `path` can be written: the checks of
-// OutputSet::declare (eval/output_set.h). Throws Error(kIoError).
+// OutputSet::declare (eval/report/output_set.h). Throws Error(kIoError).
 void check_writable(const std::string& path);
 // The same (kept for callers written before check_writable stopped creating directories).
 void check_creatable(const std::string& path);

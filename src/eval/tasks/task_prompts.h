@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "eval/bootstrap.h"
+#include "eval/report/bootstrap.h"
 
 namespace vq::eval {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 
 namespace vq::eval {
 

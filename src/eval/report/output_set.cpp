@@ -1,4 +1,4 @@
-#include "eval/output_set.h"
+#include "eval/report/output_set.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

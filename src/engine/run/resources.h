@@ -9,7 +9,7 @@
 #include "engine/model/model.h"
 #include "veloxquant/config.h"
 
-namespace vq::eval {
+namespace vq::engine {
 
 // MemAvailable from /proc/meminfo in bytes, or the room left under the process's cgroup v2
 // memory limit (memory.max - memory.current) when that is smaller; 0 when neither can be read.
@@ -48,4 +48,4 @@ double engine_run_bytes(const engine::ModelConfig& model, std::int64_t chunk, st
 bool reads_attention(const std::string& method, const engine::ModelConfig& model);
 bool reads_attention(const CacheConfig& method, const engine::ModelConfig& model);
 
-}  // namespace vq::eval
+}  // namespace vq::engine

@@ -11,7 +11,7 @@
 // runs on N disjoint windows of each text, each with a fresh cache; every configuration runs on
 // every window, the runs spread over the engine's threads (each run single-threaded, so a
 // window's values do not depend on the thread count or the order). Rows then carry per-window
-// values, their means and 95% paired-bootstrap intervals (eval/bootstrap.h).
+// values, their means and 95% paired-bootstrap intervals (eval/report/bootstrap.h).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/run/evaluate.h"
-#include "eval/bootstrap.h"
+#include "eval/report/bootstrap.h"
 #include "veloxquant/config.h"
 
 namespace vq::eval {
@@ -45,7 +45,7 @@ struct ModelEvalOptions {
   // list that says otherwise is an error naming both.
   bool budgets_given = false;
   // Equal-memory mode (--ratio): when not empty, `budgets` is ignored and each method runs at
-  // the setting that reaches each compression ratio in bytes (eval/ratio_solver.h): the budget
+  // the setting that reaches each compression ratio in bytes (eval/model/ratio_solver.h): the budget
   // for methods with one, the bit width for methods without (the nearest ratio it reaches).
   std::vector<double> ratios;
   std::string reference = "full";  // the run every other is compared with
@@ -76,7 +76,7 @@ struct WindowRun {
   double time_per_token_ms = 0;
 };
 
-// Windows mode: means over the windows and 95% paired-bootstrap intervals (eval/bootstrap.h).
+// Windows mode: means over the windows and 95% paired-bootstrap intervals (eval/report/bootstrap.h).
 struct RowStats {
   Interval nll, ppl, kl, top1;  // ppl: exp of the NLL interval's ends
   double delta_nll = 0;         // mean over windows of NLL(row) - NLL(reference)
@@ -176,7 +176,7 @@ std::string model_eval_table(const ModelEvalResult& result);
 // scored, nll (windows mode: a leading column "window", every window's positions).
 std::string model_eval_per_token(const ModelEvalResult& result);
 // An SVG: perplexity and KL against the budget (log x), one series per method, the reference
-// as a dashed line; in equal-memory mode against the ratio reached (eval/pareto.h).
+// as a dashed line; in equal-memory mode against the ratio reached (eval/report/pareto.h).
 std::string model_eval_plot(const ModelEvalResult& result);
 
 }  // namespace vq::eval

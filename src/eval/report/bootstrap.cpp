@@ -1,4 +1,4 @@
-#include "eval/bootstrap.h"
+#include "eval/report/bootstrap.h"
 
 #include <algorithm>
 #include <cmath>

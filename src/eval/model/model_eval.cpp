@@ -1,7 +1,7 @@
 // Running `veloxquant eval`: options checked, runs planned, inputs loaded and cut into windows,
 // then every configuration run on every window (eval/task_pool.h) and the rows assembled. The
 // renderers are in model_eval_report.cpp and pareto.cpp.
-#include "eval/model_eval.h"
+#include "eval/model/model_eval.h"
 
 #include <fmt/format.h>
 
@@ -15,8 +15,8 @@
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "eval/model_eval_internal.h"
-#include "eval/ratio_solver.h"
+#include "eval/model/model_eval_internal.h"
+#include "eval/model/ratio_solver.h"
 #include "eval/task_pool.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -352,7 +352,7 @@ void run_budget_mode(const std::vector<Planned>& plan, const Runner& runner, Mod
   });
 }
 
-// One method's equal-memory cells, solved on window 0 (eval/ratio_solver.h).
+// One method's equal-memory cells, solved on window 0 (eval/model/ratio_solver.h).
 struct RatioCell {
   std::optional<ModelEvalSkip> skip;
   CacheConfig config;

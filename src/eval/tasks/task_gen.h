@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/task_prompts.h"
+#include "eval/tasks/task_prompts.h"
 
 namespace vq::eval {
 

@@ -33,7 +33,7 @@ struct DecodeBenchOptions {
   std::int64_t fill_chunk = 256;     // positions per synthetic fill step
   bool prefill_real = false;         // fill by running the model over N tokens
   std::int64_t bandwidth_mib = 512;  // buffer for the bandwidth measurement
-  std::uint64_t max_memory = 0;      // --max-memory; 0: the available memory (eval/resources.h)
+  std::uint64_t max_memory = 0;      // --max-memory; 0: the available memory (engine/run/resources.h)
 };
 
 struct DecodeProgress {
@@ -42,7 +42,7 @@ struct DecodeProgress {
 };
 
 // Upper bounds of the flags (inclusive). With them no size computed from the flags overflows;
-// the memory guard (eval/resources.h) then refuses runs too large for the machine.
+// the memory guard (engine/run/resources.h) then refuses runs too large for the machine.
 inline constexpr std::int64_t kMaxDecodeContext = std::int64_t{1} << 24;  // --context, --budget,
                                                                          // --fill-chunk
 inline constexpr std::int64_t kMaxDecodeSteps = std::int64_t{1} << 20;    // --steps, --warmup

@@ -1,4 +1,4 @@
-#include "eval/ratio_solver.h"
+#include "eval/model/ratio_solver.h"
 
 #include <fmt/format.h>
 

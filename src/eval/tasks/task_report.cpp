@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "eval/results.h"
-#include "eval/task_eval.h"
+#include "eval/report/results.h"
+#include "eval/tasks/task_eval.h"
 
 namespace vq::eval {
 
