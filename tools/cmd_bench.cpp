@@ -175,16 +175,11 @@ auto naming_file(const std::string& file, F&& f) {
   }
 }
 
-}  // namespace
-
-void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb, "
-                                            "bench decode) and tables of them (bench table)");
-  bench->require_subcommand(1);
-
+// `bench perturb`: its flags, and the run on the parsed arguments.
+void add_bench_perturb(CLI::App& bench, int argc, const char* const* argv) {
   auto a = std::make_shared<PerturbArgs>();
   a->argv.assign(argv, argv + argc);
-  auto* perturb = bench->add_subcommand(
+  auto* perturb = bench.add_subcommand(
       "perturb",
       "Model-free perturbation benchmark: how far attention over each method's kept (or merged) "
       "rows moves from attention over the full cache, on synthetic K/V");
@@ -226,10 +221,26 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
     a->budget_given = perturb->count("--budget") > 0;
     run_bench_perturb(*a);
   });
+}
 
+// Flags that shape a random model mean nothing with --model: refuses them, naming both.
+void refuse_shape_flags_with_model(const CLI::App& decode, const std::string& model_path) {
+  if (model_path.empty()) return;
+  for (const char* flag : {"--weights", "--layers"}) {
+    if (decode.count(flag) > 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("bench decode: ") + flag + " applies to --shape only; it " +
+                      "conflicts with --model " + model_path +
+                      " (the checkpoint has its own weights)");
+    }
+  }
+}
+
+// `bench decode`: its flags, and the run on the parsed arguments.
+void add_bench_decode(CLI::App& bench, int argc, const char* const* argv) {
   auto d = std::make_shared<DecodeArgs>();
   d->argv.assign(argv, argv + argc);
-  auto* decode = bench->add_subcommand(
+  auto* decode = bench.add_subcommand(
       "decode",
       "Decode speed at real model shapes and long contexts: fill every layer's cache with N "
       "positions (synthetic K/V, or --prefill-real), then time greedy decode steps through the "
@@ -281,22 +292,15 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   decode->add_flag("--quiet", d->quiet, "No progress lines on stderr");
   decode->callback([d, decode]() {
     d->o.budget_given = decode->count("--budget") > 0;
-    // Flags that shape a random model mean nothing with --model: refuse them, naming both.
-    if (!d->o.model_path.empty()) {
-      for (const char* flag : {"--weights", "--layers"}) {
-        if (decode->count(flag) > 0) {
-          throw Error(ErrorCode::kInvalidArgument,
-                      std::string("bench decode: ") + flag + " applies to --shape only; it " +
-                          "conflicts with --model " + d->o.model_path +
-                          " (the checkpoint has its own weights)");
-        }
-      }
-    }
+    refuse_shape_flags_with_model(*decode, d->o.model_path);
     run_bench_decode(*d);
   });
+}
 
+// `bench table`: the result files to tabulate.
+void add_bench_table(CLI::App& bench) {
   auto files = std::make_shared<std::vector<std::string>>();
-  auto* table = bench->add_subcommand(
+  auto* table = bench.add_subcommand(
       "table",
       "Markdown tables of `bench perturb` result files (the tables in docs/benchmarks.md)");
   table->add_option("files", *files, "Result files (JSON) written by bench perturb")
@@ -312,6 +316,17 @@ void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
     for (const auto& f : *files) names += (names.empty() ? "" : ", ") + f;
     std::cout << naming_file(names, [&] { return eval::perturb_markdown(docs); });
   });
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb, "
+                                            "bench decode) and tables of them (bench table)");
+  bench->require_subcommand(1);
+  add_bench_perturb(*bench, argc, argv);
+  add_bench_decode(*bench, argc, argv);
+  add_bench_table(*bench);
 }
 
 }  // namespace vq::cli

@@ -150,6 +150,134 @@ void run_eval(EvalCliOptions& o) {
   if (!out.summary().empty()) std::cerr << "eval: wrote " << out.summary() << "\n";
 }
 
+// Inputs: the model, its tokenizer, the texts.
+void add_input_options(CLI::App& cmd, EvalCliOptions& o) {
+  cmd.add_option("--model", o.eval.model,
+                 "Checkpoint: a llama2.c .bin, a Hugging Face directory / model.safetensors "
+                 "(config.json beside it), or a GGUF file (.gguf, or a file starting with GGUF)")
+      ->required()
+      ->check(non_empty_path());
+  cmd.add_option("--tokenizer", o.eval.tokenizer,
+                 "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
+                 "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
+                 "or a GGUF model's own")
+      ->check(non_empty_path());
+  cmd.add_option("--text", o.texts,
+                 "UTF-8 text file to read (at most 64 MiB); with --windows, repeatable (every "
+                 "text gives N windows); with --task, the essay haystack (default: the built-in "
+                 "WikiText-2 excerpt)")
+      ->check(non_empty_path());
+}
+
+// Windows, their bootstrap intervals, and the dev/test selection over them.
+void add_window_options(CLI::App& cmd, EvalCliOptions& o) {
+  cmd.add_option("--windows", o.eval.windows,
+                 "Run the scenario (--tokens, --prefill) on N disjoint windows of each text, each "
+                 "with a fresh cache, and report means with 95% paired-bootstrap intervals over "
+                 "the windows and every window's values (docs/quality.md)")
+      ->check(int_range(1, 100000));
+  cmd.add_option("--window-stride", o.eval.window_stride,
+                 "Text tokens from one window's start to the next (default: the window's text "
+                 "tokens, i.e. consecutive windows; shorter would overlap and is refused)")
+      ->check(int_range(1, std::int64_t{1} << 30));
+  cmd.add_option("--bootstrap", o.eval.bootstrap_samples,
+                 "Bootstrap resamples for the intervals (with --windows or --task)")
+      ->capture_default_str()
+      ->check(int_range(1, 1000000));
+  cmd.add_option("--bootstrap-seed", o.eval.bootstrap_seed,
+                 "Seed of the bootstrap's resampling (with --windows or --task; same seed, same intervals)")
+      ->capture_default_str();
+  cmd.add_option("--select-from", o.eval.select_from,
+                 "With --windows and --ratio: an eval result file of the same scenario on another "
+                 "split (the dev part); its best configuration per ratio is reported on this "
+                 "run's windows (the test part) with its interval")
+      ->check(non_empty_path());
+}
+
+// The scenario: how many tokens are read, and how many of them are one prefill step.
+void add_scenario_options(CLI::App& cmd, EvalCliOptions& o) {
+  // --tokens, --prefill and --budget (add_method_options): the last occurrence wins, so flags
+  // appended to a script (scripts/main.sh "$@") override its own.
+  cmd.add_option("--tokens", o.eval.tokens, "Use the text's first N tokens (BOS included)")
+      ->capture_default_str()
+      ->check(int_range(2, eval::kMaxEvalTokens))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_option("--prefill", o.eval.prefill,
+                 "Feed the first N tokens as one step (the cache sees them all before evicting); "
+                 "the summaries then count only the predictions decoded after it")
+      ->capture_default_str()
+      ->check(int_range(0, eval::kMaxEvalTokens))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+// Methods and budgets (or equal-memory ratios), and the reference run.
+void add_method_options(CLI::App& cmd, EvalCliOptions& o) {
+  cmd.add_option("--method", o.eval.methods,
+                 "Method spec ID[:key=value,...]; repeatable (default: every registered method). "
+                 "A budget written in the spec is the one that runs (with --budget, only when "
+                 "--budget says the same)");
+  cmd.add_option("--budget", o.budgets,
+                 "Comma-separated token budgets (rows per KV head) for methods that have one")
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_option("--ratio", o.ratios,
+                 "Equal-memory mode: comma-separated compression ratios in bytes (full fp16 "
+                 "bytes / kept bytes at the end of the text, e.g. 2,4,8,16,32); each method runs "
+                 "at the budget (or, without one, the bit width) that reaches each ratio, and the "
+                 "table reports the ratio reached. Not with --budget")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_option("--reference", o.eval.reference,
+                 "The run every other one is compared with (first row)")
+      ->capture_default_str();
+}
+
+// Outputs (all checked before the run, written together at the end), and the memory limit.
+void add_output_options(CLI::App& cmd, EvalCliOptions& o) {
+  cmd.add_option("--json", o.json, "Write the results (veloxquant.results/1, kind eval; with --task, kind task) here")
+      ->check(non_empty_path());
+  cmd.add_option("--plot", o.plot,
+                 "Write an SVG plot of perplexity and KL against the budget (with --ratio: the "
+                 "ratio reached; with --task, heatmaps of accuracy by length and depth)")
+      ->check(non_empty_path());
+  add_max_memory_option(cmd, o.max_memory);
+  cmd.add_option("--per-token", o.per_token,
+                 "Write every run's per-prediction NLL with the token ids here (tab-separated; "
+                 "docs/results.md), for cross-checking with other tools")
+      ->check(non_empty_path());
+}
+
+// The command line as parsed, for the result file: each option's name with each of its values.
+std::vector<std::string> parsed_command_line(const CLI::App& cmd) {
+  std::vector<std::string> args = {"veloxquant", "eval"};
+  for (const auto& a : cmd.get_options()) {
+    for (const auto& r : a->results()) {
+      args.push_back(a->get_name());
+      args.push_back(r);
+    }
+  }
+  return args;
+}
+
+// The text evaluation (no --task): no task flags, a --text, and the interval flags only with
+// --windows.
+void check_text_mode(const CLI::App& cmd, const EvalCliOptions& o) {
+  for (const std::string& flag : task_only_flags()) {
+    if (cmd.count(flag) > 0) throw vq::Error(ErrorCode::kInvalidArgument, flag + " needs --task NAME");
+  }
+  if (o.texts.empty()) {
+    throw vq::Error(ErrorCode::kInvalidArgument,
+                    "--text is required (the text to read), unless --task NAME runs the tasks");
+  }
+  if (cmd.count("--windows") == 0) {
+    for (const char* flag : {"--bootstrap", "--bootstrap-seed"}) {
+      if (cmd.count(flag) > 0) {
+        throw vq::Error(ErrorCode::kInvalidArgument,
+                        std::string(flag) + " needs --windows N (the intervals are over windows)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void add_eval_command(CLI::App& app) {
@@ -160,114 +288,23 @@ void add_eval_command(CLI::App& app) {
       "a prefill), token by token, through each method at each budget, and report perplexity, "
       "KL(full || method), top-1 agreement with the full cache, kept tokens and bytes, and time "
       "per token");
-  cmd->add_option("--model", o->eval.model,
-                  "Checkpoint: a llama2.c .bin, a Hugging Face directory / model.safetensors "
-                  "(config.json beside it), or a GGUF file (.gguf, or a file starting with GGUF)")
-      ->required()
-      ->check(non_empty_path());
-  cmd->add_option("--tokenizer", o->eval.tokenizer,
-                  "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
-                  "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
-                  "or a GGUF model's own")
-      ->check(non_empty_path());
-  cmd->add_option("--text", o->texts,
-                  "UTF-8 text file to read (at most 64 MiB); with --windows, repeatable (every "
-                  "text gives N windows); with --task, the essay haystack (default: the built-in "
-                  "WikiText-2 excerpt)")
-      ->check(non_empty_path());
-  cmd->add_option("--windows", o->eval.windows,
-                  "Run the scenario (--tokens, --prefill) on N disjoint windows of each text, each "
-                  "with a fresh cache, and report means with 95% paired-bootstrap intervals over "
-                  "the windows and every window's values (docs/quality.md)")
-      ->check(int_range(1, 100000));
-  cmd->add_option("--window-stride", o->eval.window_stride,
-                  "Text tokens from one window's start to the next (default: the window's text "
-                  "tokens, i.e. consecutive windows; shorter would overlap and is refused)")
-      ->check(int_range(1, std::int64_t{1} << 30));
-  cmd->add_option("--bootstrap", o->eval.bootstrap_samples,
-                  "Bootstrap resamples for the intervals (with --windows or --task)")
-      ->capture_default_str()
-      ->check(int_range(1, 1000000));
-  cmd->add_option("--bootstrap-seed", o->eval.bootstrap_seed,
-                  "Seed of the bootstrap's resampling (with --windows or --task; same seed, same intervals)")
-      ->capture_default_str();
-  cmd->add_option("--select-from", o->eval.select_from,
-                  "With --windows and --ratio: an eval result file of the same scenario on another "
-                  "split (the dev part); its best configuration per ratio is reported on this "
-                  "run's windows (the test part) with its interval")
-      ->check(non_empty_path());
-  // --tokens, --prefill, --budget: the last occurrence wins, so flags appended to a script
-  // (scripts/main.sh "$@") override its own.
-  cmd->add_option("--tokens", o->eval.tokens, "Use the text's first N tokens (BOS included)")
-      ->capture_default_str()
-      ->check(int_range(2, eval::kMaxEvalTokens))
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--prefill", o->eval.prefill,
-                  "Feed the first N tokens as one step (the cache sees them all before evicting); "
-                  "the summaries then count only the predictions decoded after it")
-      ->capture_default_str()
-      ->check(int_range(0, eval::kMaxEvalTokens))
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--method", o->eval.methods,
-                  "Method spec ID[:key=value,...]; repeatable (default: every registered method). "
-                  "A budget written in the spec is the one that runs (with --budget, only when "
-                  "--budget says the same)");
-  cmd->add_option("--budget", o->budgets,
-                  "Comma-separated token budgets (rows per KV head) for methods that have one")
-      ->capture_default_str()
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--ratio", o->ratios,
-                  "Equal-memory mode: comma-separated compression ratios in bytes (full fp16 "
-                  "bytes / kept bytes at the end of the text, e.g. 2,4,8,16,32); each method runs "
-                  "at the budget (or, without one, the bit width) that reaches each ratio, and the "
-                  "table reports the ratio reached. Not with --budget")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--reference", o->eval.reference,
-                  "The run every other one is compared with (first row)")
-      ->capture_default_str();
+  add_input_options(*cmd, *o);
+  add_window_options(*cmd, *o);
+  add_scenario_options(*cmd, *o);
+  add_method_options(*cmd, *o);
   add_threads_option(cmd, o->threads);
   add_q8_activations_option(cmd);
-  cmd->add_option("--json", o->json, "Write the results (veloxquant.results/1, kind eval; with --task, kind task) here")
-      ->check(non_empty_path());
-  cmd->add_option("--plot", o->plot,
-                  "Write an SVG plot of perplexity and KL against the budget (with --ratio: the "
-                  "ratio reached; with --task, heatmaps of accuracy by length and depth)")
-      ->check(non_empty_path());
-  add_max_memory_option(*cmd, o->max_memory);
-  cmd->add_option("--per-token", o->per_token,
-                  "Write every run's per-prediction NLL with the token ids here (tab-separated; "
-                  "docs/results.md), for cross-checking with other tools")
-      ->check(non_empty_path());
+  add_output_options(*cmd, *o);
   add_task_options(*cmd, o->task);
   cmd->callback([o, cmd]() {
     o->budget_given = cmd->count("--budget") > 0;
     o->ratio_given = cmd->count("--ratio") > 0;
-    o->args = {"veloxquant", "eval"};
-    for (const auto& a : cmd->get_options()) {
-      for (const auto& r : a->results()) {
-        o->args.push_back(a->get_name());
-        o->args.push_back(r);
-      }
-    }
+    o->args = parsed_command_line(*cmd);
     if (cmd->count("--task") > 0) {
       run_task_mode(*o, *cmd);
       return;
     }
-    for (const std::string& flag : task_only_flags()) {
-      if (cmd->count(flag) > 0) throw vq::Error(ErrorCode::kInvalidArgument, flag + " needs --task NAME");
-    }
-    if (o->texts.empty()) {
-      throw vq::Error(ErrorCode::kInvalidArgument,
-                      "--text is required (the text to read), unless --task NAME runs the tasks");
-    }
-    if (cmd->count("--windows") == 0) {
-      for (const char* flag : {"--bootstrap", "--bootstrap-seed"}) {
-        if (cmd->count(flag) > 0) {
-          throw vq::Error(ErrorCode::kInvalidArgument,
-                          std::string(flag) + " needs --windows N (the intervals are over windows)");
-        }
-      }
-    }
+    check_text_mode(*cmd, *o);
     run_eval(*o);
   });
 }

@@ -39,6 +39,74 @@ std::string group_note(const std::string& group) {
   return "shared";
 }
 
+// `list --ids [--with KEY]`: the ids of the methods whose specs take KEY (all without --with).
+void print_ids(const std::string& with) {
+  std::string out;
+  for (const auto& m : registry()) {
+    if (with.empty() || takes_key(m, with)) out += m.id + "\n";
+  }
+  if (out.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "list --ids --with: no registered method takes key '" + with + "'");
+  }
+  std::cout << out;
+}
+
+// The method's own fields, then each shared option group that applies to it: one table each.
+void print_fields(const MethodInfo& m) {
+  std::vector<std::string> groups{""};
+  for (const auto& f : m.fields) {
+    if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
+      groups.push_back(f.group);
+    }
+  }
+  const bool own = std::any_of(m.fields.begin(), m.fields.end(),
+                               [](const FieldSpec& f) { return f.group.empty(); });
+  if (!own) std::cout << "\nfields of " << m.id << ": none of its own\n";
+  for (const std::string& g : groups) {
+    if (g.empty() && !own) continue;
+    std::cout << "\n"
+              << (g.empty() ? "fields of " + m.id : "shared options: " + g + " (" +
+                                                        group_note(g) + ")")
+              << "\n";
+    std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", "field", "type", "default",
+                             "allowed", "doc");
+    for (const auto& f : m.fields) {
+      if (f.group != g) continue;
+      std::string doc = f.doc;
+      if (!f.aliases.empty()) {
+        doc += " (also: ";
+        for (std::size_t i = 0; i < f.aliases.size(); ++i) doc += (i ? ", " : "") + f.aliases[i];
+        doc += ")";
+      }
+      std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", f.name, to_string(f.type),
+                               value_text(f.default_value), f.allowed_text(), doc);
+    }
+  }
+}
+
+// `list ID`: the method's card, then its own fields and each shared option group it takes.
+void print_method(const MethodInfo& m) {
+  std::cout << m.id << ": " << m.summary << "\n";
+  std::cout << "paper: " << m.paper << "\n";
+  std::cout << "disposition: " << m.disposition << "; score: " << m.score_signal
+            << "; budget: " << m.budget_type << "\n";
+  std::cout << "deviations from the paper: " << m.deviations << "\n";
+  if (!m.paper_config.empty()) std::cout << "paper configuration: " << m.paper_config << "\n";
+  if (!m.defaults_note.empty()) std::cout << "defaults: " << m.defaults_note << "\n";
+  if (!m.budget_offset.empty()) {
+    std::cout << "budget key: budget = " << m.budget_offset << " + " << m.budget_field
+              << " (budget=B sets " << m.budget_field << ", after the spec's other keys)\n";
+  }
+  print_fields(m);
+  if (!m.prefix.empty()) {
+    std::cout << "\nSpec keys may drop the '" << m.prefix << "_' prefix, e.g. " << m.id
+              << ":"
+              << (!m.budget_field.empty() ? "budget=64" : m.fields.front().name + "=...")
+              << "\n";
+  }
+}
+
 }  // namespace
 
 void add_list_command(CLI::App& app) {
@@ -59,15 +127,7 @@ void add_list_command(CLI::App& app) {
       if (!id->empty() || *markdown) {
         throw Error(ErrorCode::kInvalidArgument, "list --ids takes no method id and no --markdown");
       }
-      std::string out;
-      for (const auto& m : registry()) {
-        if (with->empty() || takes_key(m, *with)) out += m.id + "\n";
-      }
-      if (out.empty()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "list --ids --with: no registered method takes key '" + *with + "'");
-      }
-      std::cout << out;
+      print_ids(*with);
       return;
     }
     if (*markdown) {
@@ -78,54 +138,7 @@ void add_list_command(CLI::App& app) {
       for (const auto& m : registry()) std::cout << fmt::format("{:<14} {}\n", m.id, m.summary);
       return;
     }
-    const MethodInfo& m = find_method(*id);
-    std::cout << m.id << ": " << m.summary << "\n";
-    std::cout << "paper: " << m.paper << "\n";
-    std::cout << "disposition: " << m.disposition << "; score: " << m.score_signal
-              << "; budget: " << m.budget_type << "\n";
-    std::cout << "deviations from the paper: " << m.deviations << "\n";
-    if (!m.paper_config.empty()) std::cout << "paper configuration: " << m.paper_config << "\n";
-    if (!m.defaults_note.empty()) std::cout << "defaults: " << m.defaults_note << "\n";
-    if (!m.budget_offset.empty()) {
-      std::cout << "budget key: budget = " << m.budget_offset << " + " << m.budget_field
-                << " (budget=B sets " << m.budget_field << ", after the spec's other keys)\n";
-    }
-    // The method's own fields, then each shared option group that applies to it.
-    std::vector<std::string> groups{""};
-    for (const auto& f : m.fields) {
-      if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
-        groups.push_back(f.group);
-      }
-    }
-    const bool own = std::any_of(m.fields.begin(), m.fields.end(),
-                                 [](const FieldSpec& f) { return f.group.empty(); });
-    if (!own) std::cout << "\nfields of " << m.id << ": none of its own\n";
-    for (const std::string& g : groups) {
-      if (g.empty() && !own) continue;
-      std::cout << "\n"
-                << (g.empty() ? "fields of " + m.id : "shared options: " + g + " (" +
-                                                          group_note(g) + ")")
-                << "\n";
-      std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", "field", "type", "default",
-                               "allowed", "doc");
-      for (const auto& f : m.fields) {
-        if (f.group != g) continue;
-        std::string doc = f.doc;
-        if (!f.aliases.empty()) {
-          doc += " (also: ";
-          for (std::size_t i = 0; i < f.aliases.size(); ++i) doc += (i ? ", " : "") + f.aliases[i];
-          doc += ")";
-        }
-        std::cout << fmt::format("{:<26} {:<6} {:<14} {:<32} {}\n", f.name, to_string(f.type),
-                                 value_text(f.default_value), f.allowed_text(), doc);
-      }
-    }
-    if (!m.prefix.empty()) {
-      std::cout << "\nSpec keys may drop the '" << m.prefix << "_' prefix, e.g. " << m.id
-                << ":"
-                << (!m.budget_field.empty() ? "budget=64" : m.fields.front().name + "=...")
-                << "\n";
-    }
+    print_method(find_method(*id));
   });
 }
 

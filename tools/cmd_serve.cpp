@@ -9,6 +9,76 @@
 
 namespace vq::cli {
 
+namespace {
+
+// The model, its tokenizer and the default method.
+void add_model_options(CLI::App& cmd, serve::ServeOptions& o) {
+  cmd.add_option("--model", o.model, "Checkpoint: llama2.c .bin, Hugging Face directory, GGUF")
+      ->required()
+      ->check(non_empty_path());
+  cmd.add_option("--tokenizer", o.tokenizer, "Tokenizer (default: next to the model)")
+      ->check(non_empty_path());
+  cmd.add_option("--method", o.method,
+                 "Default KV-cache method spec (a request may choose another with "
+                 "\"veloxquant\": {\"method\": SPEC})")
+      ->capture_default_str();
+}
+
+// What the scheduler may hold and do: K/V memory, sessions, step sizes, queue, limits.
+void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
+  cmd.add_option_function<std::string>(
+         "--kv-memory",
+         [&o](const std::string& text) {
+           const std::uint64_t b = engine::parse_memory_size(text, "--kv-memory");
+           if (b > static_cast<std::uint64_t>(INT64_MAX))
+             throw vq::Error(vq::ErrorCode::kInvalidArgument, "--kv-memory is too large: " + text);
+           o.kv_memory = static_cast<std::int64_t>(b);
+         },
+         "K/V cache bytes all sessions may hold together (e.g. 512M, 4G; default 1G)")
+      ->type_name("BYTES");
+  cmd.add_option("--max-sessions", o.max_sessions, "Most live sessions (active + idle)")
+      ->capture_default_str()
+      ->check(int_range(1, 100000));
+  cmd.add_option("--max-context", o.max_context,
+                 "Most positions a session holds (default: min(4096, the model's context))")
+      ->check(int_range(2, std::int64_t{1} << 20));
+  cmd.add_option("--prefill-chunk", o.chunk, "Prompt tokens per session per step")
+      ->capture_default_str()
+      ->check(int_range(1, 4096));
+  cmd.add_option("--step-tokens", o.step_tokens, "Most tokens in one batched step")
+      ->capture_default_str()
+      ->check(int_range(1, 65536));
+  cmd.add_option("--max-queue", o.max_queue, "Requests that may wait for memory (then 503)")
+      ->capture_default_str()
+      ->check(int_range(0, 100000));
+  cmd.add_option("--queue-timeout", o.queue_timeout_s, "Seconds a request may wait (then 503)")
+      ->capture_default_str()
+      ->check(real_range(0, 86400));
+  cmd.add_option("--max-body", o.max_body, "Largest request body in bytes (then 413)")
+      ->capture_default_str()
+      ->check(int_range(64, std::int64_t{1} << 30));
+  cmd.add_option("--shutdown-grace", o.shutdown_grace_s,
+                 "Seconds requests in flight may run after SIGTERM")
+      ->capture_default_str()
+      ->check(real_range(0, 3600));
+}
+
+// The chat template and the HTTP side: address, port, key, worker threads.
+void add_http_options(CLI::App& cmd, serve::ServeOptions& o) {
+  cmd.add_option("--chat-template", o.chat_template,
+                 "plain|llama2|mistral|llama3|chatml (default: recognised from the model)");
+  cmd.add_option("--host", o.host, "Address to listen on")->capture_default_str();
+  cmd.add_option("--port", o.port, "Port (0: any free port, printed)")
+      ->capture_default_str()
+      ->check(int_range(0, 65535));
+  cmd.add_option("--api-key", o.api_key, "Require Authorization: Bearer KEY on /v1/");
+  cmd.add_option("--http-threads", o.http_threads,
+                 "HTTP worker threads (default 2 * max-sessions + 8, at most 256)")
+      ->check(int_range(1, 4096));
+}
+
+}  // namespace
+
 void add_serve_command(CLI::App& app) {
   auto o = std::make_shared<serve::ServeOptions>();
   auto threads = std::make_shared<int>(0);
@@ -17,60 +87,9 @@ void add_serve_command(CLI::App& app) {
       "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /metrics, a chat page "
       "at /): sessions keep their compressed caches, admitted only while their footprints fit "
       "--kv-memory, decoded together in batched steps");
-  cmd->add_option("--model", o->model, "Checkpoint: llama2.c .bin, Hugging Face directory, GGUF")
-      ->required()
-      ->check(non_empty_path());
-  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: next to the model)")
-      ->check(non_empty_path());
-  cmd->add_option("--method", o->method,
-                  "Default KV-cache method spec (a request may choose another with "
-                  "\"veloxquant\": {\"method\": SPEC})")
-      ->capture_default_str();
-  cmd->add_option_function<std::string>(
-         "--kv-memory",
-         [o](const std::string& text) {
-           const std::uint64_t b = engine::parse_memory_size(text, "--kv-memory");
-           if (b > static_cast<std::uint64_t>(INT64_MAX))
-             throw vq::Error(vq::ErrorCode::kInvalidArgument, "--kv-memory is too large: " + text);
-           o->kv_memory = static_cast<std::int64_t>(b);
-         },
-         "K/V cache bytes all sessions may hold together (e.g. 512M, 4G; default 1G)")
-      ->type_name("BYTES");
-  cmd->add_option("--max-sessions", o->max_sessions, "Most live sessions (active + idle)")
-      ->capture_default_str()
-      ->check(int_range(1, 100000));
-  cmd->add_option("--max-context", o->max_context,
-                  "Most positions a session holds (default: min(4096, the model's context))")
-      ->check(int_range(2, std::int64_t{1} << 20));
-  cmd->add_option("--prefill-chunk", o->chunk, "Prompt tokens per session per step")
-      ->capture_default_str()
-      ->check(int_range(1, 4096));
-  cmd->add_option("--step-tokens", o->step_tokens, "Most tokens in one batched step")
-      ->capture_default_str()
-      ->check(int_range(1, 65536));
-  cmd->add_option("--max-queue", o->max_queue, "Requests that may wait for memory (then 503)")
-      ->capture_default_str()
-      ->check(int_range(0, 100000));
-  cmd->add_option("--queue-timeout", o->queue_timeout_s, "Seconds a request may wait (then 503)")
-      ->capture_default_str()
-      ->check(real_range(0, 86400));
-  cmd->add_option("--max-body", o->max_body, "Largest request body in bytes (then 413)")
-      ->capture_default_str()
-      ->check(int_range(64, std::int64_t{1} << 30));
-  cmd->add_option("--shutdown-grace", o->shutdown_grace_s,
-                  "Seconds requests in flight may run after SIGTERM")
-      ->capture_default_str()
-      ->check(real_range(0, 3600));
-  cmd->add_option("--chat-template", o->chat_template,
-                  "plain|llama2|mistral|llama3|chatml (default: recognised from the model)");
-  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->port, "Port (0: any free port, printed)")
-      ->capture_default_str()
-      ->check(int_range(0, 65535));
-  cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer KEY on /v1/");
-  cmd->add_option("--http-threads", o->http_threads,
-                  "HTTP worker threads (default 2 * max-sessions + 8, at most 256)")
-      ->check(int_range(1, 4096));
+  add_model_options(*cmd, *o);
+  add_scheduler_options(*cmd, *o);
+  add_http_options(*cmd, *o);
   add_threads_option(cmd, *threads);
   add_q8_activations_option(cmd);
   cmd->callback([o, threads]() {
