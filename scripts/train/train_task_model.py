@@ -40,6 +40,9 @@ from model import Config, Llama, export_llama2c, HAS_SDPA  # noqa: E402
 TASK_WEIGHTS = {"niah_single": 0.2, "niah_multikey": 0.3, "niah_multivalue": 0.15,
                 "niah_multiquery": 0.15, "vt": 0.2}
 HAYSTACK_WEIGHTS = {"essay": 0.5, "noise": 0.25, "needle": 0.25}
+STAGE_DATA_KEYS = ("tasks", "haystacks", "lengths", "length_weights", "lm_fraction",
+                   "tokens_per_batch")
+STAGE_KEYS = STAGE_DATA_KEYS + ("name", "until_completion", "end", "min_steps")
 COMPLETION_ROOM = 48  # row length = L + this: the longest completion (vt, multivalue) fits
 
 
@@ -61,9 +64,18 @@ class TaskStream(torch.utils.data.IterableDataset):
     """Endless batches: (inputs int32 [B, R], targets int32 [B, R] with -1 = no loss,
     kind int8 [B, R]: 0 none, 1 text, 2 completion, bucket L)."""
 
-    def __init__(self, args):
+    def __init__(self, args, stage=None, salt=0):
         super().__init__()
-        self.a = args
+        # A curriculum stage overrides the data settings of args (tasks, haystacks, lengths,
+        # length_weights, lm_fraction, tokens_per_batch); salt keeps the stages' streams apart.
+        a = argparse.Namespace(**vars(args))
+        if stage:
+            for k, v in stage.items():
+                if k in STAGE_DATA_KEYS:
+                    setattr(a, k, v)
+            a.short_phase = 0.0
+        self.a = a
+        self.salt = salt
 
     def _setup(self):
         a = self.a
@@ -84,7 +96,8 @@ class TaskStream(torch.utils.data.IterableDataset):
         short = [(L, w) for L, w in zip(a.lengths, a.length_weights) if L <= a.short_max]
         k = 0
         while True:
-            rng = T.sample_rng("vq-train", a.seed, wid, k)
+            rng = (T.sample_rng("vq-train", a.seed, wid, k) if self.salt == 0 else
+                   T.sample_rng("vq-train", a.seed, f"stage{self.salt}/{wid}", k))
             # Progress of the run as this worker sees it: the batch's place among all workers'
             # (step schedule) or the wall clock since the loader started (time budget).
             if a.steps > 0:
@@ -220,6 +233,55 @@ def heldout_eval(model, args, device, amp):
     return rows
 
 
+def parse_stages(ap, args):
+    """--stages -> a list of validated stage dicts (empty: no curriculum)."""
+    if not args.stages:
+        return []
+    text = args.stages
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read()
+    try:
+        stages = json.loads(text)
+    except ValueError as e:
+        ap.error(f"--stages: not JSON ({e})")
+    if not isinstance(stages, list) or not stages:
+        ap.error("--stages: expected a non-empty JSON list of objects")
+    out = []
+    prev_end = 0.0
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            ap.error(f"--stages[{i}]: expected an object, found {type(st).__name__}")
+        bad = [k for k in st if k not in STAGE_KEYS]
+        if bad:
+            ap.error(f"--stages[{i}]: unknown key(s) {', '.join(bad)} (expected some of "
+                     f"{', '.join(STAGE_KEYS)})")
+        st = dict(st)
+        for k in ("tasks", "haystacks"):
+            if k in st:
+                st[k] = [x for x in str(st[k]).split(",") if x]
+                known = TASK_WEIGHTS if k == "tasks" else HAYSTACK_WEIGHTS
+                for x in st[k]:
+                    if x not in known:
+                        ap.error(f"--stages[{i}].{k}: unknown '{x}'")
+        if "lengths" in st:
+            st["lengths"] = parse_list(str(st["lengths"]))
+            st.setdefault("length_weights", ",".join("1" for _ in st["lengths"]))
+        if "length_weights" in st:
+            st["length_weights"] = parse_list(str(st["length_weights"]), float)
+            if len(st["length_weights"]) != len(st.get("lengths", args.lengths)):
+                ap.error(f"--stages[{i}]: length_weights needs one weight per length")
+        end = float(st.get("end", 1.0))
+        if i == len(stages) - 1:
+            end = 1.0
+        if not prev_end < end <= 1.0:
+            ap.error(f"--stages[{i}].end: {end} must be in ({prev_end}, 1]")
+        st["end"] = prev_end = end
+        st.setdefault("name", f"stage{i}")
+        out.append(st)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output folder (created if missing)")
@@ -242,6 +304,12 @@ def main():
                     help="tasks to train on (their weights as in TASK_WEIGHTS)")
     ap.add_argument("--haystacks", default=",".join(HAYSTACK_WEIGHTS),
                     help="niah haystacks to train on (vt always uses noise)")
+    ap.add_argument("--stages", default="",
+                    help="a curriculum: a JSON list of stages (or @FILE), each overriding "
+                         "tasks, haystacks, lengths, length_weights, lm_fraction, "
+                         "tokens_per_batch, and ending when the mean completion loss of its "
+                         "last 5 log points is under until_completion (after min_steps) or at "
+                         "the fraction 'end' of the run; the last stage runs to the end")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden-dim", type=int, default=768)
     ap.add_argument("--n-layers", type=int, default=4)
@@ -272,7 +340,7 @@ def main():
     args = ap.parse_args()
     args.lengths = parse_list(args.lengths)
     args.length_weights = parse_list(args.length_weights, float)
-    args.eval_lengths = [L for L in parse_list(args.eval_lengths) if L <= max(args.lengths)]
+    args.eval_lengths = parse_list(args.eval_lengths)
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.haystacks = [h for h in args.haystacks.split(",") if h]
     for t in args.tasks:
@@ -286,15 +354,19 @@ def main():
         ap.error("--tasks and --haystacks need at least one entry each")
     if len(args.length_weights) != len(args.lengths):
         ap.error("--length-weights needs one weight per --lengths entry")
+    args.stages = parse_stages(ap, args)
     if not args.heldout_text:
         cand = os.path.join(ROOT, "data", "tasks", "haystack_wikitext.txt")
         args.heldout_text = cand if os.path.exists(cand) else os.path.join(
             ROOT, "data", "wikitext2_test_excerpt.txt")
+    longest = max([max(args.lengths)] + [max(st["lengths"]) for st in args.stages
+                                         if "lengths" in st])
+    args.eval_lengths = [L for L in args.eval_lengths if L <= longest]
     if not args.seq_len:
-        args.seq_len = max(args.lengths) + 128
-    if args.seq_len < max(args.lengths) + COMPLETION_ROOM:
+        args.seq_len = longest + 128
+    if args.seq_len < longest + COMPLETION_ROOM:
         ap.error(f"--seq-len {args.seq_len} is shorter than the longest row "
-                 f"({max(args.lengths)} + {COMPLETION_ROOM})")
+                 f"({longest} + {COMPLETION_ROOM})")
     for p in (args.tokenizer, args.words, args.text, args.heldout_text):
         if not os.path.exists(p):
             ap.error(f"missing input file {p}")
@@ -302,15 +374,18 @@ def main():
     tok = T.Tok512(args.tokenizer)
     with open(args.text, encoding="utf-8") as f:
         gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
-    for task in args.tasks:
-        for hay in (["noise"] if task == "vt" else args.haystacks):
-            for q in T.QUESTIONS:
-                try:
-                    gen.sample(T.sample_rng("vq-preflight", 0, task, 0), task, q, hay,
-                               min(args.lengths))
-                except ValueError as e:
-                    ap.error(f"--lengths: {min(args.lengths)} tokens is too short for {task} "
-                             f"(question {q}, haystack {hay}): {e}")
+    for st in (args.stages or [{}]):
+        s_tasks = st.get("tasks", args.tasks)
+        s_hays = st.get("haystacks", args.haystacks)
+        s_min = min(st.get("lengths", args.lengths))
+        for task in s_tasks:
+            for hay in (["noise"] if task == "vt" else s_hays):
+                for q in T.QUESTIONS:
+                    try:
+                        gen.sample(T.sample_rng("vq-preflight", 0, task, 0), task, q, hay, s_min)
+                    except ValueError as e:
+                        ap.error(f"lengths: {s_min} tokens is too short for {task} "
+                                 f"(question {q}, haystack {hay}): {e}")
     with open(args.heldout_text, encoding="utf-8") as f:
         gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
     for task in ("niah_single", "niah_multikey"):
@@ -376,9 +451,21 @@ def main():
         os.replace(tmp, json_path)
 
     args.loader_start = time.time()
-    loader = torch.utils.data.DataLoader(
-        TaskStream(args), batch_size=None, num_workers=args.workers, pin_memory=cuda,
-        **({"prefetch_factor": 4, "persistent_workers": False} if args.workers > 0 else {}))
+    stages = args.stages or [None]
+    si = 0
+
+    def make_loader(i):
+        return iter(torch.utils.data.DataLoader(
+            TaskStream(args, stages[i], salt=i if args.stages else 0), batch_size=None,
+            num_workers=args.workers, pin_memory=cuda,
+            **({"prefetch_factor": 4, "persistent_workers": False} if args.workers > 0 else {})))
+
+    loader = make_loader(0)
+    stage_log = []
+    stage_start = {"step": 0, "seconds": 0.0, "tokens": 0}
+    if args.stages:
+        log(f"stage 0 ({stages[0]['name']}): {json.dumps(stages[0])}")
+    report["stages"] = stage_log
     t_start = time.time()
     t_train = None
     last_ckpt = time.time()
@@ -389,7 +476,8 @@ def main():
     acc = {"loss": 0.0, "lc": 0.0, "lt": 0.0, "n": 0}
     pending = []
     model.train()
-    for inp, tgt, kind, L in loader:
+    while True:
+        inp, tgt, kind, L = next(loader)
         if t_train is None:
             t_train = time.time()
             log(f"first batch after {t_train - t_start:.1f} s (worker start-up); training")
@@ -431,9 +519,30 @@ def main():
                      "loss_completion": float(vals[:, 1].mean()),
                      "loss_text": float(vals[:, 2].mean()), "length": int(L)}
             report["loss_curve"].append(point)
+            if args.stages:
+                point["stage"] = si
             log(f"step {step} {el:.0f}s tokens {tokens} ({tokens / max(el, 1e-9):.0f}/s) lr {lr:.2e} "
                 f"loss {point['loss']:.4f} completion {point['loss_completion']:.4f} "
                 f"text {point['loss_text']:.4f} L {int(L)}")
+            if args.stages and si + 1 < len(stages):
+                st = stages[si]
+                recent = [p["loss_completion"] for p in report["loss_curve"][-5:]
+                          if p.get("stage") == si]
+                done_by_loss = ("until_completion" in st and len(recent) == 5 and
+                                step - stage_start["step"] >= int(st.get("min_steps", 0)) and
+                                sum(recent) / 5 < float(st["until_completion"]))
+                if done_by_loss or progress >= st["end"]:
+                    why = "completion loss" if done_by_loss else "its share of the run"
+                    stage_log.append({"stage": si, "name": st["name"], "ended_by": why,
+                                      "from_step": stage_start["step"], "to_step": step,
+                                      "seconds": round(el - stage_start["seconds"], 2),
+                                      "tokens": tokens - stage_start["tokens"]})
+                    log(f"stage {si} ({st['name']}) ends at step {step} ({why}); "
+                        f"stage {si + 1} ({stages[si + 1]['name']}): {json.dumps(stages[si + 1])}")
+                    stage_start = {"step": step, "seconds": el, "tokens": tokens}
+                    si += 1
+                    del loader
+                    loader = make_loader(si)
         if time.time() - last_ckpt >= args.checkpoint_every:
             export_llama2c(model, bin_path)
             report.update(status=f"training (checkpoint at step {step})", steps=step, tokens=tokens)
@@ -441,6 +550,11 @@ def main():
             last_ckpt = time.time()
             log(f"checkpoint: {bin_path} at step {step}")
     train_seconds = time.time() - (t_train or t_start)
+    if args.stages:
+        stage_log.append({"stage": si, "name": stages[si]["name"], "ended_by": "end of run",
+                          "from_step": stage_start["step"], "to_step": step,
+                          "seconds": round(train_seconds - stage_start["seconds"], 2),
+                          "tokens": tokens - stage_start["tokens"]})
     if pending:
         vals = torch.stack([torch.stack(x) for x in pending]).float().cpu()
         completion_tokens += int(vals[:, 3].sum())
