@@ -41,7 +41,7 @@ TASK_WEIGHTS = {"niah_single": 0.2, "niah_multikey": 0.3, "niah_multivalue": 0.1
                 "niah_multiquery": 0.15, "vt": 0.2}
 HAYSTACK_WEIGHTS = {"essay": 0.5, "noise": 0.25, "needle": 0.25}
 STAGE_DATA_KEYS = ("tasks", "haystacks", "lengths", "length_weights", "lm_fraction",
-                   "tokens_per_batch")
+                   "copy_fraction", "tokens_per_batch")
 STAGE_KEYS = STAGE_DATA_KEYS + ("name", "until_completion", "end", "min_steps")
 COMPLETION_ROOM = 48  # row length = L + this: the longest completion (vt, multivalue) fits
 
@@ -115,6 +115,9 @@ class TaskStream(torch.utils.data.IterableDataset):
             tgt = torch.full((B, R), -1, dtype=torch.int32)
             kind = torch.zeros((B, R), dtype=torch.int8)
             for b in range(B):
+                if a.copy_fraction > 0 and rng.random() < a.copy_fraction:
+                    self._copy_row(rng, tok, inp[b], tgt[b], kind[b])
+                    continue
                 if rng.random() < a.lm_fraction:
                     ids = torch.tensor(gen.lm_ids(rng, text_ids, R + 1), dtype=torch.int32)
                     inp[b] = ids[:-1]
@@ -137,6 +140,25 @@ class TaskStream(torch.utils.data.IterableDataset):
                 kind[b, :m] = 1
                 kind[b, len(p) - 1:m] = 2
             yield inp, tgt, kind, L
+
+    @staticmethod
+    def _copy_row(rng, tok, inp, tgt, kind):
+        """A copy row: BOS, then segments of 8-64 random tokens, each written twice. Only the
+        second writing is a target (kind 1, from its second token on: the first cannot be
+        known), so its loss falls only when the model looks the segment up in its context and
+        copies what followed (the induction mechanism retrieval needs); a needle is such a
+        lookup."""
+        R = inp.shape[0]
+        ids = [T.BOS]
+        mask = [0]
+        while len(ids) < R + 1:
+            seg = [rng.randrange(3, len(tok.pieces)) for _ in range(rng.randint(8, 64))]
+            ids += seg + seg
+            mask += [0] * len(seg) + [0] + [1] * (len(seg) - 1)
+        ids, mask = ids[:R + 1], mask[:R + 1]
+        inp[:] = torch.tensor(ids[:-1], dtype=torch.int32)
+        tgt[:] = torch.tensor(ids[1:], dtype=torch.int32)
+        kind[:] = torch.tensor(mask[1:], dtype=torch.int8)
 
 
 def git_info():
@@ -324,6 +346,9 @@ def main():
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--lm-weight", type=float, default=0.5)
     ap.add_argument("--lm-fraction", type=float, default=0.1)
+    ap.add_argument("--copy-fraction", type=float, default=0.0,
+                    help="share of rows that are copy rows (random segments written twice, "
+                         "the second a target): trains the lookup-and-copy mechanism first")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--checkpoint-every", type=float, default=120.0)
     ap.add_argument("--eval-samples", type=int, default=20)
