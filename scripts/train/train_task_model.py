@@ -42,7 +42,7 @@ TASK_WEIGHTS = {"niah_single": 0.2, "niah_multikey": 0.3, "niah_multivalue": 0.1
 HAYSTACK_WEIGHTS = {"essay": 0.5, "noise": 0.25, "needle": 0.25}
 STAGE_DATA_KEYS = ("tasks", "haystacks", "lengths", "length_weights", "lm_fraction",
                    "copy_fraction", "tokens_per_batch")
-STAGE_KEYS = STAGE_DATA_KEYS + ("name", "until_completion", "end", "min_steps")
+STAGE_KEYS = STAGE_DATA_KEYS + ("name", "until_completion", "until_text", "end", "min_steps")
 COMPLETION_ROOM = 48  # row length = L + this: the longest completion (vt, multivalue) fits
 
 
@@ -329,8 +329,9 @@ def main():
     ap.add_argument("--stages", default="",
                     help="a curriculum: a JSON list of stages (or @FILE), each overriding "
                          "tasks, haystacks, lengths, length_weights, lm_fraction, "
-                         "tokens_per_batch, and ending when the mean completion loss of its "
-                         "last 5 log points is under until_completion (after min_steps) or at "
+                         "tokens_per_batch, copy_fraction, and ending when the mean completion "
+                         "loss of its last 5 log points is under until_completion (or the text "
+                         "loss under until_text; after min_steps) or at "
                          "the fraction 'end' of the run; the last stage runs to the end")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden-dim", type=int, default=768)
@@ -551,11 +552,15 @@ def main():
                 f"text {point['loss_text']:.4f} L {int(L)}")
             if args.stages and si + 1 < len(stages):
                 st = stages[si]
-                recent = [p["loss_completion"] for p in report["loss_curve"][-5:]
-                          if p.get("stage") == si]
-                done_by_loss = ("until_completion" in st and len(recent) == 5 and
+                # A stage ends when the mean of its last 5 log points of the loss it watches
+                # (until_completion: the answers'; until_text: the text and copy rows') is under
+                # the bound, after min_steps.
+                watch = "until_completion" if "until_completion" in st else "until_text"
+                key = "loss_completion" if watch == "until_completion" else "loss_text"
+                recent = [p[key] for p in report["loss_curve"][-5:] if p.get("stage") == si]
+                done_by_loss = (watch in st and len(recent) == 5 and
                                 step - stage_start["step"] >= int(st.get("min_steps", 0)) and
-                                sum(recent) / 5 < float(st["until_completion"]))
+                                sum(recent) / 5 < float(st[watch]))
                 if done_by_loss or progress >= st["end"]:
                     why = "completion loss" if done_by_loss else "its share of the run"
                     stage_log.append({"stage": si, "name": st["name"], "ended_by": why,
