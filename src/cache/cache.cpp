@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "base/float_env.h"
+#include "base/step_input.h"
 #include "base/kernels.h"
 #include "policies/layer_state.h"
 #include "policies/policy.h"
@@ -149,6 +150,8 @@ const CacheConfig& validated(const CacheConfig& config, const LayerShape& shape)
     bad("n_query_heads must be >= 0, got " + std::to_string(shape.n_query_heads));
   }
   if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
+  detail::check_shape_limits(shape.n_layers, shape.n_kv_heads, shape.head_dim,
+                             shape.n_query_heads, "[cache]");
   if (shape.layer < 0 || shape.layer >= shape.n_layers) {
     bad("layer must be in [0, " + std::to_string(shape.n_layers - 1) + "], got " +
         std::to_string(shape.layer));
@@ -197,6 +200,9 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
                   " must have the same shape [B, Hkv, S, D]");
     }
   }
+  // The limits of types.h and rows of their own, before anything is read or allocated.
+  detail::check_step_input(keys, "[cache] begin_step", "keys");
+  detail::check_step_input(values, "[cache] begin_step", "values");
   const std::int64_t B = keys.shape[0], H = keys.shape[1], S = keys.shape[2], D = keys.shape[3];
   const LayerShape& ls = st.shape;
   auto mismatch = [&](const char* what, std::int64_t got, std::int64_t want, const char* origin) {
