@@ -86,6 +86,13 @@ class VQ_API LayerCache {
   // probabilities nobody reads): the shape is still checked and the step counts as one that
   // passes probabilities (source=auto), but the policy gets none. A null data with
   // reads_attention() true throws Error(kShapeMismatch), the step left open.
+  //
+  // A method registered with a scorer (registry.h, RowScorer) scores the step's new rows before
+  // it decides anything; when the scorer throws, the step is rolled back: end_step throws
+  // Error(kInvalidArgument) with the scorer's message, the step is closed, its rows and
+  // positions are forgotten (tokens_seen() as before begin_step), and the next step gives what
+  // it would have given had the failed one never been begun. The shape a first step fixed stays
+  // fixed.
   void end_step(const AttentionRef* attention = nullptr);
 
   // Whether end_step of a step with new rows reads the probabilities it is passed: true for a

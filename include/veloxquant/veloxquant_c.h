@@ -265,7 +265,9 @@ VQ_C_API vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t 
 /* Phase 2: scores, evicts, merges or quantizes down to the budget. `attention` may be NULL for
  * methods with the proxy score source; methods with source=attention require it. Every
  * probability must be finite and in [0, 1]: VQ_ERR_INVALID_ARGUMENT naming the element
- * otherwise, and the step stays open. */
+ * otherwise, and the step stays open. A method registered from C++ whose scorer throws
+ * (registry.h, RowScorer) gives VQ_ERR_INVALID_ARGUMENT with the scorer's message, and the step
+ * is rolled back: closed, its rows forgotten, the cache as before vq_layer_begin_step. */
 VQ_C_API vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention);
 /* The rows stored between steps for (b, h) (rows may differ per head); valid until the next
  * step or reset. */

@@ -86,6 +86,7 @@ class StoreApplier final : public detail::DecisionSink {
   explicit StoreApplier(LayerState& st) : st_(st) {}
 
   void apply(const Decision& d) override {
+    ++applied_;
     RowStore& store = StoreAccess::of(st_.heads[static_cast<std::size_t>(d.head)]);
     switch (d.kind) {
       case Decision::Kind::kBlend: blend(store, d); return;
@@ -135,7 +136,30 @@ class StoreApplier final : public detail::DecisionSink {
 
   LayerState& st_;
   std::vector<float> a_, b_;  // [head_dim] row scratch
+
+ public:
+  // Decisions applied since the cache last looked (an open step's: reset by end_step).
+  std::int64_t applied_ = 0;
 };
+
+// Undoes an open step's begin_step: every head keeps the rows it held before the step (its
+// first HeadState::prev rows; a demoting store the method's rows among them, its tier stays),
+// and the step's positions are handed out again. Only for a step of which nothing was decided
+// (LayerCache::end_step checks that).
+void roll_back_step(LayerState& st) {
+  std::vector<std::int64_t> idx;
+  for (HeadState& hs : st.heads) {
+    RowStore& store = StoreAccess::of(hs);
+    const std::int64_t kept = hs.prev - store.n_demoted();
+    idx.resize(static_cast<std::size_t>(kept));
+    for (std::int64_t i = 0; i < kept; ++i) idx[static_cast<std::size_t>(i)] = i;
+    store.keep(idx.data(), kept);
+  }
+  st.tokens_seen -= st.step_new;
+  st.attention = nullptr;
+  st.step_open = false;
+  st.step_new = 0;
+}
 
 // The API boundary of a LayerCache built on its own: the config and the shape are validated
 // here, once; the layers below (the private constructor, the policies, the stores) trust them.
@@ -303,7 +327,8 @@ void LayerCache::end_step(const AttentionRef* attention) {
                       (a.data == nullptr ? " with no data" : ""));
     }
   }
-  if (st.step_new > 0 && policy_->source_unresolved()) {
+  const bool resolves_source = st.step_new > 0 && policy_->source_unresolved();
+  if (resolves_source) {
     policy_->resolve_source(attention != nullptr);
     st.source_resolved = true;
   }
@@ -331,7 +356,32 @@ void LayerCache::end_step(const AttentionRef* attention) {
       attention != nullptr && attention->data != nullptr ? attention : nullptr;
   st.attention = given;
   if (st.step_new > 0) {
-    policy_->end_step(st, given);
+    auto& applier = static_cast<StoreApplier&>(*st.sink);
+    applier.applied_ = 0;
+    try {
+      policy_->end_step(st, given);
+    } catch (...) {
+      // A policy that throws before it decides anything (a registered method's scorer:
+      // policies/scored.cpp scores every new row first) has changed nothing: the step is rolled
+      // back, so the cache goes on as if it had never been given. After a decision there is no
+      // way back, and the step stays open (reset() recovers).
+      bool untouched = applier.applied_ == 0;
+      for (const HeadState& hs : st.heads) untouched = untouched && hs.live.empty();
+      if (!untouched) throw;
+      roll_back_step(st);
+      if (resolves_source) {
+        policy_->reset_source();
+        st.source_resolved = false;
+      }
+      try {
+        throw;
+      } catch (const Error& e) {
+        throw Error(e.code(), std::string(e.what()) +
+                                  "; the step was rolled back (its rows are forgotten and the "
+                                  "cache is as before its begin_step)",
+                    e.path());
+      }
+    }
     // The policy's per-row arrays follow the store's rows (live is empty between steps and
     // refilled with every row at the next step).
     const std::int64_t before = st.step_prev + st.step_new;

@@ -565,6 +565,13 @@ vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t h, vq_hea
 
 vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention) {
   VQ_LAYER_CALL(layer, {
+    // A step the cache rolled back (a registered scorer threw) is over: so is its view.
+    struct CloseView {
+      vq_layer_cache& l;
+      ~CloseView() {
+        if (!l.cache->step_open()) l.view.reset();
+      }
+    } close_view{l};
     if (attention != nullptr) {
       vq::AttentionRef a;
       a.data = attention->data;
@@ -582,7 +589,6 @@ vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention
     } else {
       l.cache->end_step(nullptr);
     }
-    l.view.reset();
   });
 }
 
