@@ -73,9 +73,14 @@ TEST(RegisterMethod, RefusesMalformedEntries) {
   m.fields.back() = FieldSpec{"fd_x", FieldType::kInt, std::int64_t{0}, 0, 1, {}, "d", "merge"};
   refused(m, {"field 'fd_x' sets group 'merge'"});
   m.fields.back() = FieldSpec{"fd_x", FieldType::kFloat, 0.5, NAN, 1.0, {}, "d"};
-  refused(m, {"field 'fd_x': its range", "min <= max"});
+  refused(m, {"field 'fd_x': its range [nan, 1] must be finite numbers, min <= max"});
   m.fields.back() = FieldSpec{"fd_x", FieldType::kInt, std::int64_t{0}, 3, 1, {}, "d"};
-  refused(m, {"field 'fd_x': its range [3.000000, 1.000000]"});
+  refused(m, {"field 'fd_x': its range [3, 1] must be whole numbers"});
+  // An int bound of 1e300 was printed through a cast to long long (undefined behaviour).
+  m.fields.back() = FieldSpec{"fd_x", FieldType::kInt, std::int64_t{0}, 0, 1e300, {}, "d"};
+  refused(m, {"must be whole numbers in [-2^53, 2^53]"});
+  m.fields.back() = FieldSpec{"fd_x", FieldType::kFloat, 0.5, 0, INFINITY, {}, "d"};
+  refused(m, {"must be finite numbers"});
   m.fields.back() = FieldSpec{"fd_x", FieldType::kEnum, std::string("a"), 0, 0, {}, "d"};
   refused(m, {"field 'fd_x' is an enum without choices"});
   m.fields.back() = FieldSpec{"fd_x", FieldType::kEnum, std::string("a"), 0, 0, {"a", "a"}, "d"};

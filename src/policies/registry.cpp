@@ -104,9 +104,18 @@ void check_own_fields(const MethodInfo& m) {
       bad_entry(id, shown + ": its doc must be one line without control characters");
     }
     if (f.type == FieldType::kInt || f.type == FieldType::kFloat) {
-      if (std::isnan(f.min) || std::isnan(f.max) || f.min > f.max) {
-        bad_entry(id, shown + ": its range [" + std::to_string(f.min) + ", " +
-                          std::to_string(f.max) + "] must be two numbers, min <= max");
+      // Finite (messages print the bounds; an int bound is printed as an integer) and, for an
+      // int field, whole numbers a double holds exactly (|x| <= 2^53, as the seed's range).
+      const double exact = 9007199254740992.0;
+      const auto bound_ok = [&](double x) {
+        return std::isfinite(x) &&
+               (f.type == FieldType::kFloat || (x == std::floor(x) && std::fabs(x) <= exact));
+      };
+      if (!bound_ok(f.min) || !bound_ok(f.max) || f.min > f.max) {
+        bad_entry(id, shown + ": its range " + validate::real_range_text(f.min, f.max) +
+                          (f.type == FieldType::kInt
+                               ? " must be whole numbers in [-2^53, 2^53], min <= max"
+                               : " must be finite numbers, min <= max"));
       }
     }
     if (f.type == FieldType::kEnum && f.choices.empty()) {
