@@ -25,6 +25,9 @@ struct ModelShape {
 // LayerShape{layer = i, n_layers}, so per-layer schedules (PyramidKV) come from the layer index.
 class VQ_API ModelCache {
  public:
+  // Validates `config` (Error(kInvalidConfig)) and `shape` (Error(kInvalidArgument), before any
+  // layer is built): n_layers in [1, kMaxLayers], n_kv_heads in [1, kMaxHeads], head_dim in
+  // [1, kMaxHeadDim], n_query_heads 0 or a multiple of n_kv_heads up to kMaxHeads (types.h).
   ModelCache(const CacheConfig& config, const ModelShape& shape);
   std::int64_t n_layers() const noexcept { return static_cast<std::int64_t>(layers_.size()); }
   LayerCache& layer(std::int64_t i);

@@ -53,7 +53,8 @@ class ModelCache;
 
 class VQ_API LayerCache {
  public:
-  // Validates `config` (throws Error(kInvalidConfig)) and builds the method's policy.
+  // Validates `config` (throws Error(kInvalidConfig)) and `shape` (Error(kInvalidArgument):
+  // negative counts, or past the limits of types.h) and builds the method's policy.
   LayerCache(const CacheConfig& config, const LayerShape& shape);
   ~LayerCache();
   LayerCache(LayerCache&&) noexcept;
@@ -64,8 +65,10 @@ class VQ_API LayerCache {
   // Phase 1. keys/values: [B, Hkv, S, D], fp32 or fp16, same shape and dtype. Appends the S
   // new rows (positions tokens_seen() .. + S - 1) and returns every kept row followed by them.
   // Throws Error(kShapeMismatch) if B, Hkv or D differ from earlier calls or the shape given at
-  // construction (state untouched), kInvalidState if a step is already open. S = 0 is a no-op
-  // that returns the kept rows.
+  // construction (state untouched), kInvalidState if a step is already open, and
+  // kInvalidArgument (state untouched, nothing read) for a shape past the limits of types.h
+  // (Hkv, D, B x Hkv; S > 2^31 - 1) or strides under which two rows overlap (TensorRef). S = 0
+  // is a no-op that returns the kept rows.
   StepView begin_step(const TensorRef& keys, const TensorRef& values);
 
   // Phase 2. Scores, evicts, merges or quantizes so the stored state fits the budget.
@@ -83,6 +86,13 @@ class VQ_API LayerCache {
   // probabilities nobody reads): the shape is still checked and the step counts as one that
   // passes probabilities (source=auto), but the policy gets none. A null data with
   // reads_attention() true throws Error(kShapeMismatch), the step left open.
+  //
+  // A method registered with a scorer (registry.h, RowScorer) scores the step's new rows before
+  // it decides anything; when the scorer throws, the step is rolled back: end_step throws
+  // Error(kInvalidArgument) with the scorer's message, the step is closed, its rows and
+  // positions are forgotten (tokens_seen() as before begin_step), and the next step gives what
+  // it would have given had the failed one never been begun. The shape a first step fixed stays
+  // fixed.
   void end_step(const AttentionRef* attention = nullptr);
 
   // Whether end_step of a step with new rows reads the probabilities it is passed: true for a

@@ -87,6 +87,12 @@ struct MethodInfo {
 // Scores a row when it arrives at a head (key and value as stored, in fp32, [head_dim] each);
 // over budget, the row with the lowest score leaves (ties to the oldest), the first
 // <prefix>_n_sink rows never do. The score is kept: it is the row's score for good.
+// A step scores all of its new rows (every head, in order) before it decides anything, so a
+// scorer that throws leaves the cache as it was before the step's begin_step: end_step throws
+// Error(kInvalidArgument) "[ID] the scorer threw: <its what()>" (std::bad_alloc stays itself),
+// the step's rows are forgotten, and the next step runs as if it had never been given.
+// make_scorer may throw too (the cache's constructor then throws, wrapped the same way) and
+// must not return an empty RowScorer (Error(kInvalidArgument) at construction).
 using RowScorer = std::function<float(const float* key, const float* value, std::int64_t head_dim)>;
 
 // The entry of a method scored row by row on the shared eviction loop, ready to register: id,
@@ -101,14 +107,24 @@ VQ_API MethodInfo scored_method(std::string id, std::string prefix, std::string 
                                 std::int64_t default_budget = 512);
 
 // Adds `info` to the registry, after the methods already there, with the shared option groups
-// that apply to it (MethodInfo::fields), and returns the stored entry. Throws
-// Error(kInvalidArgument) when the id is empty, not [a-z0-9_], or already registered, when
-// neither make_policy nor make_scorer is set, when a field's default is outside its range, when
-// two fields share a name or alias (a field of the method's own named like a shared option), when
-// shared_defaults names no shared field or a value it does not allow, or when budget_field /
-// budget_offset names no int field. Register at start-up, before any
-// other thread reads the registry (registry() references are invalidated by a registration;
-// CacheConfig objects and find_method() references stay valid).
+// that apply to it (MethodInfo::fields), and returns the stored entry. Everything is checked
+// here, so a method that registers is one every cache can run; throws Error(kInvalidArgument)
+// "register_method('ID'): ..." (nothing registered) when
+//  - the id is empty, not [a-z0-9_], or already registered;
+//  - the prefix is not a lower-case letter followed by [a-z0-9_] (or ends in '_'), or is empty
+//    for a method with a token budget or a scorer;
+//  - neither make_policy nor make_scorer is set, or the method runs on the scored policy
+//    (scored_method, make_policy null) without a make_scorer;
+//  - a field's name or alias is not a key (a lower-case letter, then [a-z0-9_]), a field of the
+//    method's own sets `group`, an int/float range is NaN or has min > max, an enum has no
+//    choices, a choice twice or one the spec cannot carry (empty, spaces, ',' or '='), a
+//    default is outside what the field allows, or a summary or doc is not one printable line;
+//  - two fields share a name or alias (a field of the method's own named like a shared option),
+//    or a field <prefix>_x has a short key x that already names another field;
+//  - shared_defaults names no shared field or a value it does not allow, or budget_field /
+//    budget_offset names no int field.
+// Register at start-up, before any other thread reads the registry (registry() references are
+// invalidated by a registration; CacheConfig objects and find_method() references stay valid).
 VQ_API const MethodInfo& register_method(MethodInfo info);
 
 // All registered methods, in registry order.

@@ -22,9 +22,25 @@ VQ_API const char* to_string(DType dtype) noexcept;
 VQ_API std::uint16_t float_to_half(float value) noexcept;
 VQ_API float half_to_float(std::uint16_t bits) noexcept;
 
+// Shape limits of every cache (LayerCache, ModelCache, and the C and Python APIs over them).
+// They sit far above any released model (the largest have about 128 layers, 128 query heads
+// and a head_dim of 256) and low enough that what a cache allocates from a shape alone stays
+// small: per layer a policy and its state (n_layers x a few KiB), per (batch, KV head) a row
+// store (B x Hkv x a few hundred bytes before any row), per row D elements. A shape past them
+// is refused with Error(kInvalidArgument) naming the limit, before anything is allocated, so a
+// hostile or mistyped shape (10^8 layers) fails at once instead of after minutes and gigabytes.
+inline constexpr std::int64_t kMaxLayers = 4096;       // ModelShape / LayerShape n_layers
+inline constexpr std::int64_t kMaxHeads = 4096;        // KV heads, and query heads, per layer
+inline constexpr std::int64_t kMaxHeadDim = 65536;     // D
+inline constexpr std::int64_t kMaxBatchHeads = 65536;  // B x Hkv of a step: one row store each
+
 // A read-only view of a 4-D tensor [B, H, S, D] (batch, heads, tokens, head_dim) with strides
 // in elements. The innermost dimension D must be contiguous (stride 1); other strides are free,
-// so an engine can hand over [S][H][D]-ordered buffers without copying.
+// so an engine can hand over [S][H][D]-ordered buffers without copying, but every (b, h, s) row
+// must have D elements of its own: strides under which two rows overlap (a zero stride along a
+// dimension of size > 1, as a broadcast has, or a stride smaller than the rows inside it) are
+// refused by LayerCache::begin_step with Error(kInvalidArgument). A view that names 2^28 rows
+// of one buffer would otherwise make the cache copy them all (gigabytes from a few bytes).
 struct VQ_API TensorRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;

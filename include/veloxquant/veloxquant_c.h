@@ -221,6 +221,17 @@ typedef struct vq_cache_stats {
   double compression_ratio; /* full_bytes / kept_bytes (1 when both are 0) */
 } vq_cache_stats;
 
+/* ---- Shape limits ---------------------------------------------------------------------- */
+
+/* The limits of every cache shape (include/veloxquant/types.h says why): far above any released
+ * model, low enough that what a shape alone makes a cache allocate stays small. A shape past
+ * them (a model cache of 10^8 layers, a step of 10^5 KV heads) is refused with
+ * VQ_ERR_INVALID_ARGUMENT naming the limit, before anything is allocated. */
+#define VQ_MAX_LAYERS 4096        /* n_layers */
+#define VQ_MAX_HEADS 4096         /* n_kv_heads, and n_query_heads */
+#define VQ_MAX_HEAD_DIM 65536     /* head_dim */
+#define VQ_MAX_BATCH_HEADS 65536  /* B x n_kv_heads of a step (one row store each) */
+
 /* ---- Layer caches ---------------------------------------------------------------------- */
 
 /* The shape a layer cache serves; zero head counts or head_dim are taken from the first
@@ -229,8 +240,9 @@ typedef struct vq_layer_shape {
   int64_t n_kv_heads, head_dim, n_query_heads, layer, n_layers;
 } vq_layer_shape;
 
-/* A standalone layer cache (validates the config: VQ_ERR_INVALID_CONFIG). The config is copied;
- * free it whenever. Free the cache with vq_layer_cache_free. */
+/* A standalone layer cache (validates the config: VQ_ERR_INVALID_CONFIG; a shape past the
+ * limits above: VQ_ERR_INVALID_ARGUMENT). The config is copied; free it whenever. Free the
+ * cache with vq_layer_cache_free. */
 VQ_C_API vq_status vq_layer_cache_create(const vq_config* config, const vq_layer_shape* shape,
                                          vq_layer_cache** out, vq_error** error);
 /* Frees a standalone layer cache; NULL and layers owned by a model cache are ignored. */
@@ -239,7 +251,11 @@ VQ_C_API const char* vq_layer_last_error(const vq_layer_cache* layer);
 
 /* Phase 1: appends keys/values [B, Hkv, S, D] (same shape and dtype) and describes the view:
  * every kept row followed by the S new ones. VQ_ERR_SHAPE_MISMATCH for a shape that differs
- * from earlier steps (state untouched), VQ_ERR_INVALID_STATE when a step is already open. */
+ * from earlier steps (state untouched), VQ_ERR_INVALID_STATE when a step is already open.
+ * VQ_ERR_INVALID_ARGUMENT, before any element is read, for a shape past the limits above (or
+ * S > 2^31 - 1) and for strides under which two (b, h, s) rows overlap: every row needs its
+ * own D elements, so a zero stride along a dimension of size > 1 (a broadcast) is refused
+ * (the cache would copy every row it names: 2^28 rows of a 16-byte buffer are 4 GiB). */
 VQ_C_API vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* keys,
                                        const vq_tensor* values, vq_step_view* view);
 /* The open step's rows of (b, h), pointing into cache storage (no copy), valid until
@@ -249,7 +265,9 @@ VQ_C_API vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t 
 /* Phase 2: scores, evicts, merges or quantizes down to the budget. `attention` may be NULL for
  * methods with the proxy score source; methods with source=attention require it. Every
  * probability must be finite and in [0, 1]: VQ_ERR_INVALID_ARGUMENT naming the element
- * otherwise, and the step stays open. */
+ * otherwise, and the step stays open. A method registered from C++ whose scorer throws
+ * (registry.h, RowScorer) gives VQ_ERR_INVALID_ARGUMENT with the scorer's message, and the step
+ * is rolled back: closed, its rows forgotten, the cache as before vq_layer_begin_step. */
 VQ_C_API vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention);
 /* The rows stored between steps for (b, h) (rows may differ per head); valid until the next
  * step or reset. */
@@ -277,7 +295,9 @@ typedef struct vq_model_shape {
   int64_t n_query_heads; /* 0 means n_kv_heads */
 } vq_model_shape;
 
-/* One cache per layer (layer i gets seed + i). */
+/* One cache per layer (layer i gets seed + i). n_layers in [1, VQ_MAX_LAYERS], n_kv_heads in
+ * [1, VQ_MAX_HEADS], head_dim in [1, VQ_MAX_HEAD_DIM]: VQ_ERR_INVALID_ARGUMENT otherwise, before
+ * any layer is built. */
 VQ_C_API vq_status vq_model_cache_create(const vq_config* config, const vq_model_shape* shape,
                                          vq_model_cache** out, vq_error** error);
 VQ_C_API void vq_model_cache_free(vq_model_cache* cache); /* NULL is a no-op */

@@ -2,7 +2,9 @@
 //
 // Inputs: keys/values are 4-D [B, Hkv, S, D] float32 or float16 arrays. They are read in place
 // (no copy) when the last axis is contiguous and every stride is a multiple of the element
-// size; otherwise a contiguous copy is made first. The cache copies the new rows into its own
+// size; otherwise a contiguous copy is made first. Arrays whose rows overlap (a broadcast:
+// np.broadcast_to gives zero strides) are refused with ArgumentError, as the C API does, and a
+// shape past the limits of types.h is refused before any copy. The cache copies the new rows into its own
 // storage during begin_step, so the arrays may change or go away afterwards.
 // Views: StepView.keys(b, h) / values(b, h) / positions(b, h) return read-only NumPy arrays that
 // point into cache storage (no copy). They are valid until the step's end_step() (or reset());
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "base/finite_check.h"
+#include "base/step_input.h"
 #include "bindings.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/cache.h"
@@ -78,6 +81,14 @@ TensorRef tensor_of(const py::array& a, const char* name, py::array& keep) {
   const py::ssize_t item = a.itemsize();
   bool in_place = a.shape(3) <= 1 || a.strides(3) == item;
   for (int i = 0; i < 4; ++i) in_place = in_place && a.strides(i) % item == 0 && a.strides(i) >= 0;
+  if (!in_place) {
+    // The limits before a copy is made (a shape past them would be refused after it).
+    TensorRef shape_only;
+    shape_only.data = a.data();
+    for (int i = 0; i < 4; ++i) shape_only.shape[i] = a.shape(i);
+    shape_only.stride[3] = 1;
+    detail::check_step_shape(shape_only, "[python] LayerCache.begin_step", name);
+  }
   const py::array& src = in_place ? a : (keep = py::array::ensure(a, py::array::c_style));
   TensorRef t;
   t.data = src.data();
@@ -172,6 +183,10 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
   py::array keep_k, keep_v;
   const TensorRef k = tensor_of(keys, "keys", keep_k);
   const TensorRef v = tensor_of(values, "values", keep_v);
+  // The limits and rows of their own (a broadcast read in place has zero strides), before the
+  // scan below reads every element (base/step_input.h).
+  detail::check_step_input(k, "[python] LayerCache.begin_step", "keys");
+  detail::check_step_input(v, "[python] LayerCache.begin_step", "values");
   // Non-finite data refused (base/finite_check.h), when the heads and head_dim are the layer's
   // (else begin_step reports the shape).
   const LayerShape& ls = l->cache->shape();

@@ -193,3 +193,43 @@ def test_run_forced_refuses_token_ids_outside_the_vocabulary(tokens):
     model = vq.Model.load(str(MODEL))
     with pytest.raises(vq.Error, match=r"outside the model's vocabulary \[0, 512\)"):
         vq.run_forced(model, tokens)
+
+
+# Issue 33: shapes past the documented limits (include/veloxquant/types.h: 4096 layers, 4096
+# heads, head_dim 65536, B x Hkv 65536) raise ArgumentError (a ValueError) before anything is
+# allocated; before the limits, ModelCache(cfg, 10**7, ...) built ten million layer caches.
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((10**7, 2, 8), r"n_layers must be at most 4096 .*got 10000000"),
+        ((4097, 2, 8), r"n_layers must be at most 4096"),
+        ((2, 4097, 8), r"n_kv_heads must be at most 4096"),
+        ((2, 2, 65537), r"head_dim must be at most 65536"),
+    ],
+)
+def test_model_cache_shape_limits(shape, message):
+    config = vq.CacheConfig.parse("streaming_llm:n_sink=1,window_size=3")
+    with pytest.raises(ValueError, match=message) as info:
+        vq.ModelCache(config, *shape)
+    assert isinstance(info.value, vq.ArgumentError) and info.value.code == "invalid_argument"
+    with pytest.raises(ValueError, match=r"n_kv_heads must be at most 4096"):
+        vq.LayerCache(config, n_kv_heads=4097, head_dim=8)
+    assert len(vq.ModelCache(config, 4096, 1, 4)) == 4096  # the limit itself is allowed
+
+
+# A broadcast array (zero strides) names many rows of one small buffer: read in place, the cache
+# would copy every row it names. Refused, as the C API refuses zero or overlapping strides.
+def test_broadcast_keys_are_refused_before_any_copy():
+    cache = vq.LayerCache(vq.CacheConfig.parse("streaming_llm:n_sink=1,window_size=3"))
+    row = np.arange(4, dtype=np.float32)
+    big = np.broadcast_to(row, (1, 1, 2**28, 4))  # 4 GiB if copied
+    with pytest.raises(ValueError, match=r"keys \[1, 1, 268435456, 4\] with strides \[0, 0, 0, 1\] has "
+                                         r"rows that overlap"):
+        cache.begin_step(big, big)
+    assert not cache.step_open and cache.tokens_seen == 0
+    # A copy of a small broadcast is ordinary data, and the same cache takes it.
+    small = np.ascontiguousarray(np.broadcast_to(row, (1, 1, 3, 4)))
+    view = cache.begin_step(small, -small)
+    assert view.n_new == 3
+    cache.end_step()
+    assert cache.tokens_seen == 3

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/step_input.h"
 #include "policies/policy.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -21,6 +22,9 @@ ModelCache::ModelCache(const CacheConfig& config, const ModelShape& shape)
   if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
   if (shape.n_kv_heads < 1) bad("n_kv_heads must be >= 1, got " + std::to_string(shape.n_kv_heads));
   if (shape.head_dim < 1) bad("head_dim must be >= 1, got " + std::to_string(shape.head_dim));
+  // Before anything is allocated: 10^8 layers would build 10^8 layer caches first.
+  detail::check_shape_limits(shape.n_layers, shape.n_kv_heads, shape.head_dim,
+                             shape.n_query_heads, "[builder]");
   const std::int64_t hq = shape.n_query_heads == 0 ? shape.n_kv_heads : shape.n_query_heads;
   if (hq < 1 || hq % shape.n_kv_heads != 0) {
     bad("n_query_heads must be a positive multiple of n_kv_heads (" +

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "base/float_env.h"
+#include "base/step_input.h"
 #include "base/kernels.h"
 #include "policies/layer_state.h"
 #include "policies/policy.h"
@@ -85,6 +86,7 @@ class StoreApplier final : public detail::DecisionSink {
   explicit StoreApplier(LayerState& st) : st_(st) {}
 
   void apply(const Decision& d) override {
+    ++applied_;
     RowStore& store = StoreAccess::of(st_.heads[static_cast<std::size_t>(d.head)]);
     switch (d.kind) {
       case Decision::Kind::kBlend: blend(store, d); return;
@@ -134,7 +136,30 @@ class StoreApplier final : public detail::DecisionSink {
 
   LayerState& st_;
   std::vector<float> a_, b_;  // [head_dim] row scratch
+
+ public:
+  // Decisions applied since the cache last looked (an open step's: reset by end_step).
+  std::int64_t applied_ = 0;
 };
+
+// Undoes an open step's begin_step: every head keeps the rows it held before the step (its
+// first HeadState::prev rows; a demoting store the method's rows among them, its tier stays),
+// and the step's positions are handed out again. Only for a step of which nothing was decided
+// (LayerCache::end_step checks that).
+void roll_back_step(LayerState& st) {
+  std::vector<std::int64_t> idx;
+  for (HeadState& hs : st.heads) {
+    RowStore& store = StoreAccess::of(hs);
+    const std::int64_t kept = hs.prev - store.n_demoted();
+    idx.resize(static_cast<std::size_t>(kept));
+    for (std::int64_t i = 0; i < kept; ++i) idx[static_cast<std::size_t>(i)] = i;
+    store.keep(idx.data(), kept);
+  }
+  st.tokens_seen -= st.step_new;
+  st.attention = nullptr;
+  st.step_open = false;
+  st.step_new = 0;
+}
 
 // The API boundary of a LayerCache built on its own: the config and the shape are validated
 // here, once; the layers below (the private constructor, the policies, the stores) trust them.
@@ -149,6 +174,8 @@ const CacheConfig& validated(const CacheConfig& config, const LayerShape& shape)
     bad("n_query_heads must be >= 0, got " + std::to_string(shape.n_query_heads));
   }
   if (shape.n_layers < 1) bad("n_layers must be >= 1, got " + std::to_string(shape.n_layers));
+  detail::check_shape_limits(shape.n_layers, shape.n_kv_heads, shape.head_dim,
+                             shape.n_query_heads, "[cache]");
   if (shape.layer < 0 || shape.layer >= shape.n_layers) {
     bad("layer must be in [0, " + std::to_string(shape.n_layers - 1) + "], got " +
         std::to_string(shape.layer));
@@ -197,6 +224,9 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
                   " must have the same shape [B, Hkv, S, D]");
     }
   }
+  // The limits of types.h and rows of their own, before anything is read or allocated.
+  detail::check_step_input(keys, "[cache] begin_step", "keys");
+  detail::check_step_input(values, "[cache] begin_step", "values");
   const std::int64_t B = keys.shape[0], H = keys.shape[1], S = keys.shape[2], D = keys.shape[3];
   const LayerShape& ls = st.shape;
   auto mismatch = [&](const char* what, std::int64_t got, std::int64_t want, const char* origin) {
@@ -297,7 +327,8 @@ void LayerCache::end_step(const AttentionRef* attention) {
                       (a.data == nullptr ? " with no data" : ""));
     }
   }
-  if (st.step_new > 0 && policy_->source_unresolved()) {
+  const bool resolves_source = st.step_new > 0 && policy_->source_unresolved();
+  if (resolves_source) {
     policy_->resolve_source(attention != nullptr);
     st.source_resolved = true;
   }
@@ -325,7 +356,32 @@ void LayerCache::end_step(const AttentionRef* attention) {
       attention != nullptr && attention->data != nullptr ? attention : nullptr;
   st.attention = given;
   if (st.step_new > 0) {
-    policy_->end_step(st, given);
+    auto& applier = static_cast<StoreApplier&>(*st.sink);
+    applier.applied_ = 0;
+    try {
+      policy_->end_step(st, given);
+    } catch (...) {
+      // A policy that throws before it decides anything (a registered method's scorer:
+      // policies/scored.cpp scores every new row first) has changed nothing: the step is rolled
+      // back, so the cache goes on as if it had never been given. After a decision there is no
+      // way back, and the step stays open (reset() recovers).
+      bool untouched = applier.applied_ == 0;
+      for (const HeadState& hs : st.heads) untouched = untouched && hs.live.empty();
+      if (!untouched) throw;
+      roll_back_step(st);
+      if (resolves_source) {
+        policy_->reset_source();
+        st.source_resolved = false;
+      }
+      try {
+        throw;
+      } catch (const Error& e) {
+        throw Error(e.code(), std::string(e.what()) +
+                                  "; the step was rolled back (its rows are forgotten and the "
+                                  "cache is as before its begin_step)",
+                    e.path());
+      }
+    }
     // The policy's per-row arrays follow the store's rows (live is empty between steps and
     // refilled with every row at the next step).
     const std::int64_t before = st.step_prev + st.step_new;

@@ -7,6 +7,7 @@
 #include "veloxquant/veloxquant_c.h"
 
 #include "base/finite_check.h"
+#include "base/step_input.h"
 #include "base/validate.h"
 
 #include <algorithm>
@@ -50,6 +51,10 @@ struct vq_model_cache {
   std::vector<vq_layer_cache> layers;  // borrowed handles, one per layer
   std::string last_error;
 };
+
+static_assert(VQ_MAX_LAYERS == vq::kMaxLayers && VQ_MAX_HEADS == vq::kMaxHeads &&
+                  VQ_MAX_HEAD_DIM == vq::kMaxHeadDim && VQ_MAX_BATCH_HEADS == vq::kMaxBatchHeads,
+              "veloxquant_c.h's shape limits must be types.h's");
 
 namespace {
 
@@ -520,6 +525,10 @@ vq_status vq_layer_begin_step(vq_layer_cache* layer, const vq_tensor* keys, cons
   VQ_LAYER_CALL(layer, {
     const vq::TensorRef k = tensor_of(need(keys, "keys"));
     const vq::TensorRef v = tensor_of(need(values, "values"));
+    // The limits and distinct rows first: a view naming 2^28 rows of one buffer (zero strides)
+    // is refused before the scan below reads them all.
+    vq::detail::check_step_input(k, "[capi] vq_layer_begin_step", "keys");
+    vq::detail::check_step_input(v, "[capi] vq_layer_begin_step", "values");
     // Scanned only when the heads and head_dim are the layer's (else begin_step reports them).
     const vq::LayerShape& ls = l.cache->shape();
     const auto fits = [&](const vq::TensorRef& t) {
@@ -556,6 +565,13 @@ vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t h, vq_hea
 
 vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention) {
   VQ_LAYER_CALL(layer, {
+    // A step the cache rolled back (a registered scorer threw) is over: so is its view.
+    struct CloseView {
+      vq_layer_cache& l;
+      ~CloseView() {
+        if (!l.cache->step_open()) l.view.reset();
+      }
+    } close_view{l};
     if (attention != nullptr) {
       vq::AttentionRef a;
       a.data = attention->data;
@@ -573,7 +589,6 @@ vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention
     } else {
       l.cache->end_step(nullptr);
     }
-    l.view.reset();
   });
 }
 

@@ -1,8 +1,10 @@
 #include "veloxquant/registry.h"
 
+#include <cmath>
 #include <deque>
 #include <mutex>
 
+#include "base/validate.h"
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "veloxquant/errors.h"
@@ -35,7 +37,8 @@ VQ_METHODS(VQ_DECLARE_METHOD)
 namespace {
 
 [[noreturn]] void bad_entry(const std::string& id, const std::string& why) {
-  throw Error(ErrorCode::kInvalidArgument, "register_method('" + id + "'): " + why);
+  throw Error(ErrorCode::kInvalidArgument,
+              "register_method('" + validate::excerpt(id) + "'): " + why);
 }
 
 const FieldSpec* int_field_named(const MethodInfo& m, const std::string& name) {
@@ -45,9 +48,98 @@ const FieldSpec* int_field_named(const MethodInfo& m, const std::string& name) {
   return nullptr;
 }
 
+// A name the spec grammar can carry as a key: a lower-case letter, then lower-case letters,
+// digits and '_' ("h2o_budget"); ids may start with a digit ("4bit" is no key, but an id).
+bool is_key(const std::string& s) {
+  if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+// One line of printable text (what `veloxquant list` and the docs table print as is).
+bool is_printable_line(const std::string& s) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return false;
+  }
+  return true;
+}
+
+// An enum choice as a spec value: printable, no ',' or '=' (the spec's separators), no space.
+bool is_choice(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f || c == ',' || c == '=') return false;
+  }
+  return true;
+}
+
+// The method's own fields (before the registry adds the shared groups): names and aliases that
+// are keys, ranges that are ordered numbers, enum choices that are distinct spec values,
+// printable docs, no group (groups are the registry's).
+void check_own_fields(const MethodInfo& m) {
+  const std::string& id = m.id;
+  for (const FieldSpec& f : m.fields) {
+    const std::string shown = "field '" + validate::excerpt(f.name) + "'";
+    if (f.name.empty()) bad_entry(id, "a field has no name");
+    if (!is_key(f.name)) {
+      bad_entry(id, shown + ": a field name must be a lower-case letter followed by lower-case "
+                            "letters, digits and '_'");
+    }
+    for (const std::string& a : f.aliases) {
+      if (!is_key(a)) {
+        bad_entry(id, shown + ": alias '" + validate::excerpt(a) +
+                          "' must be a lower-case letter followed by lower-case letters, digits "
+                          "and '_'");
+      }
+    }
+    if (!f.group.empty()) {
+      bad_entry(id, shown + " sets group '" + validate::excerpt(f.group) +
+                        "'; the shared groups are added by the registry (leave group empty)");
+    }
+    if (!is_printable_line(f.doc)) {
+      bad_entry(id, shown + ": its doc must be one line without control characters");
+    }
+    if (f.type == FieldType::kInt || f.type == FieldType::kFloat) {
+      // Finite (messages print the bounds; an int bound is printed as an integer) and, for an
+      // int field, whole numbers a double holds exactly (|x| <= 2^53, as the seed's range).
+      const double exact = 9007199254740992.0;
+      const auto bound_ok = [&](double x) {
+        return std::isfinite(x) &&
+               (f.type == FieldType::kFloat || (x == std::floor(x) && std::fabs(x) <= exact));
+      };
+      if (!bound_ok(f.min) || !bound_ok(f.max) || f.min > f.max) {
+        bad_entry(id, shown + ": its range " + validate::real_range_text(f.min, f.max) +
+                          (f.type == FieldType::kInt
+                               ? " must be whole numbers in [-2^53, 2^53], min <= max"
+                               : " must be finite numbers, min <= max"));
+      }
+    }
+    if (f.type == FieldType::kEnum && f.choices.empty()) {
+      bad_entry(id, shown + " is an enum without choices");
+    }
+    for (std::size_t i = 0; i < f.choices.size(); ++i) {
+      if (!is_choice(f.choices[i])) {
+        bad_entry(id, shown + ": choice '" + validate::excerpt(f.choices[i]) +
+                          "' must be non-empty, printable, without spaces, ',' or '='");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (f.choices[j] == f.choices[i]) {
+          bad_entry(id, shown + " lists choice '" + f.choices[i] + "' twice");
+        }
+      }
+    }
+  }
+}
+
 // `info` with the shared option groups that apply to it (add_shared_options), checked: the id's
-// spelling, a policy, every field's default in its range, names and aliases unique, the budget
-// fields. Every entry of the registry, the library's and those registered at run time, is one.
+// and prefix's spelling, a policy (and a scorer for a scored method), the fields (names, ranges,
+// choices, defaults in range), names and aliases unique and every short key (a name without
+// its prefix) naming one field, the budget fields. Every entry of the registry, the library's
+// and those registered at run time, is one.
 MethodInfo completed(MethodInfo info) {
   const std::string id = info.id;
   if (id.empty()) bad_entry(id, "the id is empty");
@@ -59,11 +151,27 @@ MethodInfo completed(MethodInfo info) {
   if (info.make_policy == nullptr && !info.make_scorer) {
     bad_entry(id, "it needs make_policy or make_scorer");
   }
+  const bool scored = info.make_policy == nullptr || info.make_policy == &make_scored_policy;
+  if (scored && !info.make_scorer) {
+    bad_entry(id, "it runs on the scored policy (scored_method) but has no make_scorer");
+  }
+  if (!info.prefix.empty() && (!is_key(info.prefix) || info.prefix.back() == '_')) {
+    bad_entry(id, "prefix '" + validate::excerpt(info.prefix) +
+                      "' must be a lower-case letter followed by lower-case letters, digits and "
+                      "'_', not ending in '_' (fields are named <prefix>_budget, ...)");
+  }
+  if (info.prefix.empty() && (!info.budget_field.empty() || scored)) {
+    bad_entry(id, "the prefix is empty; a method with a token budget or a scorer needs one (its "
+                  "fields and the merge options' aliases are spelled <prefix>_...)");
+  }
+  if (!is_printable_line(info.summary)) {
+    bad_entry(id, "the summary must be one line without control characters");
+  }
   if (info.make_policy == nullptr) info.make_policy = &make_scored_policy;
+  check_own_fields(info);
   add_shared_options(info);
   std::vector<std::string> names;
   for (const FieldSpec& f : info.fields) {
-    if (f.name.empty()) bad_entry(id, "a field has no name");
     bool ok = true;
     if (f.type == FieldType::kInt) {
       const auto* v = std::get_if<std::int64_t>(&f.default_value);
@@ -92,6 +200,21 @@ MethodInfo completed(MethodInfo info) {
         bad_entry(id, "two fields are named '" + names[i] +
                           "' (a field of the method's own named like a shared option, which "
                           "the registry adds: see MethodInfo::fields)");
+      }
+    }
+  }
+  // A key without the prefix finds a field by its full name or alias first (CacheConfig::
+  // resolve), so a field <prefix>_x beside a field or alias x could be set only by its full name.
+  if (!info.prefix.empty()) {
+    const std::string p = info.prefix + "_";
+    for (const FieldSpec& f : info.fields) {
+      if (f.name.rfind(p, 0) != 0) continue;
+      const std::string short_key = f.name.substr(p.size());
+      for (const std::string& n : names) {
+        if (n == short_key) {
+          bad_entry(id, "field '" + f.name + "' answers to '" + short_key +
+                            "' without its prefix, which already names another field");
+        }
       }
     }
   }
@@ -205,11 +328,15 @@ MethodInfo scored_method(std::string id, std::string prefix, std::string summary
 
 const MethodInfo& register_method(MethodInfo info) {
   detail::Table& t = detail::table();
+  // Checked whole first (an entry that is malformed and a duplicate is reported as malformed).
+  MethodInfo entry = detail::completed(std::move(info));
   const std::lock_guard<std::mutex> lock(t.mutex);
   for (const auto& m : t.entries) {
-    if (m.id == info.id) detail::bad_entry(info.id, "a method with this id is already registered");
+    if (m.id == entry.id) {
+      detail::bad_entry(entry.id, "a method with this id is already registered");
+    }
   }
-  t.entries.push_back(detail::completed(std::move(info)));
+  t.entries.push_back(std::move(entry));
   t.list.push_back(t.entries.back());
   return t.entries.back();
 }

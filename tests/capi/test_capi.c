@@ -593,6 +593,93 @@ static void test_misuse(void) {
   vq_config_free(c);
 }
 
+/* Issue 33: shapes past the documented limits (VQ_MAX_*) and inputs whose rows alias are refused
+ * with VQ_ERR_INVALID_ARGUMENT before anything is allocated or read. Each call returns at once:
+ * before the limits, 10^8 layers built 10^8 layer caches, and 2^28 zero-stride rows were scanned
+ * and copied (4 GiB) before any error. */
+static void test_shape_limits(void) {
+  vq_config* c = NULL;
+  vq_error* error = NULL;
+  vq_model_cache* model = NULL;
+  vq_layer_cache* layer = NULL;
+  vq_model_shape ms = {100000000, 2, 8, 0};
+  vq_layer_shape ls = {1, 4, 0, 0, 1};
+  vq_step_view view;
+  vq_cache_stats st;
+  float buffer[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  /* 2^28 tokens of one 4-float row: every stride but head_dim's is 0. */
+  vq_tensor broadcast = {buffer, VQ_DTYPE_F32, {1, 1, 268435456, 4}, {0, 0, 0, 1}};
+  /* Two tokens 2 floats apart with rows of 4: they share elements 2 and 3. */
+  vq_tensor overlap = {buffer, VQ_DTYPE_F32, {1, 1, 2, 4}, {8, 8, 2, 1}};
+  /* The same two tokens 4 apart, and 2 heads laid out [S][H][D] (stride 8 and 4): distinct. */
+  float two[16] = {0};
+  vq_tensor distinct = {two, VQ_DTYPE_F32, {1, 2, 2, 4}, {16, 4, 8, 1}};
+  vq_layer_shape ls2 = {2, 4, 0, 0, 1};
+  CHECK_EQ_I64(vq_config_parse("streaming_llm:n_sink=1,window_size=3", &c, NULL), VQ_OK);
+
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &model, &error), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(model == NULL);
+  CHECK(strstr(vq_error_message(error), "n_layers must be at most 4096") != NULL);
+  CHECK(strstr(vq_error_message(error), "got 100000000") != NULL);
+  vq_error_free(error);
+  error = NULL;
+  ms.n_layers = VQ_MAX_LAYERS + 1;
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &model, NULL), VQ_ERR_INVALID_ARGUMENT);
+  ms.n_layers = 2;
+  ms.n_kv_heads = VQ_MAX_HEADS + 1;
+  ms.n_query_heads = 0;
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &model, &error), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_error_message(error), "n_kv_heads must be at most 4096") != NULL);
+  vq_error_free(error);
+  error = NULL;
+  ms.n_kv_heads = 2;
+  ms.head_dim = VQ_MAX_HEAD_DIM + 1;
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &model, NULL), VQ_ERR_INVALID_ARGUMENT);
+  ms.head_dim = 8;
+  ms.n_layers = VQ_MAX_LAYERS; /* the limit itself is allowed */
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &model, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_n_layers(model), VQ_MAX_LAYERS);
+  vq_model_cache_free(model);
+
+  ls.head_dim = VQ_MAX_HEAD_DIM + 1;
+  CHECK_EQ_I64(vq_layer_cache_create(c, &ls, &layer, &error), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_error_message(error), "head_dim must be at most 65536") != NULL);
+  vq_error_free(error);
+  error = NULL;
+  ls.head_dim = 4;
+  CHECK_EQ_I64(vq_layer_cache_create(c, &ls, &layer, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &broadcast, &broadcast, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "[capi] vq_layer_begin_step: keys [1, 1, 268435456, 4]") !=
+        NULL);
+  CHECK(strstr(vq_layer_last_error(layer), "rows that overlap") != NULL);
+  CHECK_EQ_I64(vq_layer_step_open(layer), 0);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &overlap, &overlap, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "along S (size 2) the stride is 2 elements") != NULL);
+  CHECK_EQ_I64(vq_layer_stats(layer, &st), VQ_OK);
+  CHECK_EQ_I64(st.tokens_seen, 0);
+  /* The refused steps left nothing behind: a good step works (rows 0..3 and 4..7 of buffer). */
+  overlap.stride[2] = 4;
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &overlap, &overlap, &view), VQ_OK);
+  CHECK_EQ_I64(view.n_new, 2);
+  CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_OK);
+  vq_layer_cache_free(layer);
+
+  /* A permuted layout ([S][H][D]) is distinct rows, accepted. */
+  CHECK_EQ_I64(vq_layer_cache_create(c, &ls2, &layer, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &distinct, &distinct, &view), VQ_OK);
+  CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_OK);
+  vq_layer_cache_free(layer);
+
+  /* B x Hkv past VQ_MAX_BATCH_HEADS on a first step: refused before a row store is made. */
+  CHECK_EQ_I64(vq_layer_cache_create(c, &ls, &layer, NULL), VQ_OK);
+  broadcast.shape[0] = VQ_MAX_BATCH_HEADS + 1;
+  broadcast.shape[2] = 1;
+  CHECK_EQ_I64(vq_layer_begin_step(layer, &broadcast, &broadcast, &view), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(layer), "past the limit 65536") != NULL);
+  vq_layer_cache_free(layer);
+  vq_config_free(c);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -602,6 +689,7 @@ int main(void) {
   test_attention_input();
   test_threads();
   test_misuse();
+  test_shape_limits();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
