@@ -400,7 +400,9 @@ def main():
     tok = T.Tok512(args.tokenizer)
     with open(args.text, encoding="utf-8") as f:
         gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
-    for st in (args.stages or [{}]):
+    for si, st in enumerate(args.stages or [{}]):
+        where = (f"stage {si} ({st.get('name', 'unnamed')}) of --stages, lengths"
+                 if args.stages and "lengths" in st else "--lengths")
         s_tasks = st.get("tasks", args.tasks)
         s_hays = st.get("haystacks", args.haystacks)
         s_min = min(st.get("lengths", args.lengths))
@@ -410,7 +412,7 @@ def main():
                     try:
                         gen.sample(T.sample_rng("vq-preflight", 0, task, 0), task, q, hay, s_min)
                     except ValueError as e:
-                        ap.error(f"lengths: {s_min} tokens is too short for {task} "
+                        ap.error(f"{where}: {s_min} tokens is too short for {task} "
                                  f"(question {q}, haystack {hay}): {e}")
     with open(args.heldout_text, encoding="utf-8") as f:
         gen = T.TaskGenerator(tok, T.read_words(args.words), f.read())
