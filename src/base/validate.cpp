@@ -148,8 +148,8 @@ std::string parse_real(std::string_view text, double lo, double hi, double& out)
   const auto d = static_cast<double>(v);
   // Underflow (1e-5000 reads as 0 with ERANGE) or a value that would round to 0 (or a
   // denormal) as a float.
-  if (errno == ERANGE || (v != 0 && std::fabs(v) < kMinRealMagnitude) ||
-      (d != 0 && std::fabs(d) < kMinRealMagnitude)) {
+  // (Compared as the double: the long double 1e-30 is just below the double 1e-30.)
+  if (errno == ERANGE || (v != 0 && std::fabs(d) < kMinRealMagnitude)) {
     return "must be 0 or at least " + real_text(kMinRealMagnitude) + " in magnitude, got " + shown;
   }
   if (d < lo || d > hi) return "must be in " + range + ", got " + shown;
