@@ -21,6 +21,8 @@ if [ ${#targets[@]} -eq 0 ]; then
   targets=(spec llama2c tokenizer_bin safetensors config_json tokenizer_json result_table gguf
            gguf_tokenizer capi_steps validate)
   targets+=(registry)  # issue 33: the custom-method registry
+  # Issue 33: the server's OpenAI request mapper and the chat template renderer.
+  targets+=(openai_request chat_template)
 fi
 shared=${VELOXQUANT_SHARED_DIR:-../shared}/data
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1

@@ -54,9 +54,15 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
   cmd.add_option("--queue-timeout", o.queue_timeout_s, "Seconds a request may wait (then 503)")
       ->capture_default_str()
       ->check(real_range(0, 86400));
-  cmd.add_option("--max-body", o.max_body, "Largest request body in bytes (then 413)")
+  cmd.add_option("--max-body", o.max_body,
+                 "Largest request body in bytes, whatever its Content-Type (then 413)")
       ->capture_default_str()
       ->check(int_range(64, std::int64_t{1} << 30));
+  cmd.add_option("--client-methods", o.client_methods,
+                 "Method specs one client (by address) may have measured at a time; its least "
+                 "recently used is dropped for a new one")
+      ->capture_default_str()
+      ->check(int_range(1, static_cast<std::int64_t>(serve::Scheduler::kMaxMethods)));
   cmd.add_option("--shutdown-grace", o.shutdown_grace_s,
                  "Seconds requests in flight may run after SIGTERM")
       ->capture_default_str()
@@ -67,6 +73,9 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
 void add_http_options(CLI::App& cmd, serve::ServeOptions& o) {
   cmd.add_option("--chat-template", o.chat_template,
                  "plain|llama2|mistral|llama3|chatml (default: recognised from the model)");
+  cmd.add_flag("--special", o.special,
+               "Parse special-token text (<|im_end|>, </s>, ...) typed in message content as "
+               "those tokens (default: content is plain text)");
   cmd.add_option("--host", o.host, "Address to listen on")->capture_default_str();
   cmd.add_option("--port", o.port, "Port (0: any free port, printed)")
       ->capture_default_str()

@@ -90,7 +90,8 @@ std::int64_t index_arg(const py::handle& value, const std::string& name, std::in
   return i;
 }
 
-double real_arg(const py::handle& value, const std::string& name, double lo, double hi) {
+double real_arg(const py::handle& value, const std::string& name, double lo, double hi,
+                bool as_float) {
   // float, int, NumPy scalars: whatever float() takes, except text.
   if (PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr()) || !PyNumber_Check(value.ptr())) {
     wrong_type(name, "a number", value);
@@ -103,7 +104,8 @@ double real_arg(const py::handle& value, const std::string& name, double lo, dou
     // An int beyond the double range.
     validate::fail(name, validate::nonfinite_problem(big_int_text(as_index(value, name)), lo, hi));
   }
-  return validate::check_real(v, name, lo, hi);
+  // A value used as a float (temperature, top_p) must not round to 0 there: the CLI's rule.
+  return as_float ? validate::check_float_real(v, name, lo, hi) : validate::check_real(v, name, lo, hi);
 }
 
 std::vector<std::int64_t> int_list_arg(const py::handle& value, const std::string& name,

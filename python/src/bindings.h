@@ -48,8 +48,11 @@ std::uint64_t uint_arg(const pybind11::handle& value, const std::string& name,
 // same wording.
 std::int64_t index_arg(const pybind11::handle& value, const std::string& name, std::int64_t n);
 // A float or int argument as a finite double in [lo, hi] (an int too large for a double is
-// refused naming the argument, as NaN and infinities are).
-double real_arg(const pybind11::handle& value, const std::string& name, double lo, double hi);
+// refused naming the argument, as NaN and infinities are). `as_float`: the value is used in
+// single precision, so 0 < |v| < 1e-30 is refused too (validate::kMinRealMagnitude, the CLI's
+// rule).
+double real_arg(const pybind11::handle& value, const std::string& name, double lo, double hi,
+                bool as_float = false);
 // A sequence of ints (list, tuple, NumPy array) as int64s, each checked as int_arg does and
 // named by its position ("[python] run_forced: tokens[3]").
 std::vector<std::int64_t> int_list_arg(const pybind11::handle& value, const std::string& name,

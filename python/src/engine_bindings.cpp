@@ -120,8 +120,8 @@ void bind_engine(py::module_& m) {
             model.config(), int_arg(steps, name + "steps", 0, engine::kMaxGenerateSteps),
             name + "steps");
         o.temperature = static_cast<float>(
-            real_arg(temperature, name + "temperature", 0.0, engine::kMaxTemperature));
-        o.top_p = static_cast<float>(real_arg(top_p, name + "top_p", 0.0, 1.0));
+            real_arg(temperature, name + "temperature", 0.0, engine::kMaxTemperature, true));
+        o.top_p = static_cast<float>(real_arg(top_p, name + "top_p", 0.0, 1.0, true));
         o.seed = uint_arg(seed, name + "seed");
         o.method = config_of(method);
         const std::shared_ptr<Tokenizer> tok = tokenizer_for(model, tokenizer);

@@ -169,6 +169,11 @@ def test_engine_arguments_are_checked_where_they_enter():
         vq.generate(model, steps=4, temperature=float("nan"))
     with pytest.raises(vq.ArgumentError, match=r"generate: top_p must be in \[0, 1\], got 1.5"):
         vq.generate(model, steps=4, top_p=1.5)
+    # Issue 33: a temperature that rounds to 0 as a float is refused as the CLI refuses it.
+    with pytest.raises(vq.ArgumentError, match=r"generate: temperature must be 0 or at least 1e-30 in magnitude, got 1e-45"):
+        vq.generate(model, steps=4, temperature=1e-45)
+    with pytest.raises(vq.ArgumentError, match=r"generate: top_p must be 0 or at least 1e-30 in magnitude, got 1e-40"):
+        vq.generate(model, steps=4, top_p=1e-40)
     assert vq.generate(model, steps=4, seed=2**64 - 1)["n_decode"] <= 4
     with pytest.raises(vq.ArgumentError, match=r"run_forced: tokens\[1\] must be an integer in "
                                                r"\[-2147483648, 2147483647\], got 1099511627776"):

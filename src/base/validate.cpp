@@ -116,6 +116,18 @@ std::string real_problem(double v, double lo, double hi) {
   return {};
 }
 
+std::string tiny_problem(double v, std::string_view shown) {
+  if (v == 0 || !(std::fabs(v) < kMinRealMagnitude)) return {};
+  return "must be 0 or at least " + real_text(kMinRealMagnitude) + " in magnitude, got " +
+         std::string(shown);
+}
+
+std::string float_real_problem(double v, double lo, double hi) {
+  std::string why = real_problem(v, lo, hi);
+  if (why.empty()) why = tiny_problem(v, real_text(v));
+  return why;
+}
+
 std::string parse_real(std::string_view text, double lo, double hi, double& out) {
   const std::string range = real_range_text(lo, hi);
   const std::string s(text);
@@ -136,8 +148,9 @@ std::string parse_real(std::string_view text, double lo, double hi, double& out)
   const auto d = static_cast<double>(v);
   // Underflow (1e-5000 reads as 0 with ERANGE) or a value that would round to 0 (or a
   // denormal) as a float.
-  if (errno == ERANGE || (v != 0 && std::fabs(v) < 1e-30L) || (d != 0 && std::fabs(d) < 1e-30)) {
-    return "must be 0 or at least 1e-30 in magnitude, got " + shown;
+  // (Compared as the double: the long double 1e-30 is just below the double 1e-30.)
+  if (errno == ERANGE || (v != 0 && std::fabs(d) < kMinRealMagnitude)) {
+    return "must be 0 or at least " + real_text(kMinRealMagnitude) + " in magnitude, got " + shown;
   }
   if (d < lo || d > hi) return "must be in " + range + ", got " + shown;
   out = d;
@@ -170,6 +183,12 @@ std::int64_t check_index(std::int64_t i, std::string_view name, std::int64_t n) 
   const std::string why = index_problem(i, n);
   if (!why.empty()) fail(name, why);
   return i;
+}
+
+double check_float_real(double v, std::string_view name, double lo, double hi) {
+  const std::string why = float_real_problem(v, lo, hi);
+  if (!why.empty()) fail(name, why);
+  return v;
 }
 
 double check_real(double v, std::string_view name, double lo, double hi) {

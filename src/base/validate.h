@@ -62,9 +62,19 @@ std::string real_problem(double v, double lo, double hi);
 // "must be a finite number in [lo, hi], got <shown>" (without the range for any finite value),
 // for a value shown as text (a NaN, an infinity, an int beyond the double range).
 std::string nonfinite_problem(std::string_view shown, double lo, double hi);
+// The smallest nonzero magnitude a real setting may have where it is used in single precision
+// (temperature, top-p, every real flag): below it a value rounds to 0 or a denormal as a float,
+// so 1e-45 would act as 0 (greedy) while claiming to sample. The CLI (parse_real), serve's
+// request fields and the Python API's float arguments all refuse it with tiny_problem's words.
+inline constexpr double kMinRealMagnitude = 1e-30;
+// "must be 0 or at least 1e-30 in magnitude, got <shown>" when 0 < |v| < kMinRealMagnitude;
+// "" otherwise.
+std::string tiny_problem(double v, std::string_view shown);
+// real_problem, then tiny_problem: a real that will be used as a float.
+std::string float_real_problem(double v, double lo, double hi);
 // A real written as text, parsed exactly (the whole text, as strtold reads it) and checked as
-// real_problem does; a value that would round to 0 in single precision (0 < |v| < 1e-30) is
-// refused too ("must be 0 or at least 1e-30 in magnitude, got 1e-40").
+// real_problem does; a value that would round to 0 in single precision (0 < |v| <
+// kMinRealMagnitude) is refused too ("must be 0 or at least 1e-30 in magnitude, got 1e-40").
 std::string parse_real(std::string_view text, double lo, double hi, double& out);
 
 // A thread count: an integer in [0, cores] (0: every core). More threads than cores only slow a
@@ -76,6 +86,8 @@ std::string thread_problem(std::int64_t v, std::int64_t cores);
 std::int64_t check_int(std::int64_t v, std::string_view name, std::int64_t lo, std::int64_t hi);
 std::int64_t check_index(std::int64_t i, std::string_view name, std::int64_t n);
 double check_real(double v, std::string_view name, double lo, double hi);
+// check_real plus tiny_problem (a value used as a float: temperature, top-p).
+double check_float_real(double v, std::string_view name, double lo, double hi);
 int check_threads(std::int64_t v, std::string_view name, std::int64_t cores);
 
 // The product of counts and sizes (elements x bytes), overflow-safe: every factor must be

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <set>
 
+#include "base/validate.h"
+#include "engine/formats/json_limits.h"
+#include "serve/json_body.h"
 #include "veloxquant/errors.h"
 
 namespace vq::serve {
@@ -14,29 +17,31 @@ using json = nlohmann::json;
   throw ServeError{400, "invalid_request_error", msg, param, 0};
 }
 
+// A float request setting (temperature, top_p): finite, in [lo, hi], and 0 or at least
+// validate::kMinRealMagnitude (the CLI's rule: 1e-45 would act as 0 in single precision).
 double number(const json& j, const std::string& name, double lo, double hi) {
-  if (!j.is_number()) invalid("'" + name + "' must be a number, got " + std::string(j.type_name()), name);
-  const double v = j.get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) {
-    invalid("'" + name + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
-                j.dump(),
+  if (!j.is_number()) {
+    invalid("'" + name + "' must be a number, got " + std::string(j.type_name()) + " " +
+                quote_value(j),
             name);
   }
+  const double v = j.get<double>();
+  const std::string why = validate::float_real_problem(v, lo, hi);
+  if (!why.empty()) invalid("'" + name + "' " + why, name);
   return v;
 }
 
 std::int64_t integer(const json& j, const std::string& name, std::int64_t lo, std::int64_t hi) {
-  if (!j.is_number_integer())
-    invalid("'" + name + "' must be an integer, got " + j.dump(-1, ' ', false, json::error_handler_t::replace), name);
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (!j.is_number_integer()) {
+    invalid("'" + name + "' must be an integer in " + range + ", got " +
+                std::string(j.type_name()) + " " + quote_value(j),
+            name);
+  }
   if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
-    invalid("'" + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                "], got " + j.dump(),
-            name);
+    invalid("'" + name + "' must be in " + range + ", got " + quote_value(j), name);
   const std::int64_t v = j.get<std::int64_t>();
-  if (v < lo || v > hi)
-    invalid("'" + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                "], got " + j.dump(),
-            name);
+  if (v < lo || v > hi) invalid("'" + name + "' must be in " + range + ", got " + quote_value(j), name);
   return v;
 }
 }  // namespace
@@ -45,12 +50,7 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfig& default_method,
                             std::int64_t max_tokens_limit) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    invalid(std::string("the request body is not valid JSON: ") + e.what(), "");
-  }
+  const json j = parse_body(body);  // depth-bounded before anything walks it
   if (!j.is_object()) invalid("the request body must be a JSON object", "");
   static const std::set<std::string> common = {
       "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
@@ -77,11 +77,13 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
             if (!f->is_string()) invalid("'" + at + ".content' must be a string", at + ".content");
             msg.content = f->get<std::string>();
           } else if (f.key() != "name") {
-            invalid("Unrecognized argument supplied: " + at + "." + f.key(), at + "." + f.key());
+            invalid("Unrecognized argument supplied: " + at + "." + engine::text_excerpt(f.key()),
+                    at + "." + engine::text_excerpt(f.key()));
           }
         }
         if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
-          invalid("'" + at + ".role' must be system, user or assistant, got '" + msg.role + "'",
+          invalid("'" + at + ".role' must be system, user or assistant, got '" +
+                      engine::text_excerpt(msg.role) + "'",
                   at + ".role");
         p.gen.messages.push_back(std::move(msg));
       }
@@ -89,7 +91,8 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
       if (!v.is_string()) invalid("'prompt' must be a string", k);
       p.gen.prompt = v.get<std::string>();
     } else if (!common.count(k)) {
-      invalid("Unrecognized request argument supplied: " + k, k);
+      invalid("Unrecognized request argument supplied: " + engine::text_excerpt(k),
+              engine::text_excerpt(k));
     } else if (k == "model") {
       if (!v.is_string()) invalid("'model' must be a string", k);
     } else if (k == "max_tokens" || k == "max_completion_tokens") {
@@ -129,7 +132,10 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
     } else if (k == "veloxquant") {
       if (!v.is_object()) invalid("'veloxquant' must be an object like {\"method\": \"h2o:budget=512\"}", k);
       for (auto f = v.begin(); f != v.end(); ++f) {
-        if (f.key() != "method") invalid("Unrecognized argument supplied: veloxquant." + f.key(), "veloxquant." + f.key());
+        if (f.key() != "method") {
+          invalid("Unrecognized argument supplied: veloxquant." + engine::text_excerpt(f.key()),
+                  "veloxquant." + engine::text_excerpt(f.key()));
+        }
         if (!f->is_string()) invalid("'veloxquant.method' must be a method spec string", "veloxquant.method");
         try {
           p.gen.method = CacheConfig::parse(f->get<std::string>());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/model/transformer.h"
+#include "engine/model/weights_check.h"
 #include "serve/footprint.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
@@ -154,6 +155,10 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
   if (o_.kv_memory < 1) bad("--kv-memory must be positive");
   if (o_.max_sessions < 1) bad("--max-sessions must be >= 1");
   if (o_.max_queue < 0) bad("--max-queue must be >= 0");
+  if (o_.client_methods < 1 || o_.client_methods > static_cast<std::int64_t>(kMaxMethods)) {
+    bad("--client-methods must be in [1, " + std::to_string(kMaxMethods) + "], got " +
+        std::to_string(o_.client_methods));
+  }
   counters_.kv_memory = o_.kv_memory;
   thread_ = std::thread([this] { loop(); });
 }
@@ -169,25 +174,54 @@ Scheduler::~Scheduler() {
   for (auto& j : queue_) j->fail(unavailable("the server is shutting down", 1));
 }
 
-std::int64_t Scheduler::footprint(const CacheConfig& method) {
+std::int64_t Scheduler::footprint(const CacheConfig& method, const std::string& client) {
   const std::string spec = method.spec(true);
+  const std::string pinned = o_.default_method.spec(true);
   std::lock_guard lock(fp_m_);
   const auto it = footprints_.find(spec);
-  if (it != footprints_.end()) return it->second;
-  if (footprints_.size() >= kMaxMethods) {
-    throw ServeError{400, "invalid_request_error",
-                     "this server has measured " + std::to_string(kMaxMethods) +
-                         " method specs already; use one of those (or restart it)",
-                     "veloxquant.method", 0};
+  if (it != footprints_.end()) {
+    fp_lru_.splice(fp_lru_.begin(), fp_lru_, it->second.lru);
+    return it->second.bytes;
+  }
+  // Drops the least recently used entry that `pick` accepts (never the default method's).
+  auto drop_lru = [&](auto pick) {
+    for (auto l = fp_lru_.end(); l != fp_lru_.begin();) {
+      --l;
+      const auto e = footprints_.find(*l);
+      if (*l == pinned || !pick(e->second)) continue;
+      footprints_.erase(e);
+      fp_lru_.erase(l);
+      return true;
+    }
+    return false;
+  };
+  if (!client.empty()) {
+    auto own = [&](const Measured& m) { return m.client == client; };
+    std::int64_t n_own = 0;
+    for (const auto& [s, m] : footprints_) n_own += s != pinned && own(m) ? 1 : 0;
+    while (n_own >= o_.client_methods && drop_lru(own)) --n_own;
+  }
+  const auto any = [](const Measured&) { return true; };
+  while (footprints_.size() >= kMaxMethods && drop_lru(any)) {
   }
   const std::int64_t bytes = session_footprint(method, engine::model_shape(model_->config()),
                                                o_.max_context, o_.chunk, o_.kv_memory);
-  footprints_[spec] = bytes;
+  fp_lru_.push_front(spec);
+  footprints_[spec] = Measured{bytes, client, fp_lru_.begin()};
   return bytes;
 }
 
+std::size_t Scheduler::cached_methods(const std::string& client) {
+  std::lock_guard lock(fp_m_);
+  if (client.empty()) return footprints_.size();
+  std::size_t n = 0;
+  for (const auto& [s, m] : footprints_) n += m.client == client ? 1 : 0;
+  return n;
+}
+
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
-  const std::int64_t need = footprint(job->req.method);
+  const std::int64_t need = footprint(job->req.method, job->req.client);
+  job->need_ = need;  // admission uses this (the cache may drop the spec meanwhile)
   if (need > o_.kv_memory) {
     throw bad_request("a session of method '" + job->req.method.spec() + "' may hold " +
                           std::to_string(need) + " bytes or more of K/V cache (--max-context " +
@@ -228,10 +262,11 @@ bool Scheduler::reuse_session_locked(const GenRequest& r, const std::string& spe
     if (s.busy || !s.chat || s.spec != spec || s.history.size() >= r.messages.size()) continue;
     if (!std::equal(s.history.begin(), s.history.end(), r.messages.begin())) continue;
     std::vector<std::int32_t> feed = s.tail;
-    const std::string text =
-        (s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end()) +
-        chat_->render(r.messages, s.history.size());
-    const auto ids = chat_->tokenize(text, false);
+    std::vector<engine::ChatSpan> spans = {
+        {s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end(), false}};
+    for (auto& span : chat_->render_spans(r.messages, s.history.size()))
+      spans.push_back(std::move(span));
+    const auto ids = chat_->tokenize(spans, false);
     feed.insert(feed.end(), ids.begin(), ids.end());
     if (s.cache.layer(0).tokens_seen() + static_cast<std::int64_t>(feed.size()) + 1 >
         o_.max_context) {
@@ -248,7 +283,7 @@ bool Scheduler::reuse_session_locked(const GenRequest& r, const std::string& spe
 std::vector<std::int32_t> Scheduler::prompt_tokens(const GenRequest& r) const {
   std::vector<std::int32_t> feed;
   if (r.chat) {
-    feed = chat_->tokenize(chat_->render(r.messages, 0), true);
+    feed = chat_->tokenize(chat_->render_spans(r.messages, 0), true);
   } else {
     feed = tok_->encode(r.prompt, true);
   }
@@ -343,7 +378,7 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
     if (r.chat && reuse_session_locked(r, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
     if (a->s == nullptr) {
       std::vector<std::int32_t> feed = prompt_tokens(r);
-      const std::int64_t need = footprint(r.method);
+      const std::int64_t need = job->need_ > 0 ? job->need_ : footprint(r.method, r.client);
       if (!make_room_locked(need)) return false;  // wait in the queue
       a->s = new_session_locked(r, spec, need);
       a->feed = std::move(feed);
@@ -522,6 +557,24 @@ void Scheduler::step(std::vector<Active*>& run) {
     }
     if (items[i].logits == engine::Logits::kNone) continue;
     const float* logits = forward_.logits(i);
+    if (!engine::all_finite(logits, c.vocab_size)) {
+      // generate's and eval's check: a NaN or an infinity is never sampled into text (greedy
+      // would return an empty reply, sampling one token repeated). The request fails with 500
+      // and its session is dropped.
+      std::string why;
+      try {
+        engine::check_finite(logits, c.vocab_size,
+                             "[serve] logits after position " + std::to_string(s.cache.layer(0).tokens_seen() - 1));
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      end_active(a, "", ServeError{500, "server_error",
+                                   "the model's output is not finite: " + why +
+                                       "; the checkpoint's weights or settings (e.g. RoPE "
+                                       "scaling) overflow on this input",
+                                   "", 0});
+      continue;
+    }
     std::copy(logits, logits + c.vocab_size, work.begin());
     const std::int32_t next = a.sampler->sample(work.data());
     const std::int64_t seen = s.cache.layer(0).tokens_seen();

@@ -72,6 +72,7 @@ struct SchedulerOptions {
   std::int64_t step_tokens = 256;   // tokens per batched step, all sessions together
   std::int64_t max_queue = 64;      // requests waiting for admission
   double queue_timeout_s = 30.0;    // longest wait in the queue before 503
+  std::int64_t client_methods = 4;  // method specs one client may have measured and cached
   CacheConfig default_method = CacheConfig("full");
 };
 
@@ -86,6 +87,7 @@ struct GenRequest {
   std::uint64_t seed = 42;
   std::vector<std::string> stop;
   CacheConfig method = CacheConfig("full");
+  std::string client;  // who asks (the server: the remote address); "" = no per-client limit
 };
 
 // One request in flight: written by the scheduler, read by the HTTP thread that waits on it.
@@ -130,6 +132,7 @@ class Job {
   std::string session_;
   std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0;
   std::chrono::steady_clock::time_point queued_at_ = std::chrono::steady_clock::now();
+  std::int64_t need_ = 0;  // the method's footprint, measured at submit
 };
 
 struct Metrics {
@@ -160,11 +163,17 @@ class Scheduler {
   // --kv-memory, 503 (Retry-After) when the queue is full or the server is draining.
   void submit(const std::shared_ptr<Job>& job);
 
-  // The reservation a session of `method` takes (measured once per method spec, at most
-  // kMaxMethods specs; past --kv-memory the measurement stops and returns a value above it).
-  // Throws ServeError 400 for a spec past kMaxMethods.
-  std::int64_t footprint(const CacheConfig& method);
+  // The reservation a session of `method` takes (past --kv-memory the measurement stops and
+  // returns a value above it). Measured once per spec and cached: the cache holds at most
+  // kMaxMethods specs, least recently used dropped first (measured again when asked again), and
+  // one client (non-empty `client`) holds at most options().client_methods of them, its own least
+  // recently used dropped first, so no client can fill the cache and lock the others out (issue
+  // 33). The default method's entry is never dropped. Sessions keep their reservation whatever
+  // happens to the cache.
+  std::int64_t footprint(const CacheConfig& method, const std::string& client = "");
   static constexpr std::size_t kMaxMethods = 32;
+  // How many specs the cache holds now, and how many of them `client` measured.
+  std::size_t cached_methods(const std::string& client = "");
 
   // Stops admitting (queued jobs fail with 503), lets active jobs finish, then returns once
   // none is active or `grace` has passed (the rest then end with finish_reason "abort").
@@ -209,8 +218,14 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   std::list<std::unique_ptr<Session>> sessions_;  // front = most recently used
   std::list<std::unique_ptr<Active>> active_;     // in admission order
-  std::mutex fp_m_;  // guards footprints_ (computed outside m_: a probe takes a while)
-  std::map<std::string, std::int64_t> footprints_;
+  std::mutex fp_m_;  // guards footprints_ and fp_lru_ (computed outside m_: a probe takes a while)
+  struct Measured {
+    std::int64_t bytes = 0;
+    std::string client;                    // who had it measured
+    std::list<std::string>::iterator lru;  // its place in fp_lru_
+  };
+  std::map<std::string, Measured> footprints_;  // spec -> its measurement
+  std::list<std::string> fp_lru_;               // specs, most recently used first
   std::int64_t reserved_ = 0;
   std::int64_t next_session_ = 1;
   std::size_t rr_ = 0;  // round-robin start when a step cannot take every session

@@ -39,6 +39,7 @@ const char* reason_of(int status) {
     case 404: return "no such endpoint";
     case 405: return "method not allowed on this endpoint";
     case 413: return "the request body is larger than --max-body";
+    case 415: return "unsupported request body type (send JSON)";
     case 414: return "the request URI is too long";
     default: return "request failed";
   }
@@ -124,6 +125,7 @@ SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& met
   so.step_tokens = o.step_tokens;
   so.max_queue = o.max_queue;
   so.queue_timeout_s = o.queue_timeout_s;
+  so.client_methods = o.client_methods;
   so.default_method = method;
   if (so.max_context > mc.seq_len) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -212,21 +214,68 @@ void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
       });
 }
 
-// POST /v1/chat/completions (chat_endpoint) or /v1/completions: parse, queue, wait for
-// admission (errors keep their status), then the whole reply or a stream.
+// Reads a POST body into `body` with --max-body as its only limit, whatever the Content-Type.
+// (cpp-httplib's own reading caps application/x-www-form-urlencoded bodies, curl's default type,
+// at 8 KiB and parses them as a form; a handler with a content reader bypasses both.) A
+// multipart body is drained and refused with 415: the API takes JSON. False: `res` holds the
+// error.
+bool read_body(const httplib::Request& req, httplib::Response& res,
+               const httplib::ContentReader& reader, std::int64_t max_body, std::string& body) {
+  if (req.is_multipart_form_data()) {
+    reader([](const httplib::MultipartFormData&) { return true; },
+           [](const char*, size_t) { return true; });
+    send_error(res, ServeError{415, "invalid_request_error",
+                               "multipart/form-data bodies are not accepted; send the request as "
+                               "JSON (Content-Type: application/json)",
+                               "", 0});
+    return false;
+  }
+  bool too_big = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > static_cast<std::size_t>(max_body)) {
+      too_big = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_big || res.status == 413) {
+    send_error(res, ServeError{413, "invalid_request_error",
+                               "the request body is larger than --max-body (" +
+                                   std::to_string(max_body) + " bytes)",
+                               "", 0});
+    res.set_header("Connection", "close");  // the rest of a chunked body is left unread
+    return false;
+  }
+  if (!ok) {
+    send_error(res, ServeError{400, "invalid_request_error", "the request body could not be read",
+                               "", 0});
+    res.set_header("Connection", "close");
+    return false;
+  }
+  return true;
+}
+
+// POST /v1/chat/completions (chat_endpoint) or /v1/completions: read and parse the body, queue,
+// wait for admission and, for a stream, its first token (errors keep their status: a model whose
+// first output is not finite answers 500, not a 200 stream holding an error), then the whole
+// reply or a stream.
 void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Request& req,
-                     httplib::Response& res) {
+                     httplib::Response& res, const httplib::ContentReader& reader) {
+  std::string body;
+  if (!read_body(req, res, reader, state.o.max_body, body)) return;
   if (state.draining) {
     send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
     return;
   }
   ParsedRequest p;
   try {
-    p = parse_request(req.body, chat_endpoint, state.method, state.max_context);
+    p = parse_request(body, chat_endpoint, state.method, state.max_context);
   } catch (const ServeError& e) {
     send_error(res, e);
     return;
   }
+  p.gen.client = req.remote_addr;  // the per-client method-spec budget (--client-methods)
   auto job = std::make_shared<Job>(p.gen);
   try {
     state.sched.submit(job);
@@ -242,7 +291,8 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   for (;;) {
     snap = job->take(100ms);
     carry += snap.text;
-    if (snap.admitted || snap.done) break;
+    if (snap.done || (snap.admitted && (!p.stream || !carry.empty() || snap.completion_tokens > 0)))
+      break;
   }
   if (snap.error) {
     send_error(res, *snap.error);
@@ -277,11 +327,13 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
 
 // The endpoints: the two generation ones, /v1/models, /health, /metrics and the chat page.
 void add_routes(httplib::Server& svr, ServerState& state) {
-  svr.Post("/v1/chat/completions", [&state](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(state, true, req, res);
+  svr.Post("/v1/chat/completions", [&state](const httplib::Request& req, httplib::Response& res,
+                                             const httplib::ContentReader& reader) {
+    handle_generate(state, true, req, res, reader);
   });
-  svr.Post("/v1/completions", [&state](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(state, false, req, res);
+  svr.Post("/v1/completions", [&state](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& reader) {
+    handle_generate(state, false, req, res, reader);
   });
   svr.Get("/v1/models", [&state](const httplib::Request&, httplib::Response& res) {
     json j = {{"object", "list"},
@@ -363,7 +415,7 @@ int run_server(const ServeOptions& o) {
       o.chat_template.empty()
           ? detect_template(model_chat_template(model.path(), model.directory(), mc.format))
           : parse_template_name(o.chat_template);
-  const ChatTemplate chat(kind, *tokenizer, mc.bos_id, mc.eos_id);
+  const ChatTemplate chat(kind, *tokenizer, mc.bos_id, mc.eos_id, o.special);
 
   const SchedulerOptions so = scheduler_options(o, method, model);
   Scheduler sched(model, *tokenizer, chat, so);

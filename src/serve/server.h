@@ -6,7 +6,7 @@
 //   GET  /v1/models, GET /health, GET /metrics (Prometheus text), GET / (the chat page)
 //
 // Errors are OpenAI's {"error": {...}} with the HTTP status (400 invalid request, 401 missing
-// or wrong API key, 404, 405, 413 body over --max-body, 503 + Retry-After when no memory comes
+// or wrong API key, 404, 405, 413 body over --max-body, 415 multipart body, 503 + Retry-After when no memory comes
 // free or while shutting down, 500 on an engine failure). SIGTERM or SIGINT: stop admitting
 // (new requests 503), let requests in flight finish within --shutdown-grace (streams then end
 // with finish_reason "abort" and [DONE]), close the listener and return.
@@ -31,7 +31,9 @@ struct ServeOptions {
   std::int64_t step_tokens = 256;
   std::int64_t max_queue = 64;
   double queue_timeout_s = 30.0;
-  std::int64_t max_body = 1 << 20;
+  std::int64_t max_body = 1 << 20;  // the only body limit, whatever the Content-Type
+  std::int64_t client_methods = 4;  // method specs one client may have measured (LRU beyond)
+  bool special = false;  // --special: special-token text in message content becomes tokens
   double shutdown_grace_s = 10.0;
   int http_threads = 0;  // 0: 2 * max_sessions + 8, at most 256
 };

@@ -6,6 +6,7 @@ disconnects mid-stream, a flood of idle and garbage connections, and SIGTERM mid
 Usage: serve_http_test.py VELOXQUANT_BINARY PROJECT_ROOT"""
 import json
 import os
+import struct
 import shutil
 import signal
 import socket
@@ -34,11 +35,68 @@ def error_of(body):
         return {}
 
 
+def hostile_requests(srv, chat, msgs, key):
+    """Issue 33: the request parser's depth limit, the body limit whatever the content type,
+    multipart, the float minimum, and the per-client method-spec budget."""
+    deep = "[" * 52000 + "]" * 52000
+    for field in ("max_tokens", "max_completion_tokens", "n", "seed"):
+        body = '{"messages":[{"role":"user","content":"hi"}],"%s":%s}' % (field, deep)
+        st, _, resp = srv.request("POST", chat, body, key)
+        check(st == 400 and "deeper than 32 levels" in error_of(resp).get("message", ""),
+              "%s nested 52,000 deep: 400 naming the limit (%s)" % (field, st))
+    st, _, _ = srv.request("GET", "/health")
+    check(st == 200, "the server is alive after the deep bodies")
+    # curl's default content type with a body past cpp-httplib's 8 KiB form limit.
+    form = dict(key, **{"Content-Type": "application/x-www-form-urlencoded"})
+    body = json.dumps({"messages": msgs, "max_tokens": 2, "user": "y" * 9000})
+    st, _, resp = srv.request("POST", chat, body, form)
+    check(st == 200, "a 9 KiB JSON body with the form-encoded content type: 200 (%s %s)" %
+          (st, error_of(resp).get("message", "")[:80]))
+    multipart = dict(key, **{"Content-Type": "multipart/form-data; boundary=XyZ"})
+    part = ('--XyZ\r\nContent-Disposition: form-data; name="a"\r\n\r\n%s\r\n--XyZ--\r\n'
+            % json.dumps({"messages": msgs}))
+    st, _, resp = srv.request("POST", chat, part, multipart)
+    check(st == 415 and "multipart" in error_of(resp).get("message", ""), "multipart: 415 (%s)" % st)
+    st, _, _ = srv.request("GET", "/health")
+    check(st == 200, "served after the multipart body")
+    st, _, resp = srv.request("POST", chat, {"messages": msgs, "temperature": 1e-45}, key)
+    check(st == 400 and error_of(resp).get("param") == "temperature"
+          and "at least 1e-30" in error_of(resp).get("message", ""),
+          "temperature 1e-45: 400 with the CLI's rule")
+    # One client (127.0.0.1) asks for 33 method specs, more than the cache holds; each is
+    # served (its own least recently used is dropped), then another client (127.0.0.2) is too.
+    codes = []
+    for b in range(16, 49):
+        st, _, resp = srv.request("POST", chat, {"messages": msgs, "max_tokens": 1,
+                                                 "veloxquant": {"method": "h2o:budget=%d" % b}}, key)
+        codes.append(st)
+    check(all(c == 200 for c in codes), "one client's 33 method specs are each served (%s)" %
+          sorted(set(codes)))
+    st, _, resp = srv.request("POST", chat, {"messages": msgs, "max_tokens": 1,
+                                             "veloxquant": {"method": "h2o:budget=12"}}, key,
+                              source="127.0.0.2")
+    check(st == 200, "a second client is served after the first used 33 specs (%s %s)" %
+          (st, error_of(resp).get("message", "")[:80]))
+
+
+def overflowing_model(src, dst):
+    """stories260K.bin with its final RMSNorm weight FLT_MAX: finite weights, non-finite logits.
+    Offsets from llama2.c's layout (run.c's memory_map_weights)."""
+    data = bytearray(open(src, "rb").read())
+    dim, hidden, layers, heads, kv, vocab, _ = struct.unpack("<7i", data[:28])
+    kv_dim = dim * kv // heads
+    floats = (abs(vocab) * dim + layers * dim + 2 * layers * dim * dim + 2 * layers * dim * kv_dim
+              + layers * dim + 3 * layers * dim * hidden)
+    at = 28 + 4 * floats
+    data[at:at + 4 * dim] = struct.pack("<%df" % dim, *([3.4028234663852886e38] * dim))
+    open(dst, "wb").write(bytes(data))
+
+
 def main():
     binary, root = sys.argv[1], sys.argv[2]
     model = os.path.join(root, "data", "stories260K.bin")
     key = {"Authorization": "Bearer k3y"}
-    srv = Server(binary, model, "--kv-memory", "16M", "--max-body", "4096", "--api-key", "k3y",
+    srv = Server(binary, model, "--kv-memory", "16M", "--max-body", "262144", "--api-key", "k3y",
                  "--threads", "1", "--shutdown-grace", "0.2")
     try:
         chat = "/v1/chat/completions"
@@ -52,8 +110,10 @@ def main():
         st, _, body = srv.request("POST", chat, "{\"messages\": [", key)
         check(st == 400 and "not valid JSON" in error_of(body).get("message", ""),
               "malformed JSON: 400 (%s)" % error_of(body).get("message", body)[:60])
-        st, _, body = srv.request("POST", chat, json.dumps({"messages": msgs, "pad": "x" * 8000}), key)
-        check(st == 413 and error_of(body).get("message"), "oversized body: 413 with a message")
+        st, _, body = srv.request("POST", chat, json.dumps({"messages": msgs, "pad": "x" * 300000}), key)
+        check(st == 413 and "--max-body" in error_of(body).get("message", ""),
+              "oversized body: 413 naming --max-body")
+        hostile_requests(srv, chat, msgs, key)
         st, _, body = srv.request("POST", chat, {"messages": msgs, "frobnicate": 1}, key)
         check(st == 400 and error_of(body).get("param") == "frobnicate", "unknown field: 400")
         for field, value in (("temperature", 5), ("max_tokens", "ten"), ("top_p", -0.1),
@@ -189,6 +249,25 @@ def main():
             rc = srv.proc.wait(timeout=30)
             check(rc == 0, "the server exits 0 after SIGTERM (rc %s)" % rc)
 
+        finally:
+            srv.stop()
+
+        # Issue 33: a model whose logits are not finite answers 500, never 200 with text.
+        nan_model = os.path.join(tmp, "overflow.bin")
+        overflowing_model(model, nan_model)
+        srv = Server(binary, nan_model, "--tokenizer", os.path.join(root, "data", "tok512.bin"),
+                     "--kv-memory", "16M", "--threads", "1")
+        try:
+            for stream in (False, True):
+                for temp in (0, 1):
+                    st, _, body = srv.request("POST", "/v1/chat/completions",
+                                              {"messages": msgs, "max_tokens": 8, "temperature": temp,
+                                               "stream": stream})
+                    check(st == 500 and "not finite" in error_of(body).get("message", ""),
+                          "non-finite logits (stream %s, temperature %s): 500 (%s)" % (stream, temp, st))
+            m = srv.metrics()
+            check(m['veloxquant_sessions{state="active"}'] + m['veloxquant_sessions{state="idle"}'] == 0,
+                  "non-finite logits: the sessions are freed")
         finally:
             srv.stop()
     finally:

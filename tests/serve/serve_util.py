@@ -25,8 +25,10 @@ class Server:
             raise SystemExit("server did not start: %r %s" % (line, self.proc.stderr.read()))
         self.port = int(m.group(1))
 
-    def request(self, method, path, body=None, headers=None, timeout=60):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def request(self, method, path, body=None, headers=None, timeout=60, source=None):
+        """`source`: the client's address (another loopback address is another client)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout,
+                                          source_address=(source, 0) if source else None)
         data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
         conn.request(method, path, body=data, headers=headers or {})
         r = conn.getresponse()

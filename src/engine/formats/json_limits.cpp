@@ -33,11 +33,7 @@ std::string json_excerpt(const nlohmann::json& value, std::size_t max_chars) {
   return text_excerpt(dumped, max_chars);
 }
 
-namespace {
-// The deepest nesting of arrays/objects in `text` and the byte where it first exceeds `limit`
-// (0 when it does not): one pass over the bytes, skipping string contents (with their escapes).
-// Malformed text is left to the parser, which reports it; this only bounds the depth.
-std::size_t first_too_deep(std::string_view text, std::size_t limit, std::size_t& depth_out) {
+std::size_t json_nesting_beyond(std::string_view text, std::size_t limit, std::size_t& depth_out) {
   std::size_t depth = 0;
   bool in_string = false;
   for (std::size_t i = 0; i < text.size(); ++i) {
@@ -63,7 +59,6 @@ std::size_t first_too_deep(std::string_view text, std::size_t limit, std::size_t
   }
   return 0;
 }
-}  // namespace
 
 nlohmann::json parse_json_limited(std::string_view text, const std::string& path,
                                   const std::string& what, int max_depth) {
@@ -73,7 +68,7 @@ nlohmann::json parse_json_limited(std::string_view text, const std::string& path
   // safetensors header took over 20 minutes.)
   try {
     std::size_t depth = 0;
-    if (first_too_deep(text, limit, depth) != 0) throw TooDeep{depth};
+    if (json_nesting_beyond(text, limit, depth) != 0) throw TooDeep{depth};
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const TooDeep& e) {
     throw Error(ErrorCode::kFileError,

@@ -20,6 +20,12 @@ inline constexpr int kMaxJsonDepth = 128;
 nlohmann::json parse_json_limited(std::string_view text, const std::string& path,
                                   const std::string& what, int max_depth = kMaxJsonDepth);
 
+// The nesting of arrays/objects in `text` checked by one linear pass over the bytes (string
+// contents and their escapes skipped; no recursion, no allocation): the byte offset just past
+// the bracket that first goes deeper than `limit`, with that level in `depth`; 0 when the text
+// never does. Malformed text is left to the parser.
+std::size_t json_nesting_beyond(std::string_view text, std::size_t limit, std::size_t& depth);
+
 // A short, printable rendering of a JSON value for an error message: its compact dump when it
 // is at most `max_chars` long, else the first `max_chars` characters followed by "..."
 // (non-ASCII and control bytes escaped). For values from parse_json_limited (shallow).

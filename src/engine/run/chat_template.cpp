@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/formats/gguf.h"
+#include "engine/formats/json_limits.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -84,8 +85,8 @@ std::string model_chat_template(const std::string& model_path, const std::string
 }
 
 ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tokenizer,
-                           std::int32_t bos_id, std::int32_t eos_id)
-    : kind_(kind), tok_(&tokenizer) {
+                           std::int32_t bos_id, std::int32_t eos_id, bool parse_special)
+    : kind_(kind), tok_(&tokenizer), parse_special_(parse_special) {
   auto lookup = [&](const std::string& marker) {
     for (std::int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
       if (tokenizer.token_text(id) == marker) return id;
@@ -118,63 +119,95 @@ ChatTemplate::ChatTemplate(TemplateKind kind, const Tokenizer& tokenizer,
   }
 }
 
-std::string ChatTemplate::render(const std::vector<Message>& m, std::size_t first) const {
+std::vector<ChatSpan> ChatTemplate::render_spans(const std::vector<Message>& m,
+                                                std::size_t first) const {
   if (m.empty() || first >= m.size()) invalid("messages: the conversation is empty");
-  std::string system;
-  std::size_t first_user = m.size();
+  std::size_t system = m.size(), first_user = m.size();
   for (std::size_t i = 0; i < m.size(); ++i) {
     const std::string& r = m[i].role;
     if (r != "system" && r != "user" && r != "assistant") {
       invalid("messages[" + std::to_string(i) + "].role must be system, user or assistant, got '" +
-              r + "'");
+              text_excerpt(r) + "'");
     }
     if (r == "system") {
       if (i != 0) invalid("messages[" + std::to_string(i) + "]: a system message must come first");
-      system = m[i].content;
+      system = i;
     }
     if (r == "user" && first_user == m.size()) first_user = i;
   }
-  std::string out;
+  const bool has_system = system < m.size() && !m[system].content.empty();
+  std::vector<ChatSpan> out;
+  auto text = [&](std::string t) {
+    if (t.empty()) return;
+    if (!out.empty() && !out.back().content) {
+      out.back().text += t;
+    } else {
+      out.push_back({std::move(t), false});
+    }
+  };
+  auto content = [&](const std::string& c) {
+    if (!c.empty()) out.push_back({c, true});
+  };
   for (std::size_t i = first; i < m.size(); ++i) {
     const Message& msg = m[i];
     switch (kind_) {
       case TemplateKind::kPlain:
-        if (i > 0) out += "\n";
-        out += msg.content;
+        if (i > 0) text("\n");
+        content(msg.content);
         break;
       case TemplateKind::kLlama2:
         if (msg.role == "system") break;
         if (msg.role == "user") {
-          if (i != first_user) out += "<s>";
-          out += "[INST] ";
-          if (i == first_user && !system.empty())
-            out += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
-          out += msg.content + " [/INST]";
+          if (i != first_user) text("<s>");
+          text("[INST] ");
+          if (i == first_user && has_system) {
+            text("<<SYS>>\n");
+            content(m[system].content);
+            text("\n<</SYS>>\n\n");
+          }
+          content(msg.content);
+          text(" [/INST]");
         } else {
-          out += " " + msg.content + " </s>";
+          text(" ");
+          content(msg.content);
+          text(" </s>");
         }
         break;
       case TemplateKind::kMistral:
         if (msg.role == "system") break;
         if (msg.role == "user") {
-          out += "[INST] ";
-          if (i == first_user && !system.empty()) out += system + "\n\n";
-          out += msg.content + " [/INST]";
+          text("[INST] ");
+          if (i == first_user && has_system) {
+            content(m[system].content);
+            text("\n\n");
+          }
+          content(msg.content);
+          text(" [/INST]");
         } else {
-          out += msg.content + "</s>";
+          content(msg.content);
+          text("</s>");
         }
         break;
       case TemplateKind::kLlama3:
-        out += "<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n" + msg.content +
-               "<|eot_id|>";
+        text("<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n");
+        content(msg.content);
+        text("<|eot_id|>");
         break;
       case TemplateKind::kChatML:
-        out += "<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n";
+        text("<|im_start|>" + msg.role + "\n");
+        content(msg.content);
+        text("<|im_end|>\n");
         break;
     }
   }
-  if (kind_ == TemplateKind::kLlama3) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  if (kind_ == TemplateKind::kChatML) out += "<|im_start|>assistant\n";
+  if (kind_ == TemplateKind::kLlama3) text("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  if (kind_ == TemplateKind::kChatML) text("<|im_start|>assistant\n");
+  return out;
+}
+
+std::string ChatTemplate::render(const std::vector<Message>& m, std::size_t first) const {
+  std::string out;
+  for (const ChatSpan& s : render_spans(m, first)) out += s.text;
   return out;
 }
 
@@ -193,35 +226,52 @@ std::string ChatTemplate::close_without_end() const {
   return "";
 }
 
-std::vector<std::int32_t> ChatTemplate::tokenize(const std::string& text, bool start) const {
+std::vector<std::int32_t> ChatTemplate::tokenize(const std::vector<ChatSpan>& spans,
+                                                 bool start) const {
   std::vector<std::int32_t> ids;
   if (start && bos_ >= 0) ids.push_back(bos_);
-  std::size_t at = 0;
-  auto encode = [&](std::size_t end) {
-    if (end > at) {
-      const auto part = tok_->encode(std::string_view(text).substr(at, end - at), false);
-      ids.insert(ids.end(), part.begin(), part.end());
-    }
+  std::string run;  // text since the last marker: template text and content, encoded together
+  auto flush = [&] {
+    if (run.empty()) return;
+    const auto part = parse_special_ ? tok_->encode(run, false) : tok_->encode_plain(run);
+    ids.insert(ids.end(), part.begin(), part.end());
+    run.clear();
   };
-  while (at < text.size()) {
-    std::size_t best = std::string::npos;
-    const std::pair<const std::string, std::int32_t>* hit = nullptr;
-    for (const auto& mk : markers_) {
-      const std::size_t p = text.find(mk.first, at);
-      if (p < best || (p == best && hit != nullptr && mk.first.size() > hit->first.size())) {
-        best = p;
-        hit = &mk;
+  for (const ChatSpan& span : spans) {
+    if (span.content && !parse_special_) {
+      run += span.text;
+      continue;
+    }
+    const std::string& text = span.text;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      // The leftmost marker from `at` (the longest of those starting there).
+      std::size_t best = std::string::npos;
+      const std::pair<const std::string, std::int32_t>* hit = nullptr;
+      for (const auto& mk : markers_) {
+        const std::size_t p = text.find(mk.first, at);
+        if (p < best || (p == best && hit != nullptr && mk.first.size() > hit->first.size())) {
+          best = p;
+          hit = &mk;
+        }
       }
+      if (hit == nullptr || best == std::string::npos) {
+        run.append(text, at, std::string::npos);
+        break;
+      }
+      run.append(text, at, best - at);
+      flush();
+      ids.push_back(hit->second);
+      at = best + hit->first.size();
     }
-    if (hit == nullptr || best == std::string::npos) {
-      encode(text.size());
-      break;
-    }
-    encode(best);
-    ids.push_back(hit->second);
-    at = best + hit->first.size();
   }
+  flush();
   return ids;
+}
+
+std::vector<std::int32_t> ChatTemplate::tokenize(const std::string& template_text,
+                                                 bool start) const {
+  return tokenize(std::vector<ChatSpan>{{template_text, false}}, start);
 }
 
 }  // namespace vq::engine

@@ -111,6 +111,17 @@ class HfTokenizer final : public Tokenizer {
   }
 
   std::vector<std::int32_t> encode(std::string_view text, bool add_special) const override {
+    return encode_with(text, add_special, true);
+  }
+
+  std::vector<std::int32_t> encode_plain(std::string_view text) const override {
+    return encode_with(text, false, false);
+  }
+
+  // `match_special`: whether added tokens marked special are split out of the text (the
+  // library's behaviour) or left to be encoded as characters (encode_plain).
+  std::vector<std::int32_t> encode_with(std::string_view text, bool add_special,
+                                        bool match_special) const {
     struct Seg {
       std::string text;
       std::int32_t id;  // -1: text still to tokenize
@@ -125,7 +136,7 @@ class HfTokenizer final : public Tokenizer {
           continue;
         }
         if (normalized_pass) s.text = normalize(s.text);
-        split_added(s.text, normalized_pass, next);
+        split_added(s.text, normalized_pass, match_special, next);
       }
       segs = std::move(next);
     }
@@ -460,12 +471,14 @@ class HfTokenizer final : public Tokenizer {
 
   // Splits `text` on the added tokens of one pass (leftmost-longest), appending to `out`.
   template <typename Seg>
-  void split_added(const std::string& text, bool normalized_pass, std::vector<Seg>& out) const {
+  void split_added(const std::string& text, bool normalized_pass, bool match_special,
+                   std::vector<Seg>& out) const {
     std::size_t start_offset = 0, pos = 0;
     while (pos < text.size()) {
       const Added* best = nullptr;
       for (const Added& a : added_) {
         if (a.normalized != normalized_pass || a.pattern.size() > text.size() - pos) continue;
+        if (a.special && !match_special) continue;
         if (text.compare(pos, a.pattern.size(), a.pattern) != 0) continue;
         if (best == nullptr || a.pattern.size() > best->pattern.size()) best = &a;
       }

@@ -21,6 +21,14 @@ class Tokenizer {
   // BOS first, as run.c encode(text, bos=1, eos=0); tokenizer.json: its post-processor template).
   virtual std::vector<std::int32_t> encode(std::string_view text,
                                            bool add_special = true) const = 0;
+  // Token ids of `text` read as plain text, no BOS/EOS: the text of a special (control) token,
+  // e.g. "<|im_end|>" typed by a user, is encoded as ordinary characters, never as that token
+  // (llama.cpp's parse_special = false); added tokens that are not special still match. This
+  // default is encode(text, false), right for the formats that never parse control-token text
+  // (llama2.c, GGUF); tokenizer.json overrides it.
+  virtual std::vector<std::int32_t> encode_plain(std::string_view text) const {
+    return encode(text, false);
+  }
   // The bytes generation prints for `token` when it follows `prev` (streaming).
   virtual std::string piece(std::int32_t prev, std::int32_t token) const = 0;
   // The text of a whole id sequence (special tokens are skipped).

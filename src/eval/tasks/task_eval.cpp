@@ -223,7 +223,10 @@ PromptEncoder make_encoder(const engine::Tokenizer& tok,
                            const std::shared_ptr<engine::ChatTemplate>& chat) {
   if (!chat) return [&tok](const PromptText& t) { return tok.encode(t.plain(), true); };
   return [chat](const PromptText& t) {
-    return chat->tokenize(chat->render({{"user", t.user}}, 0) + t.answer_prefix, true);
+    // The task's question is content (plain text); the answer prefix is the harness's own.
+    std::vector<engine::ChatSpan> spans = chat->render_spans({{"user", t.user}}, 0);
+    spans.push_back({t.answer_prefix, false});
+    return chat->tokenize(spans, true);
   };
 }
 
