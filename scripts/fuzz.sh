@@ -19,7 +19,7 @@ CXX=clang++ CC=clang scripts/build.sh -DVELOXQUANT_FUZZ=ON -DVELOXQUANT_BUILD_TE
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(spec llama2c tokenizer_bin safetensors config_json tokenizer_json result_table gguf
-           gguf_tokenizer capi_steps validate)
+           gguf_tokenizer capi_steps validate safetensors_index rope_config)
 fi
 shared=${VELOXQUANT_SHARED_DIR:-../shared}/data
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
