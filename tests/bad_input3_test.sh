@@ -177,5 +177,26 @@ PY
   fi
 done
 
+#    eval --task: a spec-written budget with an explicit --ratio or another --budget is refused.
+task=(eval --model "$tmp/model.bin" --tokenizer "$tmp/tok.bin" --task niah_single --lengths 384 --depths 50 --samples 1)
+bad "task spec budget and --ratio" 2 "--method 'h2o:budget=16' writes its budget \(16\) and --ratio sets every method's budget" -- "${task[@]}" --method h2o:budget=16 --ratio 4 --json "$out"
+bad "task spec budget and --budget" 2 "--method 'streaming_llm:budget=16' writes budget 16 but --budget asks for other budgets" -- "${task[@]}" --method streaming_llm:budget=16 --budget 32 --json "$out"
+
+#    ... and without either flag it runs at the spec's budget only (the default ratios 4, 8, 16
+#    used to replace it).
+if timeout 300 "$bin" "${task[@]}" --method h2o:budget=16 --json "$logs/task.json" >"$logs/stdout" 2>"$logs/stderr" &&
+   python3 - "$logs/task.json" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["series"] != "full"]
+budgets = sorted({r["budget"] for r in rows})
+sys.exit(0 if budgets == [16] else "budgets run: %s" % budgets)
+PY
+then
+  passes=$((passes + 1))
+else
+  echo "FAIL eval --task --method h2o:budget=16 without --budget"; sed 's/^/    /' "$logs/stderr" | tail -3
+  fails=$((fails + 1))
+fi
+
 echo "bad inputs (round three, files and CLI): $passes passed, $fails failed"
 [ "$fails" -eq 0 ]
