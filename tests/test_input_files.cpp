@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,10 @@ class InputFiles : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("vq_input_files_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     vq::clear_inputs();
+    recording_ = std::make_unique<vq::InputRecording>();
   }
   void TearDown() override {
+    recording_.reset();
     vq::clear_inputs();
     vq::set_input_memory_limit(0);
     fs::remove_all(dir_);
@@ -49,6 +52,7 @@ class InputFiles : public ::testing::Test {
     return "(no error)";
   }
   fs::path dir_;
+  std::unique_ptr<vq::InputRecording> recording_;  // as the CLI does for its command
 };
 
 TEST_F(InputFiles, FifoIsRefusedWithoutBlocking) {
@@ -104,6 +108,20 @@ TEST_F(InputFiles, AnOutputThatIsAnInputIsRefusedByPathAndByInode) {
   EXPECT_NO_THROW(vq::check_not_an_input("--json", path("new.json")));
   vq::clear_inputs();
   EXPECT_NO_THROW(vq::check_not_an_input("--json", path("model.bin")));
+}
+
+TEST_F(InputFiles, NothingIsRecordedOutsideARecordingScope) {
+  recording_.reset();  // a library user that did not opt in
+  write("model.bin", "weights");
+  (void)vq::InputFile::open(path("model.bin"));
+  vq::name_input("--model", path("model.bin"));
+  EXPECT_NO_THROW(vq::check_not_an_input("--json", path("model.bin")));
+  {
+    const vq::InputRecording scope;
+    (void)vq::InputFile::open(path("model.bin"));
+    EXPECT_THROW(vq::check_not_an_input("--json", path("model.bin")), vq::Error);
+  }
+  EXPECT_NO_THROW(vq::check_not_an_input("--json", path("model.bin")));  // forgotten at the end
 }
 
 TEST_F(InputFiles, AMappedFileThatChangesIsNoticed) {

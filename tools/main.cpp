@@ -206,6 +206,9 @@ std::string doing() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every file the command reads is recorded, so no output of it can replace one
+  // (base/input_file.h).
+  const vq::InputRecording record_inputs;
   CLI::App app{"VeloxQuant: compressed KV caches for transformer inference, with a reference "
                "engine and benchmarks.",
                "veloxquant"};

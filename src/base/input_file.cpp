@@ -24,6 +24,7 @@ namespace {
 
 std::mutex g_mutex;
 std::vector<InputRecord> g_inputs;  // guarded by g_mutex
+int g_recording = 0;                // live InputRecording scopes; guarded by g_mutex
 
 // The absolute, lexically normalised path (no filesystem access beyond the current directory).
 std::string normal_path(const std::string& path) {
@@ -34,6 +35,7 @@ std::string normal_path(const std::string& path) {
 
 void record(const std::string& path, const std::string& flag, const struct stat& st) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_recording == 0) return;
   for (InputRecord& r : g_inputs) {
     if (r.dev == st.st_dev && r.ino == st.st_ino) {
       if (r.flag.empty()) r.flag = flag;
@@ -141,6 +143,16 @@ std::string read_all(const InputFile& file, std::size_t max_bytes) {
     offset += n;
   }
   return out;
+}
+
+InputRecording::InputRecording() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  ++g_recording;
+}
+
+InputRecording::~InputRecording() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (--g_recording == 0) g_inputs.clear();
 }
 
 void name_input(const std::string& flag, const std::string& path) {

@@ -61,6 +61,19 @@ class InputFile {
 // the path and the limit).
 std::string read_all(const InputFile& file, std::size_t max_bytes);
 
+// Inputs are recorded only while an InputRecording is alive: the command-line tool keeps one for
+// its one command (tools/main.cpp). A library user (tests, the Python module, a server that loads
+// and writes many files in one process) records nothing unless it opts in the same way, so a
+// file read by one task never blocks a later, unrelated write. Nestable; not for concurrent
+// unrelated scopes (the record is process-wide).
+class InputRecording {
+ public:
+  InputRecording();
+  ~InputRecording();
+  InputRecording(const InputRecording&) = delete;
+  InputRecording& operator=(const InputRecording&) = delete;
+};
+
 // Records `path` as the input named by `flag` (e.g. "--model") when it exists; a directory
 // records every regular file found by later opens under it only through InputFile::open.
 // Nothing is opened (a FIFO is only stat'ed).
