@@ -19,7 +19,7 @@ CXX=clang++ CC=clang scripts/build.sh -DVELOXQUANT_FUZZ=ON -DVELOXQUANT_BUILD_TE
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(spec llama2c tokenizer_bin safetensors config_json tokenizer_json result_table gguf
-           gguf_tokenizer capi_steps validate)
+           gguf_tokenizer capi_steps validate safetensors_index rope_config)
   targets+=(registry)  # issue 33: the custom-method registry
   # Issue 33: the server's OpenAI request mapper and the chat template renderer.
   targets+=(openai_request chat_template)

@@ -105,13 +105,13 @@ bad "demo --max-memory" 2 "demo: the run needs about [0-9.]+ MiB .*more than 1.0
 bad "bad --max-memory" 2 "--max-memory expects a size in bytes .*got '12Q'" -- demo --max-memory 12Q
 bad "perturb guard counts probes" 2 "--probes 4096\) x --head-dim 1024 needs about [0-9.]+ GiB" -- bench perturb --quiet --method cam --seq 8 --budget 4 --heads 256 --head-dim 1024 --probes 4096 --seeds 1 --json "$out"
 bad "perturb --max-memory" 2 "bench perturb: the run needs about .*--max-memory limit" -- "${perturb[@]}" --json "$out" --max-memory 1K
-bad "text is /dev/zero" 2 "'/dev/zero': is larger than the 64 MiB limit" -- ev --text /dev/zero --json "$out"
+bad "text is /dev/zero" 2 "'/dev/zero': is not a regular file \(a character device\)" -- ev --text /dev/zero --json "$out"
 bad "eval --max-memory" 2 "eval: the run needs about .*more than 1.0 KiB \(the --max-memory limit\)" -- ev --json "$out" --max-memory 1K
 bad "generate --max-memory" 2 "generate: the run needs about .*--max-memory limit" -- generate --model "$model" --max-memory 1K
 task=(eval --model "$model" --task niah_single --lengths 384 --depths 50 --samples 1 --method streaming_llm)
 bad "task dump is a FIFO" 2 "--dump-samples: cannot write '$tmp/fifo': it is a FIFO" -- "${task[@]}" --dump-samples "$tmp/fifo"
 bad "task dump = json" 2 "--json and --dump-samples name the same file" -- "${task[@]}" --json "$out" --dump-samples "$out"
-bad "task essay is /dev/zero" 2 "'/dev/zero': is larger than the 64 MiB limit" -- "${task[@]}" --text /dev/zero --json "$out"
+bad "task essay is /dev/zero" 2 "'/dev/zero': is not a regular file \(a character device\)" -- "${task[@]}" --text /dev/zero --json "$out"
 : >"$tmp/empty.txt"
 bad "task essay without a sentence" 2 "--text: the essay haystack's text holds no sentence" -- "${task[@]}" --text "$tmp/empty.txt" --json "$out"
 bad "task --max-memory" 2 "eval --task: the run needs about .*more than 1.0 KiB \(the --max-memory limit\)" -- "${task[@]}" --json "$out" --max-memory 1K

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "base/validate.h"
+#include "base/input_file.h"
 #include "cli.h"
 #include "eval/model/decode_bench.h"
 #include "engine/formats/json_limits.h"
@@ -127,6 +128,7 @@ void run_bench_decode(DecodeArgs& a) {
   eval::validate_decode_options(o);
   // Every output is checked before the run and all are written together at the end, or none
   // is (eval/report/output_set.h).
+  name_input("--model", o.model_path);  // an output naming it is refused (base/input_file.h)
   eval::OutputSet out;
   if (!a.json.empty()) out.declare("--json", a.json);
   if (!a.plot.empty()) out.declare("--plot", a.plot);
@@ -314,7 +316,9 @@ void add_bench_table(CLI::App& bench) {
     }
     std::string names;
     for (const auto& f : *files) names += (names.empty() ? "" : ", ") + f;
-    std::cout << naming_file(names, [&] { return eval::perturb_markdown(docs); });
+    // Method and series names come from the files: printed escaped (base/validate.h).
+    std::cout << validate::printable(
+        naming_file(names, [&] { return eval::perturb_markdown(docs); }), true);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "base/input_file.h"
 #include "cli.h"
 #include "engine/run/gguf_convert.h"
 #include "engine/model/model.h"
@@ -42,6 +43,9 @@ void run_convert(const ConvertCliOptions& o) {
   // device or directory is refused before any work. The writer writes TO.tmpPID and renames it
   // into place; a failure or a signal removes the temporary file (CleanupGuard).
   eval::check_output_path("--to", o.to);
+  name_input("--from", o.from);
+  name_input("--tokenizer", o.tokenizer);
+  check_not_an_input("--to", o.to);  // checked again before the rename (GgufWriter::write)
   CleanupGuard guard;
   guard.add_file(o.to + ".tmp" + std::to_string(::getpid()));
   set_activity("loading '" + o.from + "'");

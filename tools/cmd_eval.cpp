@@ -5,6 +5,8 @@
 #include <iostream>
 #include <string>
 
+#include "base/input_file.h"
+#include "base/validate.h"
 #include "cli.h"
 #include "engine/compute/parallel.h"
 #include "eval/model/model_eval.h"
@@ -113,6 +115,11 @@ void run_eval(EvalCliOptions& o) {
   o.eval.threads = o.threads;
   // Every output is checked before the (long) run and all are written together at the end,
   // or none is (eval/report/output_set.h).
+  // Inputs are named first, so an output naming one is refused now (base/input_file.h).
+  name_input("--model", o.eval.model);
+  name_input("--tokenizer", o.eval.tokenizer);
+  for (const std::string& t : o.texts) name_input("--text", t);
+  name_input("--select-from", o.eval.select_from);
   eval::OutputSet out;
   if (!o.json.empty()) out.declare("--json", o.json);
   if (!o.plot.empty()) out.declare("--plot", o.plot);
@@ -140,7 +147,8 @@ void run_eval(EvalCliOptions& o) {
   set_activity("loading the model, tokenizer and text");
   const eval::ModelEvalResult r = eval::run_model_eval(o.eval, &std::cerr);
   set_activity("writing the outputs");
-  std::cout << "\n" << eval::model_eval_table(r) << std::flush;
+  // Series names can come from a --select-from file: printed escaped (base/validate.h).
+  std::cout << "\n" << validate::printable(eval::model_eval_table(r), true) << std::flush;
   if (out.has("--json")) {
     out.stage("--json", eval::model_eval_json(r, eval::command_line(o.args)).dump(2) + "\n");
   }
@@ -186,7 +194,8 @@ void add_window_options(CLI::App& cmd, EvalCliOptions& o) {
       ->check(int_range(1, 1000000));
   cmd.add_option("--bootstrap-seed", o.eval.bootstrap_seed,
                  "Seed of the bootstrap's resampling (with --windows or --task; same seed, same intervals)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));  // -1 would wrap to 2^64 - 1
   cmd.add_option("--select-from", o.eval.select_from,
                  "With --windows and --ratio: an eval result file of the same scenario on another "
                  "split (the dev part); its best configuration per ratio is reported on this "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "base/input_file.h"
 #include "cli.h"
 #include "engine/compute/parallel.h"
 #include "eval/report/output_set.h"
@@ -95,11 +96,15 @@ void run_task_eval_cli(const TaskCliOptions& t, const TaskCliShared& s) {
   o.methods = s.methods;
   if (s.budget_given) o.budgets = parse_int_list(s.budgets, "--budget", 1);
   o.ratios = s.ratios;
+  o.ratios_given = !s.ratios.empty();
   if (!s.budget_given && o.ratios.empty()) o.ratios = {4, 8, 16};
   o.reference = s.reference;
   o.bootstrap_samples = s.bootstrap_samples;
   o.bootstrap_seed = s.bootstrap_seed;
   o.threads = s.threads;
+  name_input("--model", o.model);  // an output naming an input is refused (base/input_file.h)
+  name_input("--tokenizer", o.tokenizer);
+  name_input("--text", o.text);
   eval::OutputSet out;
   if (!s.json.empty()) out.declare("--json", s.json);
   if (!s.plot.empty()) out.declare("--plot", s.plot);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <new>
 
+#include "base/input_file.h"
 #include "base/validate.h"
 #include "cli.h"
 #include "engine/formats/json_limits.h"
@@ -103,6 +104,7 @@ void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
          "--max-memory",
          [&bytes](const std::string& text) {
            bytes = engine::parse_memory_size(text, "--max-memory");
+           vq::set_input_memory_limit(bytes);  // file headers are held to it too
          },
          "Refuse a run estimated to need more memory than SIZE (e.g. 512M, 8G; default: the "
          "memory available: MemAvailable in /proc/meminfo, or the room under a cgroup memory "
@@ -204,6 +206,9 @@ std::string doing() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every file the command reads is recorded, so no output of it can replace one
+  // (base/input_file.h).
+  const vq::InputRecording record_inputs;
   CLI::App app{"VeloxQuant: compressed KV caches for transformer inference, with a reference "
                "engine and benchmarks.",
                "veloxquant"};
@@ -255,7 +260,9 @@ int main(int argc, char** argv) {
       return app.exit(e) == 0 ? 0 : 2;
     }
   } catch (const vq::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    // Messages carry names from files (tensors, shards, series): never raw control or bidi
+    // characters on the terminal (base/validate.h printable).
+    std::cerr << "error: " << vq::validate::printable(e.what()) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "error: " << command_name(app) << ": out of memory" << doing()

@@ -77,6 +77,57 @@ std::string excerpt(std::string_view text, std::size_t max_chars) {
   return out;
 }
 
+std::string printable(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02X", c);
+    out += buf;
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && !(keep_newlines && c == '\n')) || c == 0x7f) {
+        escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence (no overlong forms, no surrogates, at most U+10FFFF).
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    std::uint32_t cp = 0;
+    bool ok = len != 0 && c < 0xF5 && i + len <= text.size();
+    if (ok) {
+      cp = c & (len == 2 ? 0x1Fu : len == 3 ? 0x0Fu : 0x07u);
+      for (std::size_t k = 1; k < len && ok; ++k) {
+        const auto cc = static_cast<unsigned char>(text[i + k]);
+        ok = (cc & 0xC0) == 0x80;
+        cp = (cp << 6) | (cc & 0x3Fu);
+      }
+      const std::uint32_t min = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
+      ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    // C1 controls, bidi controls (embeddings, overrides, isolates, marks) and invisible
+    // format characters can reorder or hide what the terminal shows: escaped.
+    const bool hidden = (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || cp == 0x00AD ||
+                        (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
+                        (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF;
+    if (!ok || hidden) {
+      const std::size_t n = ok ? len : 1;
+      for (std::size_t k = 0; k < n; ++k) escape(static_cast<unsigned char>(text[i + k]));
+      i += n;
+      continue;
+    }
+    out.append(text.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
 std::string int_problem(std::int64_t v, std::int64_t lo, std::int64_t hi) {
   if (v >= lo && v <= hi) return {};
   return "must be an integer in " + range_text(lo, hi) + ", got " + std::to_string(v);

@@ -37,6 +37,15 @@ std::string real_range_text(double lo, double hi);
 // backslash as \\, "..." when cut.
 std::string excerpt(std::string_view text, std::size_t max_chars = 60);
 
+// The whole of `text` for a terminal: printable ASCII and well-formed UTF-8 as they are;
+// control bytes (newline and tab included), DEL, C1 controls, bidi controls (U+202A-U+202E,
+// U+2066-U+2069, U+200E/F, U+061C), invisible format characters (U+200B-U+200D, U+2060-U+206F,
+// U+FEFF, U+00AD), line/paragraph separators and malformed UTF-8 written as \xNN per byte.
+// For whole messages (the CLI prints every error through it), where excerpt() would mangle the
+// program's own non-ASCII text ("±").
+// With `keep_newlines`, '\n' is kept (multi-line output such as bench table's markdown).
+std::string printable(std::string_view text, bool keep_newlines = false);
+
 // "must be an integer in [lo, hi], got v", or "" when lo <= v <= hi.
 std::string int_problem(std::int64_t v, std::int64_t lo, std::int64_t hi);
 // For a value that does not fit a 64-bit integer at all (a Python int of 2^70, the text

@@ -111,6 +111,7 @@ struct ServerState {
   std::atomic<bool> draining{false};
   std::atomic<int> inflight{0};  // streams still writing
   std::atomic<std::int64_t> next_id{1};
+  const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
 };
 
 // The scheduler's options from the flags; --max-context past the model's context is refused.
@@ -266,6 +267,11 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   if (!read_body(req, res, reader, state.o.max_body, body)) return;
   if (state.draining) {
     send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
+    return;
+  }
+  // A model file truncated under its mapping would kill the process (SIGBUS): refused instead.
+  if (const std::string changed = state.model ? state.model->file_change() : ""; !changed.empty()) {
+    send_error(res, ServeError{503, "server_error", changed + "; restart the server", "", 0});
     return;
   }
   ParsedRequest p;
@@ -428,6 +434,7 @@ int run_server(const ServeOptions& o) {
   }
   ServerState state{o, method, so.max_context,
                     std::filesystem::path(model.path()).filename().string(), sched};
+  state.model = &model;
   std::fprintf(stderr,
                "veloxquant serve: %s (%lld layers, context %lld), template %s, method %s: a "
                "session reserves %lld bytes; --kv-memory %lld holds %lld\n",

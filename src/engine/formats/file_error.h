@@ -4,12 +4,16 @@
 #include <cstdint>
 #include <string>
 
+#include "base/validate.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
 
+// The path is shown as a printable excerpt (control, bidi and other non-ASCII bytes escaped:
+// base/validate.h), so a shard or file name cannot rewrite the terminal; Error::path() keeps it
+// exact.
 [[noreturn]] inline void file_error(const std::string& path, const std::string& what) {
-  throw Error(ErrorCode::kFileError, "'" + path + "': " + what, path);
+  throw Error(ErrorCode::kFileError, "'" + validate::excerpt(path, 300) + "': " + what, path);
 }
 
 // Limits that keep every size computation far from int64 overflow and reject garbage headers.

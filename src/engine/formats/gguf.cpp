@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "base/input_file.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/formats/file_error.h"
 
@@ -177,6 +178,9 @@ class GgufParser {
       std::string key = str("the key of " + where);
       // Keys and names come from the file: printed escaped (control bytes, NUL) and cut short.
       const std::string shown = text_excerpt(key, 80);
+      // A pair in memory: the key twice (the list and the index), the value, a map node.
+      charge(2 * string_bytes(key.size()) + sizeof(std::pair<std::string, GgufValue>) + 64,
+             "metadata pair '" + shown + "'");
       const std::uint32_t type = u32("the value type of '" + shown + "'");
       GgufValue v = value(type, "'" + shown + "'", 0);
       if (g.kv_index_.count(key)) fail("duplicate metadata key '" + shown + "'");
@@ -196,6 +200,10 @@ class GgufParser {
     for (std::uint64_t k = 0; k < n_tensors; ++k) {
       GgufTensor t;
       t.name = str("the name of tensor " + std::to_string(k));
+      // A tensor info in memory: the info, its name twice (the list and the index), a map node
+      // and up to 4 dimensions.
+      charge(sizeof(GgufTensor) + 2 * string_bytes(t.name.size()) + 64 + 4 * 8,
+             "tensor " + std::to_string(k));
       const std::string tn = "tensor '" + text_excerpt(t.name, 80) + "'";
       const std::uint32_t n_dims = u32("the dimension count of " + tn);
       if (n_dims < 1 || n_dims > 4) {
@@ -274,6 +282,26 @@ class GgufParser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const { file_error(name_, what); }
+
+  // The memory a parsed std::string of `len` bytes takes (its object, and a heap block beyond
+  // the small-string buffer).
+  static std::uint64_t string_bytes(std::uint64_t len) {
+    return sizeof(std::string) + (len > 15 ? len + 1 : 0);
+  }
+  // Counts `bytes` the parsed header will hold in memory before they are allocated, and
+  // refuses a header that would take more than input_memory_limit() (base/input_file.h: 256 MiB,
+  // or less under --max-memory): 50 MB of arrays of empty strings or nested arrays would
+  // otherwise become gigabytes of objects.
+  void charge(std::uint64_t bytes, const std::string& what) {
+    held_ += bytes;
+    if (held_ > limit_) {
+      fail("the metadata and tensor directory would take more than " +
+           std::to_string(limit_ >> 20) + " MiB in memory (" + std::to_string(limit_) +
+           " bytes; reached at " + what + ", offset " + std::to_string(at_) +
+           "): refused before allocating (a header that amplifies; the limit is the smaller "
+           "of 256 MiB and --max-memory)");
+    }
+  }
 
   static std::string printable(const std::uint8_t* p, std::size_t n) {
     std::string out;
@@ -394,9 +422,13 @@ class GgufParser {
         v.i = b;
         break;
       }
-      case GgufType::kString:
+      case GgufType::kString: {
+        // Charged only when the bytes are there (else str() reports the bad length).
+        const std::uint64_t len = peek_u64();
+        if (len > 15 && size_ - at_ >= 8 && len <= size_ - at_ - 8) charge(len + 1, what);
         v.s = str(what);
         break;
+      }
       case GgufType::kArray: {
         if (depth >= 4) fail(what + " nests arrays more than 4 deep");
         const std::uint32_t elem = u32("the element type of " + what);
@@ -412,8 +444,35 @@ class GgufParser {
                " bytes left)");
         }
         const auto n = static_cast<std::size_t>(count);
+        // The slots, charged and reserved before any element is read.
+        const std::uint64_t slot = v.elem == GgufType::kString  ? sizeof(std::string)
+                                   : v.elem == GgufType::kArray ? sizeof(GgufValue)
+                                                                : 8;
+        if (count > 0) charge(count * slot, what);
+        if (v.elem == GgufType::kString) {
+          v.strings.reserve(n);
+        } else if (v.elem == GgufType::kArray) {
+          v.items.reserve(n);
+        } else if (v.elem == GgufType::kF32 || v.elem == GgufType::kF64) {
+          v.floats.reserve(n);
+        } else {
+          v.ints.reserve(n);
+        }
+        // An element's description is written only when it is wrong: building "element k of
+        // ..." for each of millions of elements took seconds.
+        const std::string elem_what = "an element of " + what;
         for (std::size_t k = 0; k < n; ++k) {
-          GgufValue e = value(elem, "element " + std::to_string(k) + " of " + what, depth + 1);
+          GgufValue e;
+          try {
+            e = value(elem, elem_what, depth + 1);
+          } catch (const Error& err) {
+            std::string msg = err.what();
+            const std::size_t at = msg.find(elem_what);
+            if (at != std::string::npos) {
+              msg.replace(at, elem_what.size(), "element " + std::to_string(k) + " of " + what);
+            }
+            throw Error(err.code(), msg, err.path());
+          }
           if (v.elem == GgufType::kString) {
             v.strings.push_back(std::move(e.s));
           } else if (v.elem == GgufType::kArray) {
@@ -430,10 +489,20 @@ class GgufParser {
     return v;
   }
 
+  // The next uint64 without consuming it (0 when fewer than 8 bytes are left: str() reports).
+  std::uint64_t peek_u64() const {
+    if (size_ - at_ < 8) return 0;
+    std::uint64_t v;
+    std::memcpy(&v, p_ + at_, 8);
+    return v;
+  }
+
   const std::uint8_t* p_;
   std::size_t size_;
   std::size_t at_ = 0;
   std::string name_;
+  std::uint64_t held_ = 0;                       // bytes charged so far
+  std::uint64_t limit_ = input_memory_limit();  // base/input_file.h
 };
 
 GgufFile::GgufFile(GgufFile&&) noexcept = default;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/input_file.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -165,7 +166,8 @@ std::vector<std::uint8_t> GgufWriter::serialize() const {
   return std::vector<std::uint8_t>(s.begin(), s.end());
 }
 
-void GgufWriter::write(const std::string& path) const {
+void GgufWriter::write(const std::string& path,
+                       const std::function<void(const std::string&)>& verify) const {
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -181,6 +183,13 @@ void GgufWriter::write(const std::string& path) const {
       throw Error(ErrorCode::kIoError, "'" + path + "': writing " + tmp + " failed (disk full?)",
                   path);
     }
+  }
+  try {
+    if (verify) verify(tmp);
+    check_not_an_input("", path);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

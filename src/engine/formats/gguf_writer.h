@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -28,8 +29,13 @@ class GgufWriter {
   void write_to(std::ostream& out) const;
   std::vector<std::uint8_t> serialize() const;
   // Writes `path` atomically: a temporary file next to it, renamed over `path` when complete.
-  // Throws Error(kIoError) naming the path on failure (no partial file is left).
-  void write(const std::string& path) const;
+  // Throws Error(kIoError) naming the path on failure (no partial file is left). `verify`, when
+  // set, is called with the complete temporary file's path before the rename (convert loads it
+  // back with the model loader); whatever it throws is rethrown after the temporary file is
+  // removed, and `path` is left as it was. An output that is an input of this process (same
+  // file: base/input_file.h) is refused the same way, before the rename.
+  void write(const std::string& path,
+             const std::function<void(const std::string& temporary)>& verify = {}) const;
 
   std::size_t tensor_count() const noexcept { return tensors_.size(); }
 

@@ -7,73 +7,56 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
-#include <vector>
 
+#include "base/input_file.h"
+#include "engine/formats/file_error.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
 
-namespace {
-[[noreturn]] void file_error(const std::string& path, const std::string& what) {
-  throw Error(ErrorCode::kFileError, "'" + path + "': " + what, path);
-}
-}  // namespace
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) file_error(path_, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    file_error(path_, std::string("cannot stat: ") + std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    file_error(path_,
-               S_ISDIR(st.st_mode) ? "is a directory, expected a file" : "is not a regular file");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  // Non-blocking open and a regular-file check before anything is read (base/input_file.h).
+  InputFile in = InputFile::open(path_);
+  size_ = static_cast<std::size_t>(in.size());
+  mtime_ns_ = in.mtime_ns();
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      file_error(path_, std::string("cannot memory-map: ") + std::strerror(e));
-    }
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, in.fd(), 0);
+    if (p == MAP_FAILED) file_error(path_, std::string("cannot memory-map: ") + std::strerror(errno));
     data_ = static_cast<const std::uint8_t*>(p);
   }
-  ::close(fd);  // the mapping stays valid
+  fd_ = in.release();  // kept to notice a file that changes under the mapping (check_unchanged)
+}
+
+std::string MappedFile::change() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size != size_) {
+    return "its size changed from " + std::to_string(size_) + " to " + std::to_string(size) +
+           " bytes since it was loaded";
+  }
+  const std::int64_t mtime =
+      static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (mtime != mtime_ns_) return "it was modified since it was loaded";
+  return {};
+}
+
+void MappedFile::check_unchanged() const {
+  const std::string what = change();
+  if (!what.empty()) {
+    file_error(path_, what + "; a mapped model file must not change while it is in use "
+                             "(restart to load the new file)");
+  }
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string read_text_file(const std::string& path, std::size_t max_bytes) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    file_error(path, "is a directory, expected a file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) file_error(path, std::string("cannot open: ") + std::strerror(errno));
-  auto too_big = [&] {
-    file_error(path, "is larger than the " + std::to_string(max_bytes >> 20) +
-                         " MiB limit for text files (" + std::to_string(max_bytes) + " bytes)");
-  };
-  if (S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > max_bytes) too_big();
-  std::string out;
-  std::vector<char> buf(std::size_t{1} << 16);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
-    if (got > max_bytes - out.size()) too_big();
-    out.append(buf.data(), got);
-  }
-  if (in.bad()) file_error(path, "read failed");
-  return out;
+  return read_all(InputFile::open(path), max_bytes);
 }
 
 }  // namespace vq::engine

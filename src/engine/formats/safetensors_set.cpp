@@ -137,6 +137,13 @@ const SafeTensor* SafetensorsSet::find(const std::string& name) const {
   return it == where_.end() ? nullptr : files_[it->second]->find(name);
 }
 
+std::vector<std::string> SafetensorsSet::tensor_names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& [name, i] : where_) out.push_back(name);
+  return out;
+}
+
 const SafetensorsFile& SafetensorsSet::file_of(const SafeTensor& t) const {
   return *files_[where_.at(t.name)];
 }

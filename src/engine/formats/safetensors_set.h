@@ -51,6 +51,8 @@ class SafetensorsSet {
   std::size_t n_files() const noexcept { return files_.size(); }
   // nullptr when absent.
   const SafeTensor* find(const std::string& name) const;
+  // Every tensor name, sorted.
+  std::vector<std::string> tensor_names() const;
   // The file that holds `t` (a tensor find() returned): for its path() and data().
   const SafetensorsFile& file_of(const SafeTensor& t) const;
   // The "__metadata__" value for `key` (nullptr when absent). Sharded: the value every shard

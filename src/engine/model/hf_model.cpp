@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "engine/formats/json_limits.h"
@@ -154,14 +155,14 @@ class TensorLoader {
 
   void check(const SafeTensor* t, const std::vector<std::int64_t>& shape) const {
     if (t->shape != shape) {
-      file_error(st_.file_of(*t).path(), "tensor '" + t->name + "' has shape " +
+      file_error(st_.file_of(*t).path(), "tensor '" + text_excerpt(t->name, 120) + "' has shape " +
                                              shape_text(t->shape) + ", expected " +
                                              shape_text(shape) + " from config.json");
     }
   }
   [[noreturn]] void unsupported(const SafeTensor* t) const {
     file_error(st_.file_of(*t).path(),
-               "tensor '" + t->name + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
+               "tensor '" + text_excerpt(t->name, 120) + "' has dtype " + t->dtype + "; supported: F32, F16, BF16");
   }
   std::map<std::string, bool> dtypes_;
 };
@@ -220,6 +221,14 @@ void read_rope_scaling(const std::string& path, const json& cj, ModelConfig& c) 
     if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0)) {
       file_error(path, where + " '" + key + "' must be a finite number > 0, found " +
                            json_excerpt(v));
+    }
+    // RoPE factors are used and stored as float32: 1e39 overflows, 1e-46 becomes 0.
+    const auto as_float = static_cast<float>(v.get<double>());
+    const auto inverse = static_cast<float>(1.0 / v.get<double>());
+    if (!std::isfinite(as_float) || !(as_float > 0) || !std::isfinite(inverse) || !(inverse > 0)) {
+      file_error(path, where + " '" + key + "' " + json_excerpt(v) +
+                           " is outside float32's range as a factor (it or its reciprocal "
+                           "becomes 0 or inf), the precision RoPE factors are used in");
     }
     return v.get<double>();
   };
@@ -341,8 +350,18 @@ HfFlags read_hf_config(const std::string& config_path, ModelConfig& c) {
   if (!(eps > 0 && eps < 1))
     file_error(config_path,
                "'rms_norm_eps' must be in (0, 1), found " + json_excerpt(cj["rms_norm_eps"]));
+  // Both are used (and written by convert) as float32: a value that rounds to 0 or overflows
+  // there is refused by name, not turned into NaN outputs.
+  if (!(static_cast<float>(eps) > 0))
+    file_error(config_path, "'rms_norm_eps' " + json_excerpt(cj["rms_norm_eps"]) +
+                                " becomes 0 as float32, the precision it is used in (the "
+                                "smallest positive float32 is 1.4e-45)");
   if (!(theta > 1))
     file_error(config_path, "'rope_theta' must be > 1, found " + json_excerpt(cj["rope_theta"]));
+  if (!std::isfinite(static_cast<float>(theta)))
+    file_error(config_path, "'rope_theta' " + json_excerpt(cj["rope_theta"]) +
+                                " is beyond float32's range (3.4e38), the precision it is used "
+                                "and stored in");
   c.norm_eps = static_cast<float>(eps);
   c.rope_theta = theta;
   c.rope = RopeStyle::kRotateHalf;
@@ -366,16 +385,36 @@ HfFlags read_hf_config(const std::string& config_path, ModelConfig& c) {
 
 // Tensors by name in a checkpoint: tied tensors are stored once, and __metadata__ maps the
 // missing name to the stored one.
+// Every tensor found is recorded, so the checkpoint's other tensors can be refused by name
+// (check_all_used), as the GGUF loader refuses tensors it does not read.
 class TensorNames {
  public:
   explicit TensorNames(const SafetensorsSet& st) : st_(st) {}
   const SafeTensor* find(const std::string& name) const {
-    if (const SafeTensor* t = st_.find(name)) return t;
+    if (const SafeTensor* t = st_.find(name)) return used(t);
     if (const std::string* alias = st_.metadata(name)) {
-      if (const SafeTensor* t = st_.find(*alias)) return t;
+      if (const SafeTensor* t = st_.find(*alias)) return used(t);
     }
     return nullptr;
   }
+  // A tensor the model does not read (a third layer with two declared, a q bias with
+  // attention_bias false, a misspelt name) would be ignored silently, and `convert` would drop
+  // it: refused, naming the tensor and its file. Known harmless extras are tolerated: the RoPE
+  // frequency table some exports keep (model.layers.N.self_attn.rotary_emb.inv_freq; RoPE is
+  // computed from config.json).
+  void check_all_used() const {
+    for (const std::string& name : st_.tensor_names()) {
+      if (used_.count(name) != 0 || name.ends_with(".rotary_emb.inv_freq")) continue;
+      const SafeTensor* t = st_.find(name);
+      file_error(st_.file_of(*t).path(),
+                 "holds tensor '" + text_excerpt(name, 120) +
+                     "', which this model does not use (config.json declares " +
+                     std::to_string(n_layers_) +
+                     " layer(s); a tensor of another layer, a bias the configuration does not "
+                     "enable or a misspelt name is refused rather than ignored)");
+    }
+  }
+  void set_layers(std::int64_t n) { n_layers_ = n; }
   const SafeTensor* need(const std::string& name) const {
     const SafeTensor* t = find(name);
     if (t == nullptr) file_error(st_.path(), "missing tensor '" + name + "'");
@@ -383,7 +422,13 @@ class TensorNames {
   }
 
  private:
+  const SafeTensor* used(const SafeTensor* t) const {
+    used_.insert(t->name);
+    return t;
+  }
   const SafetensorsSet& st_;
+  mutable std::set<std::string> used_;
+  std::int64_t n_layers_ = 0;
 };
 
 // One layer's tensors ('model.layers.N.'), with Qwen2's q/k/v biases.
@@ -424,7 +469,8 @@ Model Model::load_hf(const std::string& path) {
   // model.safetensors, or the shards an index names
   SafetensorsSet stf = open_weights(path, is_dir, dir_s);
   TensorLoader load(stf, b);
-  const TensorNames names(stf);
+  TensorNames names(stf);
+  names.set_layers(c.n_layers);
   Weights& w = b.weights();
   const SafeTensor* embed = names.need("model.embed_tokens.weight");
   w.token_embedding = load.matrix(embed, c.vocab_size, c.dim);
@@ -443,6 +489,7 @@ Model Model::load_hf(const std::string& path) {
   }
   w.classifier = load.matrix(head, c.vocab_size, c.dim);
   c.tied_classifier = head == embed;
+  names.check_all_used();
   c.weights_dtype = load.dtype_summary();
 
   b.set_paths(stf.path(), dir_s);

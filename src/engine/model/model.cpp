@@ -2,11 +2,13 @@
 #include "engine/model/model.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include "base/input_file.h"
 #include "engine/model/model_builder.h"
 #include "engine/model/weights_check.h"
 
@@ -85,16 +87,28 @@ std::string header_field(const char* field) { return std::string("header field "
 // llama2.c "version 1/2" exports start with this magic ("ak42" little-endian).
 constexpr std::int32_t kLlama2cMagic = 0x616b3432;
 
+// Opened like every input (base/input_file.h): a FIFO is refused here, never waited on.
 bool has_gguf_magic(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;  // the loader names the missing file
+  const InputFile f = InputFile::open(path);
   char magic[4] = {};
-  const bool yes = std::fread(magic, 1, 4, f) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-  std::fclose(f);
-  return yes;
+  return ::pread(f.fd(), magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 }  // namespace
+
+std::string Model::file_change() const {
+  for (const auto& f : files_) {
+    if (f == nullptr) continue;
+    try {
+      f->check_unchanged();
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  return {};
+}
 
 Model Model::load(const std::string& path) {
   struct stat st {};
@@ -103,6 +117,7 @@ Model Model::load(const std::string& path) {
                 ? load_hf(path)
                 : (ends_with(path, ".gguf") || has_gguf_magic(path)) ? load_gguf(path)
                                                                      : load_llama2c(path);
+  check_float32_settings(m);  // rope_theta 1e39, rms_norm_eps 1e-46: named, as float32
   check_finite_weights(m);  // a corrupt checkpoint is reported here, naming the tensor
   return m;
 }

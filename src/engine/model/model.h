@@ -113,6 +113,12 @@ class Model {
   // Bytes of weight matrices a forward step reads per token: every layer matrix and the
   // classifier (the embedding contributes one row; counted once when tied).
   std::int64_t matrix_bytes() const noexcept;
+  // The weights are read in place from memory-mapped files; a file truncated under its mapping
+  // would kill the process with SIGBUS. A long-running user (the server, per request) asks
+  // first: "" when every mapped file still has the size and modification time it had at load,
+  // else "'<file>': its size changed from A to B bytes since it was loaded; ..." (the first
+  // changed file; formats/mapped_file.h MappedFile::check_unchanged).
+  std::string file_change() const;
 
  private:
   Model();

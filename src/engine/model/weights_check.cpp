@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
+#include "engine/formats/json_limits.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -71,6 +73,17 @@ void check_finite_weights(const Model& model) {
     tensors.push_back({p + name("self_attn.q_proj.weight", "attn_q.weight", "wq"), nullptr, 0, &l.wq});
     tensors.push_back({p + name("self_attn.k_proj.weight", "attn_k.weight", "wk"), nullptr, 0, &l.wk});
     tensors.push_back({p + name("self_attn.v_proj.weight", "attn_v.weight", "wv"), nullptr, 0, &l.wv});
+    // Biases (Qwen2): checked like the weights, so a NaN is named here rather than found later
+    // as a non-finite logit with no tensor named.
+    if (l.bq != nullptr) {
+      tensors.push_back({p + name("self_attn.q_proj.bias", "attn_q.bias", "bq"), l.bq, c.q_dim(), nullptr});
+    }
+    if (l.bk != nullptr) {
+      tensors.push_back({p + name("self_attn.k_proj.bias", "attn_k.bias", "bk"), l.bk, c.kv_dim(), nullptr});
+    }
+    if (l.bv != nullptr) {
+      tensors.push_back({p + name("self_attn.v_proj.bias", "attn_v.bias", "bv"), l.bv, c.kv_dim(), nullptr});
+    }
     tensors.push_back(
         {p + name("self_attn.o_proj.weight", "attn_output.weight", "wo"), nullptr, 0, &l.wo});
     tensors.push_back({p + name("post_attention_layernorm.weight", "ffn_norm.weight", "rms_ffn"),
@@ -88,11 +101,17 @@ void check_finite_weights(const Model& model) {
   }
   auto fail = [&](const std::string& tensor, float v, std::int64_t at, std::int64_t n) {
     throw Error(ErrorCode::kFileError,
-                "'" + model.path() + "': weight tensor '" + tensor + "' holds " + value_text(v) +
+                "'" + text_excerpt(model.path(), 200) + "': weight tensor '" + text_excerpt(tensor, 120) + "' holds " + value_text(v) +
                     " at element " + std::to_string(at) + " of " + std::to_string(n) +
                     " (a corrupt checkpoint; weights must be finite)",
                 model.path());
   };
+  if (!c.rope_freq_factors.empty()) {
+    tensors.push_back({name("rope_scaling (as per-frequency factors)", "rope_freqs.weight",
+                            "rope_freqs"),
+                       c.rope_freq_factors.data(),
+                       static_cast<std::int64_t>(c.rope_freq_factors.size()), nullptr});
+  }
   std::vector<float> row;
   for (const Tensor& t : tensors) {
     if (t.vec != nullptr) {
@@ -113,6 +132,53 @@ void check_finite_weights(const Model& model) {
       dequantize_row(m, r, row.data());
       const std::int64_t i = first_non_finite(row.data(), m.cols);
       if (i >= 0) fail(t.name, row[static_cast<std::size_t>(i)], r * m.cols + i, m.rows * m.cols);
+    }
+  }
+}
+
+void check_float32_settings(const Model& model) {
+  const ModelConfig& c = model.config();
+  auto fail = [&](const std::string& setting, const std::string& problem) {
+    throw Error(ErrorCode::kFileError,
+                "'" + text_excerpt(model.path(), 200) + "': " + setting + " " + problem +
+                    " as float32, the precision it is used in (the outputs would be NaN or "
+                    "meaningless)",
+                model.path());
+  };
+  auto shown = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return std::string(buf);
+  };
+  // The RMSNorm epsilon is added in float32: 0 (an underflow) lets an all-zero row divide by 0.
+  if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0.0f)) {
+    fail("the RMSNorm epsilon (rms_norm_eps / layer_norm_rms_epsilon)",
+         "is " + shown(c.norm_eps) + ", expected a finite value > 0");
+  }
+  // The RoPE base is raised to powers in float32 (interleaved RoPE) and written as float32 to
+  // GGUF: beyond float32's range it is infinite.
+  const auto theta32 = static_cast<float>(c.rope_theta);
+  if (!(std::isfinite(theta32) && theta32 > 1.0f)) {
+    fail("the RoPE base (rope_theta / rope.freq_base) " + shown(c.rope_theta),
+         "becomes " + shown(theta32) + ", expected a finite value > 1");
+  }
+  // Linear RoPE scaling divides every frequency by its factor; both it and 1 / factor must be
+  // finite and non-zero in float32 (GGUF stores the factor as float32).
+  const auto scale32 = static_cast<float>(c.rope_freq_scale);
+  const auto factor32 = static_cast<float>(1.0 / c.rope_freq_scale);
+  if (!(std::isfinite(scale32) && scale32 > 0.0f && std::isfinite(factor32) && factor32 > 0.0f)) {
+    fail("the linear RoPE scaling factor " + shown(1.0 / c.rope_freq_scale),
+         "becomes " + shown(factor32) + " (its reciprocal " + shown(scale32) +
+             "), expected finite values > 0");
+  }
+  for (std::size_t i = 0; i < c.rope_freq_factors.size(); ++i) {
+    const float f = c.rope_freq_factors[i];
+    const double mul = c.rope_freq_scale / static_cast<double>(f);
+    if (!(std::isfinite(f) && f > 0.0f && std::isfinite(mul) && mul > 0)) {
+      fail("RoPE frequency factor " + std::to_string(i) + " of " +
+               std::to_string(c.rope_freq_factors.size()) +
+               " (rope_scaling / rope_freqs.weight)",
+           "is " + shown(f) + ", expected a finite value > 0");
     }
   }
 }

@@ -6,6 +6,7 @@
 
 #include "engine/formats/gguf.h"
 #include "engine/formats/json_limits.h"
+#include "engine/formats/mapped_file.h"
 #include "veloxquant/errors.h"
 
 namespace vq::engine {
@@ -61,11 +62,12 @@ std::string model_chat_template(const std::string& model_path, const std::string
   }
   if (format != "hf") return {};
   const std::filesystem::path p = std::filesystem::path(model_dir) / "tokenizer_config.json";
-  std::ifstream in(p);
-  if (!in) return {};
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return {};
+  const std::string text = read_text_file(p.string());  // a FIFO is refused, not waited on
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kFileError, p.string() + ": not valid JSON (" + e.what() + ")");
   }

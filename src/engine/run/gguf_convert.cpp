@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "base/validate.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
 #include "engine/model/model_builder.h"
@@ -389,7 +390,20 @@ ConvertReport convert_to_gguf(const Model& model, const std::string& tokenizer_p
     w.add_tensor("rope_freqs.weight", {c.head_dim / 2}, GgmlType::kF32, c.rope_freq_factors.data());
   }
   if (!c.tied_classifier) matrix("output.weight", f32(wt.classifier).data(), c.vocab_size, dim);
-  w.write(out_path);
+  // The round trip: the written file is loaded with the model loader's own checks before it is
+  // renamed into place, so convert never leaves a GGUF file that veloxquant itself refuses
+  // (a setting that overflows float32, a tensor the loader does not accept).
+  w.write(out_path, [&](const std::string& temporary) {
+    try {
+      const Model back = Model::load(temporary);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kFileError,
+                  "[convert] the GGUF file written for '" + validate::excerpt(out_path, 300) +
+                      "' fails the loader's checks, so it is not written (nothing was replaced): " +
+                      e.what(),
+                  out_path);
+    }
+  });
   report.n_tensors = static_cast<std::int64_t>(w.tensor_count());
   report.file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(out_path));
   return report;

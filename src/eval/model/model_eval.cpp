@@ -11,13 +11,16 @@
 #include <mutex>
 #include <optional>
 
+#include "base/validate.h"
 #include "engine/compute/parallel.h"
+#include "engine/formats/json_limits.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "eval/model/model_eval_internal.h"
 #include "eval/model/ratio_solver.h"
 #include "eval/task_pool.h"
+#include "policies/spec_budget.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -73,22 +76,12 @@ void check_options(const ModelEvalOptions& o) {
   check_window_options(o);
 }
 
-// The token budget a spec writes itself ("h2o:budget=16" or "h2o:h2o_budget=16"), if any.
+// The token budget a spec writes itself ("h2o:budget=16", "h2o:h2o_budget=16",
+// "streaming_llm:budget=16", "streaming_llm:window_size=16"), if any: the shared rule of
+// policies/spec_budget.h, so eval agrees with every other command.
 std::optional<std::int64_t> spec_budget(const std::string& spec, const CacheConfig& c) {
-  if (!has_token_budget(c)) return std::nullopt;
-  const MethodInfo& m = c.info();
-  const std::string& field = m.budget_field;
-  const std::size_t colon = spec.find(':');
-  std::size_t at = colon == std::string::npos ? spec.size() : colon + 1;
-  while (at < spec.size()) {
-    const std::size_t comma = std::min(spec.find(',', at), spec.size());
-    const std::string key = spec.substr(at, spec.find('=', at) < comma ? spec.find('=', at) - at
-                                                                       : comma - at);
-    if (key == field || (!m.prefix.empty() && m.prefix + "_" + key == field))
-      return token_budget(c);
-    at = comma + 1;
-  }
-  return std::nullopt;
+  if (!has_token_budget(c) || !spec_writes_budget(spec)) return std::nullopt;
+  return token_budget(c);
 }
 
 // Method specs parsed; a budget written in a spec pins that method's budget (see
@@ -223,36 +216,82 @@ std::vector<std::vector<std::int32_t>> load_windows(const ModelEvalOptions& o,
 }
 
 // The configurations a selection file chose per ratio (its best_per_ratio), after checking that
-// it evaluated the same scenario.
+// it evaluated the same scenario. Every key read is type-checked: a wrong type is an error
+// naming the key, the type expected and the value found (never a JSON library exception).
 void read_selection(const ModelEvalOptions& o, ModelEvalResult& res) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(engine::read_text_file(o.select_from));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kFileError,
-                "'" + o.select_from + "': not a JSON result file: " + e.what(), o.select_from);
-  }
+  using nlohmann::json;
+  const std::string& path = o.select_from;
+  const json j = engine::parse_json_limited(engine::read_text_file(path), path, "result file");
   auto refuse = [&](const std::string& why) {
-    throw Error(ErrorCode::kFileError, "--select-from '" + o.select_from + "': " + why,
-                o.select_from);
+    throw Error(ErrorCode::kFileError, "--select-from '" + validate::excerpt(path, 300) + "': " + why,
+                path);
   };
-  if (!j.is_object() || j.value("kind", "") != "eval" || !j.contains("settings") ||
-      !j.contains("best_per_ratio"))
-    refuse("expected an eval result file with best_per_ratio (eval --ratio --windows --json)");
-  const nlohmann::json& s = j["settings"];
-  if (!s.value("windows", nlohmann::json()).is_number())
-    refuse("it was not run with --windows");
-  if (s.value("model", "") != o.model || s.value("tokens", 0) != o.tokens ||
-      s.value("prefill", -1) != o.prefill || s.value("ratios", nlohmann::json()) != o.ratios ||
-      s.value("reference", "") != o.reference) {
+  enum class Want { kString, kObject, kArray, kNumber, kInteger };
+  auto is = [](const json& v, Want w) {
+    switch (w) {
+      case Want::kString: return v.is_string();
+      case Want::kObject: return v.is_object();
+      case Want::kArray: return v.is_array();
+      case Want::kNumber: return v.is_number();
+      case Want::kInteger: return v.is_number_integer();
+    }
+    return false;
+  };
+  auto wanted = [](Want w) {
+    switch (w) {
+      case Want::kString: return "a string";
+      case Want::kObject: return "an object";
+      case Want::kArray: return "an array";
+      case Want::kNumber: return "a number";
+      case Want::kInteger: return "an integer";
+    }
+    return "";
+  };
+  auto found = [](const json& v) {
+    const std::string t = v.type_name();
+    const bool vowel = t[0] == 'a' || t[0] == 'o';
+    return std::string(vowel ? "an " : "a ") + t + " (" + engine::json_excerpt(v) + ")";
+  };
+  // The value at `key` of `obj` (named `where` in messages), or nullptr when absent or null.
+  auto get = [&](const json& obj, const std::string& where, const std::string& key,
+                 Want w) -> const json* {
+    const auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return nullptr;
+    if (!is(*it, w)) {
+      refuse("key '" + where + key + "' must be " + wanted(w) + ", found " + found(*it));
+    }
+    return &*it;
+  };
+  const std::string expected =
+      "expected an eval result file with best_per_ratio (eval --ratio --windows --json)";
+  if (!j.is_object()) refuse(expected + ", found " + found(j));
+  const json* kind = get(j, "", "kind", Want::kString);
+  const json* settings = get(j, "", "settings", Want::kObject);
+  const json* best = get(j, "", "best_per_ratio", Want::kArray);
+  if (kind == nullptr || *kind != "eval" || settings == nullptr || best == nullptr) refuse(expected);
+  const json& st = *settings;
+  if (get(st, "settings.", "windows", Want::kNumber) == nullptr) refuse("it was not run with --windows");
+  const json* model = get(st, "settings.", "model", Want::kString);
+  const json* tokens = get(st, "settings.", "tokens", Want::kInteger);
+  const json* prefill = get(st, "settings.", "prefill", Want::kInteger);
+  const json* ratios = get(st, "settings.", "ratios", Want::kArray);
+  const json* reference = get(st, "settings.", "reference", Want::kString);
+  if (model == nullptr || *model != o.model || tokens == nullptr || *tokens != o.tokens ||
+      prefill == nullptr || *prefill != o.prefill || ratios == nullptr || *ratios != o.ratios ||
+      reference == nullptr || *reference != o.reference) {
     refuse("it evaluated another scenario (model, --tokens, --prefill, --ratio and --reference "
            "must match this run's)");
   }
-  res.selected_text = s.value("text", "");
-  for (const auto& e : j["best_per_ratio"]) {
-    res.selected.push_back({e.value("ratio", 0.0), e.value("series", nlohmann::json()).is_string()
-                                                       ? e["series"].get<std::string>()
-                                                       : std::string()});
+  const json* text = get(st, "settings.", "text", Want::kString);
+  res.selected_text = text == nullptr ? std::string() : text->get<std::string>();
+  for (std::size_t i = 0; i < best->size(); ++i) {
+    const json& e = (*best)[i];
+    const std::string where = "best_per_ratio[" + std::to_string(i) + "]";
+    if (!e.is_object()) refuse("key '" + where + "' must be an object, found " + found(e));
+    const json* ratio = get(e, where + ".", "ratio", Want::kNumber);
+    const json* series = get(e, where + ".", "series", Want::kString);
+    res.selected.push_back({ratio == nullptr ? 0.0 : ratio->get<double>(),
+                            series == nullptr ? std::string() : series->get<std::string>()});
   }
 }
 

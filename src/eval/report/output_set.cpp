@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/input_file.h"
 #include "veloxquant/errors.h"
 
 namespace vq::eval {
@@ -102,6 +103,7 @@ void OutputSet::declare(const std::string& flag, const std::string& path) {
     throw Error(ErrorCode::kInvalidState, "[outputs] " + flag + " declared twice");
   }
   check_output_path(flag, path);
+  check_not_an_input(flag, path);  // the inputs named so far (base/input_file.h)
   std::error_code ec;
   fs::path key = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec) key = fs::absolute(path);
@@ -161,6 +163,7 @@ void OutputSet::commit() {
       // The directory may have changed since declare(): check again, then create what is
       // missing, recording it so a failure removes it.
       check_output_path(o.flag, o.path);
+      check_not_an_input(o.flag, o.path);  // every input the run read, found by the loaders
       std::vector<fs::path> missing;
       existing_ancestor(fs::path(o.path), &missing);
       for (const fs::path& d : missing) {

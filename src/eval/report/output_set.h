@@ -15,7 +15,10 @@
 //    empty path; a path another declared output names (after resolving "." / ".." / symlinked
 //    directories); a target that exists and is not a regular file (directory, device such as
 //    /dev/null, FIFO, socket) or is a symbolic link; a path whose nearest existing ancestor is
-//    not a writable directory. It creates nothing.
+//    not a writable directory; a path that is an input of this run (base/input_file.h: the
+//    same file as the model, a shard, the tokenizer, the text or a selection file, by path or
+//    by device and inode), checked again in commit() once the run has read every input. It
+//    creates nothing.
 //  - commit() creates the missing parent directories, writes each output to a new temporary
 //    file (mkstemp, mode 0666 & ~umask) in its target's directory, flushes it to disk, checks
 //    every target again (still absent or a regular file), then renames each temporary over its

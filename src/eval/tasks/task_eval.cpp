@@ -24,6 +24,7 @@
 #include "eval/model/model_eval_internal.h"
 #include "eval/model/ratio_solver.h"
 #include "eval/task_pool.h"
+#include "policies/spec_budget.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
@@ -96,14 +97,41 @@ std::vector<TaskSetting> plan_settings(const TaskEvalOptions& o, const CacheConf
   const std::size_t L = rows.size();
   out.push_back(make_setting(short_spec(reference, false), true, 0, 0, reference, L, n_lengths));
   std::vector<CacheConfig> methods;
+  std::vector<std::string> specs;  // as given ("" for the registered methods' defaults)
   if (o.methods.empty()) {
-    for (const auto& id : method_ids()) methods.emplace_back(id);
+    for (const auto& id : method_ids()) {
+      methods.emplace_back(id);
+      specs.emplace_back();
+    }
   }
-  for (const auto& s : o.methods) methods.push_back(CacheConfig::parse(s));
+  for (const auto& s : o.methods) {
+    methods.push_back(CacheConfig::parse(s));
+    specs.push_back(s);
+  }
   const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim};
-  for (const CacheConfig& m : methods) {
+  for (std::size_t k_m = 0; k_m < methods.size(); ++k_m) {
+    const CacheConfig& m = methods[k_m];
     if (m == reference) continue;
     const std::string series = short_spec(m, true);
+    // A budget written in the spec pins the method's budget (policies/spec_budget.h): it runs
+    // once at that budget, never silently at the default ratios or budgets.
+    if (!specs[k_m].empty() && spec_writes_budget(specs[k_m])) {
+      const std::int64_t b = token_budget(m);
+      if (o.ratios_given) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("--method '{}' writes its budget ({}) and --ratio sets every "
+                                "method's budget: leave the budget out of the spec, or drop --ratio",
+                                specs[k_m], b));
+      }
+      if (!o.budgets.empty() && o.budgets != std::vector<std::int64_t>{b}) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("--method '{}' writes budget {} but --budget asks for other "
+                                "budgets: give the budget in one place",
+                                specs[k_m], b));
+      }
+      out.push_back(make_setting(series, false, b, 0, m, L, n_lengths));
+      continue;
+    }
     if (!o.ratios.empty()) {
       for (const double r : o.ratios) {
         TaskSetting s = make_setting(series, false, 0, r, m, L, n_lengths);

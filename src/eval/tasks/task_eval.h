@@ -36,6 +36,7 @@ struct TaskEvalOptions {
   std::vector<std::string> methods;   // specs; empty = every registered method
   std::vector<std::int64_t> budgets;  // budget mode (methods with a token budget)
   std::vector<double> ratios;         // equal-memory mode; used when budgets is empty
+  bool ratios_given = false;          // the user gave the ratios (not the CLI's default)
   std::string reference = "full";
   std::int64_t bootstrap_samples = 10000;
   std::uint64_t bootstrap_seed = 0;
