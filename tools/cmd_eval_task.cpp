@@ -46,7 +46,7 @@ void add_task_options(CLI::App& cmd, TaskCliOptions& o) {
                  "--ratio 4,8,16 unless --ratio or --budget says otherwise");
   cmd.add_option("--lengths", o.lengths,
                  "With --task: comma-separated prompt lengths in tokens (default: L/4, L/2, L with "
-                 "L = min(the model's context, 4096))");
+                 "L = min(the model's context - 128, 4096): room for the answer)");
   cmd.add_option("--depths", o.depths,
                  "With --task: comma-separated needle depths in percent, 0 (first) to 100 (last), "
                  "for the niah_* tasks")

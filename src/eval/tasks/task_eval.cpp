@@ -344,7 +344,13 @@ void check_lengths(const std::vector<std::int64_t>& lengths, const engine::Model
 }  // namespace
 
 std::vector<std::int64_t> default_lengths(std::int64_t seq_len) {
-  const std::int64_t l = std::min<std::int64_t>(seq_len, 4096);
+  // RULER's rule: the prompt leaves room for the answer (niah's tokens_to_generate, 128, the
+  // most any task asks for), so a prompt of the full length L can be answered. A context of
+  // 256 or less has no such room; L is then the context.
+  constexpr std::int64_t kAnswerRoom = 128;
+  const std::int64_t l = seq_len > 2 * kAnswerRoom
+                             ? std::min<std::int64_t>(seq_len - kAnswerRoom, 4096)
+                             : seq_len;
   return {l / 4, l / 2, l};
 }
 
