@@ -3,7 +3,8 @@
 #   OUT=/path/to/folder scripts/train/train_cpu.sh [extra train_task_model.py flags]
 # Environment: OUT (required), PYTHON (default /usr/bin/python3: Debian's python3-torch; install
 # libopenblas0-pthread too, or PyTorch runs on the reference BLAS, about 4x slower),
-# TIME_BUDGET (training seconds, default 2700), SEED (default 1).
+# TIME_BUDGET (training seconds, default 2700), SEED (default 1), CURRICULUM (the --stages file,
+# default scripts/train/curriculum_cpu.json).
 # Trains a 0.85M-parameter Llama (dim 128, 4 layers, 2 query heads of 64, 1 KV head, context
 # 1152) through the curriculum in scripts/train/curriculum_cpu.json: copy rows only (random
 # segments written twice) at 256 tokens until their loss falls under 1 nat (the induction heads
@@ -24,7 +25,7 @@ PY=${PYTHON:-/usr/bin/python3}
   echo "[train_cpu] $(date -u +%FT%TZ) $(uname -n), $(nproc) cores, $($PY --version 2>&1)"
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} $PY -u scripts/train/train_task_model.py \
     --out "$OUT" --device cpu --time-budget "${TIME_BUDGET:-2700}" --workers 1 \
-    --seed "${SEED:-1}" --stages @scripts/train/curriculum_cpu.json \
+    --seed "${SEED:-1}" --stages "@${CURRICULUM:-scripts/train/curriculum_cpu.json}" \
     --lengths 512,1024 --length-weights 1,2 --min-length 200 \
     --dim 128 --hidden-dim 384 --n-heads 2 --n-kv-heads 1 --n-layers 4 --lr 3e-3 \
     --eval-lengths 512,1024 --eval-samples 20 --eval-batch 10 --log-every 20 "$@"

@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import tasklib as T  # noqa: E402
-from model import Config, Llama, export_llama2c, HAS_SDPA  # noqa: E402
+from model import Config, Llama, export_llama2c, load_llama2c, HAS_SDPA  # noqa: E402
 
 TASK_WEIGHTS = {"niah_single": 0.2, "niah_multikey": 0.3, "niah_multivalue": 0.15,
                 "niah_multiquery": 0.15, "vt": 0.2}
@@ -350,6 +350,10 @@ def main():
     ap.add_argument("--copy-fraction", type=float, default=0.0,
                     help="share of rows that are copy rows (random segments written twice, "
                          "the second a target): trains the lookup-and-copy mechanism first")
+    ap.add_argument("--init", default="",
+                    help="start from the weights of a model this script exported (its "
+                         "task_model.bin; dims must match): a run continued in a second, "
+                         "recorded run (the optimizer starts fresh)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--checkpoint-every", type=float, default=120.0)
     ap.add_argument("--eval-samples", type=int, default=20)
@@ -442,7 +446,20 @@ def main():
 
     cfg = Config(args.dim, args.hidden_dim, args.n_layers, args.n_heads, args.n_kv_heads, 512,
                  args.seq_len)
-    model = Llama(cfg).to(device)
+    model = Llama(cfg)
+    if args.init:
+        src = load_llama2c(args.init)
+        got, want = src.c.as_dict(), cfg.as_dict()
+        got.pop("seq_len", None)
+        want.pop("seq_len", None)
+        if got != want:
+            ap.error(f"--init {args.init}: its model is {got}, this run's is {want}")
+        with torch.no_grad():
+            theirs = dict(src.named_parameters())
+            for name, prm in model.named_parameters():
+                prm.copy_(theirs[name])
+        del src
+    model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     fwd = torch.compile(model) if args.compile else model
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
