@@ -8,25 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_util.h"
 #include "veloxquant/veloxquant_c.h"
 
 namespace {
 
-struct Input {
-  const std::uint8_t* p;
-  std::size_t n, at = 0;
-  bool more() const { return at < n; }
-  std::uint8_t byte() { return at < n ? p[at++] : 0; }
-  float value() {  // mostly ordinary, sometimes NaN, inf or huge
-    const std::uint8_t b = byte();
-    switch (b & 15) {
-      case 0: return std::nanf("");
-      case 1: return INFINITY;
-      case 2: return -INFINITY;
-      case 3: return 3e38f;
-      default: return (static_cast<float>(b) - 128.0f) / 32.0f;
-    }
-  }
+struct Input : vq::fuzz::ByteReader {
+  float value() { return ByteReader::value(32.0f); }  // mostly ordinary, sometimes NaN, inf or huge
 };
 
 }  // namespace
@@ -35,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t* nl = static_cast<const std::uint8_t*>(std::memchr(data, '\n', size));
   if (nl == nullptr) return 0;
   const std::string spec(reinterpret_cast<const char*>(data), static_cast<std::size_t>(nl - data));
-  Input in{nl + 1, size - static_cast<std::size_t>(nl + 1 - data)};
+  Input in{{nl + 1, size - static_cast<std::size_t>(nl + 1 - data)}};
   vq_config* config = nullptr;
   if (vq_config_parse(spec.c_str(), &config, nullptr) != VQ_OK) return 0;
   const std::int64_t H = 1 + in.byte() % 3, D = 1 + in.byte() % 16, G = 1 + in.byte() % 2;

@@ -33,11 +33,7 @@ namespace {
 constexpr std::size_t kMaxRegistered = 256;
 std::vector<std::string> g_registered;
 
-struct Input {
-  const std::uint8_t* p;
-  std::size_t n, at = 0;
-  bool more() const { return at < n; }
-  std::uint8_t byte() { return at < n ? p[at++] : 0; }
+struct Input : vq::fuzz::ByteReader {
   std::string str() {  // a length byte (0..23) and that many bytes
     const std::size_t len = byte() % 24;
     std::string s;
@@ -57,16 +53,7 @@ struct Input {
                                          std::numeric_limits<std::int64_t>::min(), 6, 32, 100, 7};
     return table[byte() % 16];
   }
-  float value() {
-    const std::uint8_t b = byte();
-    switch (b & 15) {
-      case 0: return std::nanf("");
-      case 1: return INFINITY;
-      case 2: return -INFINITY;
-      case 3: return 3e38f;
-      default: return (static_cast<float>(b) - 128.0f) / 16.0f;
-    }
-  }
+  float value() { return ByteReader::value(16.0f); }
 };
 
 // The scorer's behaviour for the current input (the scorer of a method registered by an earlier
@@ -153,7 +140,7 @@ void run_steps(Input& in, const vq::CacheConfig& config) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Input in{data, size};
+  Input in{{data, size}};
   g_plan = ScorerPlan{};
   g_plan.throw_at = in.byte() % 16;
   for (int i = in.byte() % 4; i > 0; --i) g_plan.values.push_back(in.value());

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,5 +63,24 @@ inline std::string write_file(const std::string& name, const std::uint8_t* data,
 inline std::string write_file(const std::string& name, const std::string& text) {
   return write_file(name, reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
 }
+
+// The input read as a stream of decisions: bytes (0 past the end) and float values that are
+// mostly ordinary ((b - 128) / scale) and sometimes NaN, +-inf or 3e38.
+struct ByteReader {
+  const std::uint8_t* p;
+  std::size_t n, at = 0;
+  bool more() const { return at < n; }
+  std::uint8_t byte() { return at < n ? p[at++] : 0; }
+  float value(float scale) {
+    const std::uint8_t b = byte();
+    switch (b & 15) {
+      case 0: return std::nanf("");
+      case 1: return INFINITY;
+      case 2: return -INFINITY;
+      case 3: return 3e38f;
+      default: return (static_cast<float>(b) - 128.0f) / scale;
+    }
+  }
+};
 
 }  // namespace vq::fuzz
