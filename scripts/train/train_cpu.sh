@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-/usr/bin/python3}
 {
   echo "[train_cpu] $(date -u +%FT%TZ) $(uname -n), $(nproc) cores, $($PY --version 2>&1)"
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} $PY -u scripts/train/train_task_model.py \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} $PY -u scripts/train/train_task_model.py \
     --out "$OUT" --device cpu --time-budget "${TIME_BUDGET:-2700}" --workers 1 \
     --seed "${SEED:-1}" --stages "@${CURRICULUM:-scripts/train/curriculum_cpu.json}" \
     --lengths 512,1024 --length-weights 1,2 --min-length 200 \

@@ -41,7 +41,7 @@ TASK_WEIGHTS = {"niah_single": 0.2, "niah_multikey": 0.3, "niah_multivalue": 0.1
                 "niah_multiquery": 0.15, "vt": 0.2}
 HAYSTACK_WEIGHTS = {"essay": 0.5, "noise": 0.25, "needle": 0.25}
 STAGE_DATA_KEYS = ("tasks", "haystacks", "lengths", "length_weights", "lm_fraction",
-                   "copy_fraction", "tokens_per_batch")
+                   "copy_fraction", "copy_segment", "tokens_per_batch")
 STAGE_KEYS = STAGE_DATA_KEYS + ("name", "until_completion", "until_text", "end", "min_steps")
 COMPLETION_ROOM = 48  # row length = L + this: the longest completion (vt, multivalue) fits
 
@@ -116,7 +116,7 @@ class TaskStream(torch.utils.data.IterableDataset):
             kind = torch.zeros((B, R), dtype=torch.int8)
             for b in range(B):
                 if a.copy_fraction > 0 and rng.random() < a.copy_fraction:
-                    self._copy_row(rng, tok, inp[b], tgt[b], kind[b])
+                    self._copy_row(rng, tok, inp[b], tgt[b], kind[b], a.copy_segment)
                     continue
                 if rng.random() < a.lm_fraction:
                     ids = torch.tensor(gen.lm_ids(rng, text_ids, R + 1), dtype=torch.int32)
@@ -142,8 +142,9 @@ class TaskStream(torch.utils.data.IterableDataset):
             yield inp, tgt, kind, L
 
     @staticmethod
-    def _copy_row(rng, tok, inp, tgt, kind):
-        """A copy row: BOS, then segments of 8-64 random tokens, each written twice. Only the
+    def _copy_row(rng, tok, inp, tgt, kind, seg_len=(8, 64)):
+        """A copy row: BOS, then segments of seg_len[0]..seg_len[1] random tokens (--copy-segment),
+        each written twice. Only the
         second writing is a target (kind 1, from its second token on: the first cannot be
         known), so its loss falls only when the model looks the segment up in its context and
         copies what followed (the induction mechanism retrieval needs); a needle is such a
@@ -152,7 +153,7 @@ class TaskStream(torch.utils.data.IterableDataset):
         ids = [T.BOS]
         mask = [0]
         while len(ids) < R + 1:
-            seg = [rng.randrange(3, len(tok.pieces)) for _ in range(rng.randint(8, 64))]
+            seg = [rng.randrange(3, len(tok.pieces)) for _ in range(rng.randint(*seg_len))]
             ids += seg + seg
             mask += [0] * len(seg) + [0] + [1] * (len(seg) - 1)
         ids, mask = ids[:R + 1], mask[:R + 1]
@@ -255,6 +256,17 @@ def heldout_eval(model, args, device, amp):
     return rows
 
 
+def parse_segment(ap, what, s):
+    """'MIN,MAX' -> (MIN, MAX), 1 <= MIN <= MAX."""
+    try:
+        lo, hi = (int(x) for x in s.split(","))
+    except ValueError:
+        ap.error(f"{what}: expected MIN,MAX (two integers), found '{s}'")
+    if not 1 <= lo <= hi:
+        ap.error(f"{what}: expected 1 <= MIN <= MAX, found {lo},{hi}")
+    return (lo, hi)
+
+
 def parse_stages(ap, args):
     """--stages -> a list of validated stage dicts (empty: no curriculum)."""
     if not args.stages:
@@ -289,6 +301,9 @@ def parse_stages(ap, args):
         if "lengths" in st:
             st["lengths"] = parse_list(str(st["lengths"]))
             st.setdefault("length_weights", ",".join("1" for _ in st["lengths"]))
+        if "copy_segment" in st:
+            st["copy_segment"] = parse_segment(ap, f"--stages[{i}].copy_segment",
+                                               str(st["copy_segment"]))
         if "length_weights" in st:
             st["length_weights"] = parse_list(str(st["length_weights"]), float)
             if len(st["length_weights"]) != len(st.get("lengths", args.lengths)):
@@ -350,6 +365,8 @@ def main():
     ap.add_argument("--copy-fraction", type=float, default=0.0,
                     help="share of rows that are copy rows (random segments written twice, "
                          "the second a target): trains the lookup-and-copy mechanism first")
+    ap.add_argument("--copy-segment", default="8,64",
+                    help="MIN,MAX: the length range of a copy row's random segments (tokens)")
     ap.add_argument("--init", default="",
                     help="start from the weights of a model this script exported (its "
                          "task_model.bin; dims must match): a run continued in a second, "
@@ -371,6 +388,7 @@ def main():
     args.lengths = parse_list(args.lengths)
     args.length_weights = parse_list(args.length_weights, float)
     args.eval_lengths = parse_list(args.eval_lengths)
+    args.copy_segment = parse_segment(ap, "--copy-segment", args.copy_segment)
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.haystacks = [h for h in args.haystacks.split(",") if h]
     for t in args.tasks:
@@ -407,6 +425,8 @@ def main():
     for si, st in enumerate(args.stages or [{}]):
         where = (f"stage {si} ({st.get('name', 'unnamed')}) of --stages, lengths"
                  if args.stages and "lengths" in st else "--lengths")
+        if float(st.get("copy_fraction", args.copy_fraction)) >= 1.0:
+            continue  # copy rows only: no task sample is drawn
         s_tasks = st.get("tasks", args.tasks)
         s_hays = st.get("haystacks", args.haystacks)
         s_min = min(st.get("lengths", args.lengths))
