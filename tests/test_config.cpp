@@ -252,6 +252,8 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"kivi", {"common"}},
       {"knorm", evicts},
       {"keydiff", evicts},
+      {"lagkv", evicts},
+      {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

@@ -601,7 +601,8 @@ def main():
                                 step - stage_start["step"] >= int(st.get("min_steps", 0)) and
                                 sum(recent) / 5 < float(st[watch]))
                 if done_by_loss or progress >= st["end"]:
-                    why = "completion loss" if done_by_loss else "its share of the run"
+                    why = (key.replace("loss_", "") + " loss" if done_by_loss
+                           else "its share of the run")
                     stage_log.append({"stage": si, "name": st["name"], "ended_by": why,
                                       "from_step": stage_start["step"], "to_step": step,
                                       "seconds": round(el - stage_start["seconds"], 2),

@@ -25,7 +25,9 @@
   X(cam)              \
   X(kivi)             \
   X(knorm)            \
-  X(keydiff)
+  X(keydiff)          \
+  X(lagkv)            \
+  X(random)
 
 namespace vq {
 namespace detail {
