@@ -830,7 +830,7 @@ TEST(OpenAIRequests, MessagesAsClientsSendThem) {
   m = parse(R"([{"role":"user","content":"hi"},
                 {"role":"assistant","content":"Hello.","refusal":null,"annotations":[],
                  "audio":null,"function_call":null,"tool_calls":[],"name":null},
-                {"role":"assistant","content":null,"tool_calls":null},
+                {"role":"assistant","content":null,"tool_calls":null,"parsed":null},
                 {"role":"user","content":"more"}])");
   ASSERT_EQ(m.size(), 4u);
   EXPECT_EQ(m[1].role, "assistant");

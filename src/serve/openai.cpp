@@ -137,6 +137,8 @@ Message parse_message(const json& m, const std::string& at) {
       if (!f->is_null()) string_field(*f, fat);
     } else if (assistant && k == "refusal") {
       if (!f->is_null()) string_field(*f, fat);  // text of a refusal: not model input
+    } else if (assistant && k == "parsed") {
+      // openai-node's stream helper and parse() add it (their parse of the content): ignored
     } else if (assistant && k == "annotations") {
       if (!f->is_null() && !f->is_array()) invalid("'" + fat + "' must be an array", fat);
     } else if (assistant && (k == "tool_calls" || k == "function_call" || k == "audio")) {

@@ -13,8 +13,8 @@
 //   "veloxquant": {"method": SPEC}.
 //   Chat: messages (roles system, developer (= system), user, assistant; content a string, or a
 //   list of {"type": "text", "text"} parts, concatenated; an assistant message may carry the
-//   keys the SDKs return with a reply (refusal, annotations, audio, function_call, tool_calls:
-//   null or empty) and name, all ignored), logprobs (bool) and top_logprobs [0, 20],
+//   keys the SDKs return with a reply (refusal, annotations, parsed, audio, function_call,
+//   tool_calls: null or empty) and name, all ignored), logprobs (bool) and top_logprobs [0, 20],
 //   response_format {"type": "text"}; tools, functions (null or empty), tool_choice and
 //   function_call (null or "none").
 //   Completions: prompt (a string), logprobs (an integer [0, 5]: the chosen tokens' log
