@@ -22,10 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const bool ok = g.chat == chat && g.max_tokens >= 1 && g.max_tokens <= kLimit &&
                       std::isfinite(g.temperature) && g.temperature >= 0 && g.temperature <= 2 &&
                       (g.temperature == 0 || g.temperature >= 1e-30f) && g.top_p >= 0 &&
-                      g.top_p <= 1 && g.seed != 0 && g.stop.size() <= 4 &&
-                      p.n >= 1 && p.n <= vq::serve::kMaxChoices &&
-                      std::fabs(g.presence_penalty) <= 2 && std::fabs(g.frequency_penalty) <= 2 &&
-                      g.top_logprobs >= 0 && g.top_logprobs <= vq::serve::kMaxTopLogprobs &&
+                      g.top_p <= 1 && g.seed != 0 && g.stop.size() <= 4 && p.n >= 1 &&
+                      p.n <= vq::serve::kMaxChoices && std::fabs(g.presence_penalty) <= 2 &&
+                      std::fabs(g.frequency_penalty) <= 2 && g.top_logprobs >= 0 &&
+                      g.top_logprobs <= vq::serve::kMaxTopLogprobs &&
                       (chat ? !g.messages.empty() : g.messages.empty());
       if (!ok) {
         std::fprintf(stderr, "fuzz: parse_request accepted a request outside its contract\n");

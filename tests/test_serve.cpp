@@ -19,10 +19,10 @@
 #include "engine/model/model_builder.h"
 #include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
+#include "engine/run/chat_template.h"
 #include "engine/run/generate.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
-#include "engine/run/chat_template.h"
 #include "serve/footprint.h"
 #include "serve/json_body.h"
 #include "serve/openai.h"
@@ -482,9 +482,9 @@ TEST(OpenAIRequests, TemperatureBelowTheCliMinimumIsRefused) {
   EXPECT_FLOAT_EQ(serve::parse_request("{" + msg + R"(,"temperature":1e-30})", true, def, 100, 512)
                       .gen.temperature,
                   1e-30f);
-  EXPECT_EQ(serve::parse_request("{" + msg + R"(,"temperature":0})", true, def, 100, 512)
-                .gen.temperature,
-            0.0f);
+  EXPECT_EQ(
+      serve::parse_request("{" + msg + R"(,"temperature":0})", true, def, 100, 512).gen.temperature,
+      0.0f);
 }
 
 // A copy of stories260K.bin whose final RMSNorm weight is FLT_MAX: every weight is finite (the
@@ -669,7 +669,6 @@ TEST(ChatTemplates, MarkersTypedInAMessageStayText) {
   EXPECT_EQ(count(ids, c.eos_id), 0);
 }
 
-
 // ---- The OpenAI surface clients send (issue 32) -----------------------------------------------
 
 namespace openai_surface {
@@ -700,12 +699,12 @@ serve::ServeError refusal(const std::string& body, bool is_chat = true) {
 TEST(OpenAIRequests, NullIsTheDefaultForEveryOptionalField) {
   using namespace openai_surface;
   const auto d = chat("");
-  const auto p = chat(
-      R"("model":null,"max_tokens":null,"max_completion_tokens":null,"temperature":null,)"
-      R"("top_p":null,"seed":null,"stop":null,"stream":null,"stream_options":null,"n":null,)"
-      R"("user":null,"presence_penalty":null,"frequency_penalty":null,"logit_bias":null,)"
-      R"("logprobs":null,"top_logprobs":null,"response_format":null,"tools":null,)"
-      R"("tool_choice":null,"functions":null,"function_call":null,"veloxquant":null)");
+  const auto p =
+      chat(R"("model":null,"max_tokens":null,"max_completion_tokens":null,"temperature":null,)"
+           R"("top_p":null,"seed":null,"stop":null,"stream":null,"stream_options":null,"n":null,)"
+           R"("user":null,"presence_penalty":null,"frequency_penalty":null,"logit_bias":null,)"
+           R"("logprobs":null,"top_logprobs":null,"response_format":null,"tools":null,)"
+           R"("tool_choice":null,"functions":null,"function_call":null,"veloxquant":null)");
   EXPECT_EQ(p.gen.max_tokens, d.gen.max_tokens);
   EXPECT_EQ(p.gen.max_tokens, 100);  // min(256, the limit)
   EXPECT_EQ(p.gen.temperature, 1.0f);
@@ -741,8 +740,8 @@ TEST(OpenAIRequests, PenaltiesBiasSeedAndTopP) {
   EXPECT_EQ(refusal("{" + kMsg + R"(,"presence_penalty":2.5})").param, "presence_penalty");
   EXPECT_EQ(refusal("{" + kMsg + R"(,"frequency_penalty":"1"})").param, "frequency_penalty");
   // logit_bias: a non-integer key or an id outside the vocabulary (512 tokens) names the field.
-  for (const char* b : {R"({"abc":1})", R"({"1.5":1})", R"({"":1})", R"({"512":1})",
-                        R"({"-1":1})", R"({"99999999999999999999":1})", R"([1])", R"(3)"}) {
+  for (const char* b : {R"({"abc":1})", R"({"1.5":1})", R"({"":1})", R"({"512":1})", R"({"-1":1})",
+                        R"({"99999999999999999999":1})", R"([1])", R"(3)"}) {
     const auto e = refusal("{" + kMsg + R"(,"logit_bias":)" + b + "}");
     EXPECT_EQ(e.param, "logit_bias") << b;
     EXPECT_NE(e.message.find("logit_bias"), std::string::npos) << e.message;
@@ -816,10 +815,12 @@ TEST(OpenAIRequests, LogprobsResponseFormatAndTools) {
 TEST(OpenAIRequests, MessagesAsClientsSendThem) {
   using namespace openai_surface;
   auto parse = [](const std::string& messages) {
-    return serve::parse_request(R"({"messages":)" + messages + "}", true, kDef, 100, 512).gen.messages;
+    return serve::parse_request(R"({"messages":)" + messages + "}", true, kDef, 100, 512)
+        .gen.messages;
   };
   // Content parts (text) are concatenated; developer is system.
-  auto m = parse(R"([{"role":"developer","content":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}]},
+  auto m = parse(
+      R"([{"role":"developer","content":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}]},
                      {"role":"user","content":[]},{"role":"user","content":"hi","name":"ann"}])");
   ASSERT_EQ(m.size(), 3u);
   EXPECT_EQ(m[0].role, "system");
@@ -845,9 +846,10 @@ TEST(OpenAIRequests, MessagesAsClientsSendThem) {
             "messages[0].content[0].type");
   EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})").param,
             "messages[0].content[0].text");
-  EXPECT_EQ(refusal(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"c1"}]}]})")
-                .param,
-            "messages[0].tool_calls");
+  EXPECT_EQ(
+      refusal(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"c1"}]}]})")
+          .param,
+      "messages[0].tool_calls");
   EXPECT_EQ(refusal(R"({"messages":[{"role":"tool","content":"x","tool_call_id":"c1"}]})").param,
             "messages[0].role");
   EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":"x","refusal":null}]})").param,
@@ -869,9 +871,9 @@ TEST(OpenAIRequests, NumbersPastDoubleRangeNameTheirField) {
     EXPECT_EQ(e.param, param) << fields;
     EXPECT_NE(e.message.find("outside the range of a double"), std::string::npos) << e.message;
   }
-  EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":[{"type":"text","text":1e400}]}]})")
-                .param,
-            "messages[0].content[0].text");
+  EXPECT_EQ(
+      refusal(R"({"messages":[{"role":"user","content":[{"type":"text","text":1e400}]}]})").param,
+      "messages[0].content[0].text");
   EXPECT_EQ(refusal("1e400").param, "");
   // Integers past 64 bits parse as doubles (no error there): refused by the field's own check.
   EXPECT_EQ(refusal("{" + kMsg + R"(,"max_tokens":123456789012345678901234567890})").param,
@@ -913,8 +915,8 @@ RefRun reference_greedy(const std::string& prompt, int n, float freq, float pres
   engine::Transformer t(m, 16, 512);
   ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(c));
   std::vector<std::int32_t> toks = stories_tok().encode(prompt, true);
-  const float* lg = t.forward(toks.data(), static_cast<std::int64_t>(toks.size()), cache,
-                              engine::Logits::kLast);
+  const float* lg =
+      t.forward(toks.data(), static_cast<std::int64_t>(toks.size()), cache, engine::Logits::kLast);
   RefRun r;
   std::map<std::int32_t, int> count;
   std::int32_t prev = toks.back();
@@ -991,9 +993,9 @@ TEST(Scheduler, LogprobsAreTheLogSoftmaxOfTheModelsLogits) {
     for (std::size_t k = 0; k < 3; ++k) {
       EXPECT_NEAR(lps[i].top[k].second, log_softmax(raw, static_cast<std::size_t>(order[k])), 1e-4);
       EXPECT_EQ(lps[i].top[k].first,
-                stories_tok().piece(i == 0 ? stories_tok().encode("Once upon a time", true).back()
-                                           : ref.ids[i - 1],
-                                    order[k]));
+                stories_tok().piece(
+                    i == 0 ? stories_tok().encode("Once upon a time", true).back() : ref.ids[i - 1],
+                    order[k]));
     }
     EXPECT_EQ(lps[i].top[0].first, lps[i].token);
   }
@@ -1007,7 +1009,8 @@ TEST(Scheduler, PenaltiesAndBiasChangeTheTokensAsOpenAIDescribes) {
   // Greedy's " was" (its 4th token: "Once upon a time, there was ..."), biased away.
   std::int32_t was = -1;
   for (std::size_t i = 0; i < plain.ids.size() && was < 0; ++i) {
-    if (stories_tok().piece(plain.ids[i > 0 ? i - 1 : 0], plain.ids[i]) == " was") was = plain.ids[i];
+    if (stories_tok().piece(plain.ids[i > 0 ? i - 1 : 0], plain.ids[i]) == " was")
+      was = plain.ids[i];
   }
   ASSERT_GE(was, 0) << plain.text;
   const std::map<std::int32_t, float> bias = {{was, -100.0f}};
@@ -1022,7 +1025,8 @@ TEST(Scheduler, PenaltiesAndBiasChangeTheTokensAsOpenAIDescribes) {
   EXPECT_NE(ref.text, plain.text);  // the penalties changed something
   ASSERT_EQ(lps.size(), ref.ids.size());
   for (std::size_t i = 0; i < lps.size(); ++i)
-    EXPECT_NEAR(lps[i].logprob, log_softmax(ref.logits[i], static_cast<std::size_t>(ref.ids[i])), 1e-4);
+    EXPECT_NEAR(lps[i].logprob, log_softmax(ref.logits[i], static_cast<std::size_t>(ref.ids[i])),
+                1e-4);
   for (std::int32_t id : ref.ids) EXPECT_NE(id, was);
   // A bias of +100 on one token (greedy's first, " there" after ",") makes greedy pick it
   // every time.

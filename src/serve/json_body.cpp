@@ -123,7 +123,8 @@ nlohmann::json parse_body(std::string_view body) {
   }
   if (ok) return std::move(sax.root);
   if (sax.error_id == 406) {  // out_of_range.406: a number past double's range
-    const std::string where = sax.error_path.empty() ? "the request body" : "'" + sax.error_path + "'";
+    const std::string where =
+        sax.error_path.empty() ? "the request body" : "'" + sax.error_path + "'";
     throw invalid(where + " is a number outside the range of a double (about +-1.8e308)",
                   sax.error_path);
   }
@@ -134,8 +135,8 @@ nlohmann::json parse_body(std::string_view body) {
                   std::to_string(sax.error_byte) + " near '" +
                   engine::text_excerpt(body.substr(from, 40), 40) + "')");
   }
-  throw invalid("the request body is not valid JSON (" +
-                engine::text_excerpt(sax.error_what, 120) + ")");
+  throw invalid("the request body is not valid JSON (" + engine::text_excerpt(sax.error_what, 120) +
+                ")");
 }
 
 std::string quote_value(const nlohmann::json& value) { return engine::json_excerpt(value, 60); }

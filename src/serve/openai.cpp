@@ -55,9 +55,9 @@ std::int64_t integer(const json& j, const std::string& name, std::int64_t lo, st
 
 std::string string_field(const json& j, const std::string& name) {
   if (!j.is_string())
-    invalid("'" + name + "' must be a string, got " + std::string(j.type_name()) + " " +
-                quote_value(j),
-            name);
+    invalid(
+        "'" + name + "' must be a string, got " + std::string(j.type_name()) + " " + quote_value(j),
+        name);
   return j.get<std::string>();
 }
 
@@ -81,10 +81,12 @@ std::string message_content(const json& c, const std::string& at) {
   for (std::size_t j = 0; j < c.size(); ++j) {
     const json& part = c[j];
     const std::string pat = at + "[" + std::to_string(j) + "]";
-    if (!part.is_object()) invalid("'" + pat + "' must be an object like {\"type\": \"text\", \"text\": \"...\"}", pat);
+    if (!part.is_object())
+      invalid("'" + pat + "' must be an object like {\"type\": \"text\", \"text\": \"...\"}", pat);
     const auto type = part.find("type");
     if (type == part.end() || !type->is_string())
-      invalid("'" + pat + ".type' is required (a string; only \"text\" is supported)", pat + ".type");
+      invalid("'" + pat + ".type' is required (a string; only \"text\" is supported)",
+              pat + ".type");
     if (type->get<std::string>() != "text") {
       unsupported("content parts of type '" + engine::text_excerpt(type->get<std::string>()) +
                       "' are not supported by this server (only \"text\" parts)",
@@ -162,9 +164,11 @@ std::vector<std::pair<std::int32_t, float>> parse_logit_bias(const json& v,
                                                              std::int64_t vocab_size) {
   const std::string k = "logit_bias";
   if (!v.is_object())
-    invalid("'logit_bias' must be an object mapping token ids (as strings) to numbers in "
-            "[-100, 100], got " + std::string(v.type_name()) + " " + quote_value(v),
-            k);
+    invalid(
+        "'logit_bias' must be an object mapping token ids (as strings) to numbers in "
+        "[-100, 100], got " +
+            std::string(v.type_name()) + " " + quote_value(v),
+        k);
   std::vector<std::pair<std::int32_t, float>> out;
   for (auto f = v.begin(); f != v.end(); ++f) {
     const std::string& key = f.key();
@@ -217,13 +221,15 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
                             std::int64_t max_tokens_limit, std::int64_t vocab_size) {
   const json j = parse_body(body);  // depth-bounded before anything walks it
   if (!j.is_object()) invalid("the request body must be a JSON object", "");
+  // clang-format off
   static const std::set<std::string> common = {
       "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
       "stream", "stream_options", "n", "user", "veloxquant", "presence_penalty",
       "frequency_penalty", "logit_bias", "logprobs"};
-  static const std::set<std::string> chat_only = {"messages",  "top_logprobs", "response_format",
-                                                  "tools",     "tool_choice",  "functions",
-                                                  "function_call"};
+  static const std::set<std::string> chat_only = {
+      "messages", "top_logprobs", "response_format", "tools", "tool_choice", "functions",
+      "function_call"};
+  // clang-format on
   ParsedRequest p;
   p.gen.chat = chat;
   p.gen.method = default_method;
@@ -297,7 +303,8 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
     } else if (k == "top_logprobs") {
       p.gen.top_logprobs = static_cast<int>(integer(v, k, 0, kMaxTopLogprobs));
     } else if (k == "response_format") {
-      if (!v.is_object()) invalid("'response_format' must be an object like {\"type\": \"text\"}", k);
+      if (!v.is_object())
+        invalid("'response_format' must be an object like {\"type\": \"text\"}", k);
       const auto type = v.find("type");
       if (type == v.end() || !type->is_string())
         invalid("'response_format.type' is required (\"text\")", k);
@@ -309,10 +316,13 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
                     k, "unsupported_value");
       }
       if (t != "text")
-        invalid("'response_format.type' must be \"text\", got '" + engine::text_excerpt(t) + "'", k);
+        invalid("'response_format.type' must be \"text\", got '" + engine::text_excerpt(t) + "'",
+                k);
       for (auto f = v.begin(); f != v.end(); ++f) {
         if (f.key() != "type")
-          invalid("Unrecognized argument supplied: response_format." + engine::text_excerpt(f.key()), k);
+          invalid(
+              "Unrecognized argument supplied: response_format." + engine::text_excerpt(f.key()),
+              k);
       }
     } else if (k == "tools" || k == "functions") {
       if (!v.is_array() || !v.empty()) {
@@ -344,7 +354,8 @@ ParsedRequest parse_request(const std::string& body, bool chat, const CacheConfi
       }
     }
   }
-  if (!has_body) invalid(chat ? "'messages' is required" : "'prompt' is required", chat ? "messages" : "prompt");
+  if (!has_body)
+    invalid(chat ? "'messages' is required" : "'prompt' is required", chat ? "messages" : "prompt");
   if (chat && p.gen.top_logprobs > 0 && !p.gen.logprobs)
     invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   return p;
@@ -446,9 +457,10 @@ json completion_json(const std::string& id, bool chat, const std::string& model,
 json chunk_json(const std::string& id, bool chat, const std::string& model, std::int64_t created,
                 int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
                 const char* finish, const Job::Snapshot& s, bool first) {
-  json choice = {{"index", index},
-                 {"finish_reason", finish == nullptr ? json(nullptr) : json(finish)},
-                 {"logprobs", logprobs == nullptr ? json(nullptr) : logprobs_json(chat, *logprobs)}};
+  json choice = {
+      {"index", index},
+      {"finish_reason", finish == nullptr ? json(nullptr) : json(finish)},
+      {"logprobs", logprobs == nullptr ? json(nullptr) : logprobs_json(chat, *logprobs)}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

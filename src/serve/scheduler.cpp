@@ -78,7 +78,8 @@ StepLogprobs step_logprobs(const float* logits, std::int64_t vocab, int k,
   out.log_z = mx + std::log(sum);
   if (k > 0) {
     ids.resize(static_cast<std::size_t>(vocab));
-    for (std::int64_t i = 0; i < vocab; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    for (std::int64_t i = 0; i < vocab; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
     const std::size_t kk = std::min<std::size_t>(static_cast<std::size_t>(k), ids.size());
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(kk), ids.end(),
                       [&](std::int32_t a, std::int32_t b) {
@@ -187,10 +188,10 @@ struct Scheduler::Active {
   std::string text;         // the reply so far
   std::size_t emitted = 0;  // bytes of `text` given to the job
   std::size_t max_stop = 0;
-  std::int64_t chars = 0;  // code points in `text`
+  std::int64_t chars = 0;                       // code points in `text`
   std::map<std::int32_t, std::int64_t> counts;  // generated tokens (penalties)
-  std::vector<TokenLogprob> logprobs;  // one per generated token (when asked)
-  std::size_t lp_emitted = 0;          // entries given to the job
+  std::vector<TokenLogprob> logprobs;           // one per generated token (when asked)
+  std::size_t lp_emitted = 0;                   // entries given to the job
 };
 
 // ---- Scheduler ----------------------------------------------------------------------------
@@ -417,8 +418,8 @@ void Scheduler::start_locked(std::unique_ptr<Active> a, std::int64_t cached) {
   s.last_used = Clock::now();
   // top_p 0 keeps only the most probable token: greedy, as temperature 0 (the sampler itself
   // treats top_p 0 as "no nucleus", run.c's rule).
-  a->sampler.emplace(model_->config().vocab_size, r.top_p == 0.0f ? 0.0f : r.temperature,
-                     r.top_p, r.seed);
+  a->sampler.emplace(model_->config().vocab_size, r.top_p == 0.0f ? 0.0f : r.temperature, r.top_p,
+                     r.seed);
   for (const auto& st : r.stop) a->max_stop = std::max(a->max_stop, st.size());
   a->prev = a->feed.back();
   Job& job = *a->job;
@@ -465,8 +466,9 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
     a.job->fail(*err);
     drop_session_locked(s);
   } else {
-    std::vector<TokenLogprob> rest(std::make_move_iterator(a.logprobs.begin() + static_cast<std::ptrdiff_t>(a.lp_emitted)),
-                                   std::make_move_iterator(a.logprobs.end()));
+    std::vector<TokenLogprob> rest(
+        std::make_move_iterator(a.logprobs.begin() + static_cast<std::ptrdiff_t>(a.lp_emitted)),
+        std::make_move_iterator(a.logprobs.end()));
     a.lp_emitted = a.logprobs.size();
     a.job->push(a.emitted < a.text.size() ? a.text.substr(a.emitted) : std::string(),
                 std::move(rest));

@@ -93,7 +93,7 @@ struct GenRequest {
   std::string prompt;             // completion
   std::int64_t max_tokens = 256;
   float temperature = 1.0f;
-  float top_p = 1.0f;  // 0: greedy, like temperature 0
+  float top_p = 1.0f;       // 0: greedy, like temperature 0
   std::uint64_t seed = 42;  // the sampler's xorshift state (nonzero)
   std::vector<std::string> stop;
   // OpenAI's penalties and logit bias (adjust_logits below), on the logits before sampling.
@@ -118,13 +118,13 @@ void adjust_logits(float* logits, const std::map<std::int32_t, std::int64_t>& co
 
 // One generated token's log probability (GenRequest::logprobs).
 struct TokenLogprob {
-  std::string token;   // its text as the reply received it (raw bytes; may be part of a UTF-8
-                       // sequence)
-  float logprob = 0;   // log softmax of the raw logits at this step
+  // Its text as the reply received it (raw bytes: may be part of a UTF-8 sequence).
+  std::string token;
+  float logprob = 0;             // log softmax of the raw logits at this step
   std::int64_t offset = 0;       // byte offset of its text in the reply
   std::int64_t text_offset = 0;  // the same in code points (UTF-8 lead bytes before it)
-  std::vector<std::pair<std::string, float>> top;  // the top_logprobs most probable, descending
-                                                   // (ties: lower id first)
+  // The top_logprobs most probable tokens (text, logprob), descending (ties: lower id first).
+  std::vector<std::pair<std::string, float>> top;
 };
 
 // Wakes a reader that waits on several jobs (the n choices of one request).

@@ -9,17 +9,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
-#include "engine/tokenizers/tokenizer.h"
 #include "engine/run/chat_template.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "serve/openai.h"
 #include "veloxquant/errors.h"
 
@@ -100,7 +100,7 @@ std::string metrics_text(const Metrics& m) {
 struct StreamChoice {
   std::shared_ptr<Job> job;
   bool first = true, finished = false;
-  std::string carry;                  // text taken while waiting for admission
+  std::string carry;                   // text taken while waiting for admission
   std::vector<TokenLogprob> carry_lp;  // and its tokens' log probabilities
   Job::Snapshot last;
 };
@@ -126,7 +126,7 @@ struct ServerState {
   std::atomic<bool> draining{false};
   std::atomic<int> inflight{0};  // streams still writing
   std::atomic<std::int64_t> next_id{1};
-  std::int64_t vocab_size = 0;  // logit_bias ids are checked against it
+  std::int64_t vocab_size = 0;           // logit_bias ids are checked against it
   const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
 };
 
@@ -213,19 +213,20 @@ void configure_http(httplib::Server& svr, const ServeOptions& o) {
   });
   // A handler that throws: 500 with a fixed message (cpp-httplib's default would copy the
   // exception's text into an EXCEPTION_WHAT header); the text goes to stderr only.
-  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
-                               std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    std::fprintf(stderr, "veloxquant serve: %s %s failed: %s\n", req.method.c_str(),
-                 req.path.c_str(), what.c_str());
-    send_error(res, ServeError{500, "server_error", "internal error (logged by the server)", "", 0});
-  });
+  svr.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        std::fprintf(stderr, "veloxquant serve: %s %s failed: %s\n", req.method.c_str(),
+                     req.path.c_str(), what.c_str());
+        send_error(res,
+                   ServeError{500, "server_error", "internal error (logged by the server)", "", 0});
+      });
   svr.set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
     const std::string origin = cors_origin(o, req);
     if (!origin.empty()) {
@@ -282,7 +283,8 @@ void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
       "text/event-stream",
       [st](size_t, httplib::DataSink& sink) {
         auto send = [&](const json& data) {
-          const std::string line = "data: " + (data.is_string() ? data.get<std::string>() : dump(data)) + "\n\n";
+          const std::string line =
+              "data: " + (data.is_string() ? data.get<std::string>() : dump(data)) + "\n\n";
           return sink.write(line.data(), line.size());
         };
         const std::uint64_t seen = st->wake->current();
@@ -298,9 +300,9 @@ void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
           c.carry.clear();
           c.carry_lp.clear();
           if (!text.empty() || !lps.empty() || c.first) {
-            json chunk = chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i),
-                                    text, st->logprobs && !lps.empty() ? &lps : nullptr, nullptr,
-                                    s, c.first);
+            json chunk =
+                chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), text,
+                           st->logprobs && !lps.empty() ? &lps : nullptr, nullptr, s, c.first);
             if (st->include_usage) chunk["usage"] = nullptr;
             ok = send(chunk);
             c.first = false;
@@ -477,9 +479,9 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
       }
       out[i] = ChoiceOutput{std::move(carry[i]), std::move(carry_lp[i]), snap[i]};
     }
-    res.set_content(dump(completion_json(id, chat_endpoint, state.model_name, created, out,
-                                         p.gen.logprobs)),
-                    "application/json");
+    res.set_content(
+        dump(completion_json(id, chat_endpoint, state.model_name, created, out, p.gen.logprobs)),
+        "application/json");
     return;
   }
   auto st = std::make_shared<StreamState>();
