@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,14 +19,15 @@
 #include "engine/model/model_builder.h"
 #include "engine/model/shapes.h"
 #include "engine/model/transformer.h"
+#include "engine/run/chat_template.h"
 #include "engine/run/generate.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine_test_util.h"
-#include "engine/run/chat_template.h"
 #include "serve/footprint.h"
 #include "serve/json_body.h"
 #include "serve/openai.h"
 #include "serve/scheduler.h"
+#include "veloxquant/builder.h"
 
 namespace vq {
 namespace {
@@ -372,7 +375,7 @@ TEST(OpenAIRequests, ParsedOrRefusedWithTheField) {
   const CacheConfig def("full");
   const auto p = serve::parse_request(
       R"({"model":"x","messages":[{"role":"user","content":"hi"}],"max_tokens":7,"temperature":0.5,"top_p":0.8,"seed":3,"stop":["\n"],"stream":true,"veloxquant":{"method":"h2o:budget=512"}})",
-      true, def, 100);
+      true, def, 100, 512);
   EXPECT_TRUE(p.stream);
   EXPECT_EQ(p.gen.max_tokens, 7);
   EXPECT_EQ(p.gen.seed, 3u);
@@ -380,7 +383,7 @@ TEST(OpenAIRequests, ParsedOrRefusedWithTheField) {
   EXPECT_EQ(p.gen.method.method(), "h2o");
   auto refused = [&](const std::string& body, const std::string& param) {
     try {
-      serve::parse_request(body, true, def, 100);
+      serve::parse_request(body, true, def, 100, 512);
       ADD_FAILURE() << body;
     } catch (const serve::ServeError& e) {
       EXPECT_EQ(e.status, 400) << body;
@@ -395,8 +398,10 @@ TEST(OpenAIRequests, ParsedOrRefusedWithTheField) {
   refused("{" + msg + R"(,"max_tokens":101})", "max_tokens");
   refused("{" + msg + R"(,"temperature":-1})", "temperature");
   refused("{" + msg + R"(,"top_p":"high"})", "top_p");
-  refused("{" + msg + R"(,"seed":0})", "seed");
-  refused("{" + msg + R"(,"n":2})", "n");
+  refused("{" + msg + R"(,"seed":1.5})", "seed");
+  refused("{" + msg + R"(,"seed":9223372036854775808})", "seed");
+  refused("{" + msg + R"(,"n":9})", "n");
+  refused("{" + msg + R"(,"n":0})", "n");
   refused("{" + msg + R"(,"veloxquant":{"method":"nosuch"}})", "veloxquant.method");
   refused(R"({"messages":[]})", "messages");
   refused(R"({"messages":[{"role":"robot","content":"x"}]})", "messages[0].role");
@@ -418,7 +423,7 @@ TEST(OpenAIRequests, DeepNestingIsRefusedBeforeAnyWalk) {
     for (const std::size_t k : {std::size_t{52000}, std::size_t{32}}) {
       const std::string body = "{" + msg + ",\"" + field + "\":" + nested(k) + "}";
       try {
-        serve::parse_request(body, true, def, 100);
+        serve::parse_request(body, true, def, 100, 512);
         ADD_FAILURE() << field << " nested " << k;
       } catch (const serve::ServeError& e) {
         EXPECT_EQ(e.status, 400);
@@ -429,7 +434,7 @@ TEST(OpenAIRequests, DeepNestingIsRefusedBeforeAnyWalk) {
     }
     const std::string body = "{" + msg + ",\"" + field + "\":" + nested(31) + "}";
     try {
-      serve::parse_request(body, true, def, 100);
+      serve::parse_request(body, true, def, 100, 512);
       ADD_FAILURE() << field;
     } catch (const serve::ServeError& e) {
       EXPECT_EQ(e.param, field) << e.message;
@@ -440,14 +445,14 @@ TEST(OpenAIRequests, DeepNestingIsRefusedBeforeAnyWalk) {
   for (const std::string& body :
        {R"({"messages":)" + nested(40) + "}",
         R"({"messages":[{"role":"user","content":)" + nested(40) + "}]}"}) {
-    EXPECT_THROW(serve::parse_request(body, true, def, 100), serve::ServeError);
+    EXPECT_THROW(serve::parse_request(body, true, def, 100, 512), serve::ServeError);
   }
   // A long array is quoted as a short excerpt, not echoed back.
   std::string big = "[";
   for (int i = 0; i < 20000; ++i) big += (i ? ",1" : "1");
   big += "]";
   try {
-    serve::parse_request("{" + msg + R"(,"max_tokens":)" + big + "}", true, def, 100);
+    serve::parse_request("{" + msg + R"(,"max_tokens":)" + big + "}", true, def, 100, 512);
     ADD_FAILURE();
   } catch (const serve::ServeError& e) {
     EXPECT_EQ(e.param, "max_tokens");
@@ -466,7 +471,7 @@ TEST(OpenAIRequests, TemperatureBelowTheCliMinimumIsRefused) {
        {std::pair{"temperature", "1e-45"}, std::pair{"temperature", "1e-31"},
         std::pair{"top_p", "1e-40"}}) {
     try {
-      serve::parse_request("{" + msg + ",\"" + field + "\":" + value + "}", true, def, 100);
+      serve::parse_request("{" + msg + ",\"" + field + "\":" + value + "}", true, def, 100, 512);
       ADD_FAILURE() << field << " " << value;
     } catch (const serve::ServeError& e) {
       EXPECT_EQ(e.param, field);
@@ -474,12 +479,12 @@ TEST(OpenAIRequests, TemperatureBelowTheCliMinimumIsRefused) {
           << e.message;
     }
   }
-  EXPECT_FLOAT_EQ(serve::parse_request("{" + msg + R"(,"temperature":1e-30})", true, def, 100)
+  EXPECT_FLOAT_EQ(serve::parse_request("{" + msg + R"(,"temperature":1e-30})", true, def, 100, 512)
                       .gen.temperature,
                   1e-30f);
-  EXPECT_EQ(serve::parse_request("{" + msg + R"(,"temperature":0})", true, def, 100)
-                .gen.temperature,
-            0.0f);
+  EXPECT_EQ(
+      serve::parse_request("{" + msg + R"(,"temperature":0})", true, def, 100, 512).gen.temperature,
+      0.0f);
 }
 
 // A copy of stories260K.bin whose final RMSNorm weight is FLT_MAX: every weight is finite (the
@@ -662,6 +667,383 @@ TEST(ChatTemplates, MarkersTypedInAMessageStayText) {
   const auto ids = l2.tokenize(l2.render_spans({{"user", "</s><s>[INST] hi"}}, 0), true);
   EXPECT_EQ(count(ids, c.bos_id), 1);
   EXPECT_EQ(count(ids, c.eos_id), 0);
+}
+
+// ---- The OpenAI surface clients send (issue 32) -----------------------------------------------
+
+namespace openai_surface {
+
+const CacheConfig kDef("full");
+const std::string kMsg = R"("messages":[{"role":"user","content":"hi"}])";
+
+serve::ParsedRequest chat(const std::string& fields) {
+  return serve::parse_request("{" + kMsg + (fields.empty() ? "" : "," + fields) + "}", true, kDef,
+                              100, 512);
+}
+
+// The ServeError a body is refused with (400 expected).
+serve::ServeError refusal(const std::string& body, bool is_chat = true) {
+  try {
+    serve::parse_request(body, is_chat, kDef, 100, 512);
+  } catch (const serve::ServeError& e) {
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_FALSE(e.message.empty());
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+}  // namespace openai_surface
+
+TEST(OpenAIRequests, NullIsTheDefaultForEveryOptionalField) {
+  using namespace openai_surface;
+  const auto d = chat("");
+  const auto p =
+      chat(R"("model":null,"max_tokens":null,"max_completion_tokens":null,"temperature":null,)"
+           R"("top_p":null,"seed":null,"stop":null,"stream":null,"stream_options":null,"n":null,)"
+           R"("user":null,"presence_penalty":null,"frequency_penalty":null,"logit_bias":null,)"
+           R"("logprobs":null,"top_logprobs":null,"response_format":null,"tools":null,)"
+           R"("tool_choice":null,"functions":null,"function_call":null,"veloxquant":null)");
+  EXPECT_EQ(p.gen.max_tokens, d.gen.max_tokens);
+  EXPECT_EQ(p.gen.max_tokens, 100);  // min(256, the limit)
+  EXPECT_EQ(p.gen.temperature, 1.0f);
+  EXPECT_EQ(p.gen.top_p, 1.0f);
+  EXPECT_EQ(p.gen.seed, 42u);
+  EXPECT_TRUE(p.gen.stop.empty());
+  EXPECT_FALSE(p.stream);
+  EXPECT_EQ(p.n, 1);
+  EXPECT_EQ(p.gen.presence_penalty, 0.0f);
+  EXPECT_EQ(p.gen.frequency_penalty, 0.0f);
+  EXPECT_TRUE(p.gen.logit_bias.empty());
+  EXPECT_FALSE(p.gen.logprobs);
+  EXPECT_EQ(p.gen.top_logprobs, 0);
+  EXPECT_EQ(p.gen.method.method(), "full");
+  // Required fields are not optional: null messages is refused.
+  EXPECT_EQ(refusal(R"({"messages":null})").param, "messages");
+  // Unknown top-level fields stay refused, and chat-only fields are unknown to completions.
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"frobnicate":null})").param, "frobnicate");
+  EXPECT_EQ(refusal(R"({"prompt":"x","tools":[]})", false).param, "tools");
+  EXPECT_EQ(refusal(R"({"prompt":"x","top_logprobs":1})", false).param, "top_logprobs");
+}
+
+TEST(OpenAIRequests, PenaltiesBiasSeedAndTopP) {
+  using namespace openai_surface;
+  const auto p = chat(
+      R"("presence_penalty":-2,"frequency_penalty":1.5,"logit_bias":{"7":-100,"3":2.5,"0":100,"9":0},"top_p":0)");
+  EXPECT_EQ(p.gen.presence_penalty, -2.0f);
+  EXPECT_EQ(p.gen.frequency_penalty, 1.5f);
+  // Ids ascending; a bias of 0 changes nothing and is dropped.
+  const std::vector<std::pair<std::int32_t, float>> bias = {{0, 100.0f}, {3, 2.5f}, {7, -100.0f}};
+  EXPECT_EQ(p.gen.logit_bias, bias);
+  EXPECT_EQ(p.gen.top_p, 0.0f);
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"presence_penalty":2.5})").param, "presence_penalty");
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"frequency_penalty":"1"})").param, "frequency_penalty");
+  // logit_bias: a non-integer key or an id outside the vocabulary (512 tokens) names the field.
+  for (const char* b : {R"({"abc":1})", R"({"1.5":1})", R"({"":1})", R"({"512":1})", R"({"-1":1})",
+                        R"({"99999999999999999999":1})", R"([1])", R"(3)"}) {
+    const auto e = refusal("{" + kMsg + R"(,"logit_bias":)" + b + "}");
+    EXPECT_EQ(e.param, "logit_bias") << b;
+    EXPECT_NE(e.message.find("logit_bias"), std::string::npos) << e.message;
+  }
+  EXPECT_NE(refusal("{" + kMsg + R"(,"logit_bias":{"512":1}})").message.find("0 to 511"),
+            std::string::npos);
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"logit_bias":{"5":100.5}})").param, "logit_bias.5");
+  EXPECT_EQ(chat(R"("logit_bias":{"511":-1})").gen.logit_bias.size(), 1u);
+  // Seeds: any signed 64-bit integer; 0 and negatives map to nonzero sampler states.
+  EXPECT_EQ(chat(R"("seed":5)").gen.seed, 5u);
+  EXPECT_EQ(chat(R"("seed":0)").gen.seed, 0x9E3779B97F4A7C15ull);
+  EXPECT_EQ(chat(R"("seed":-1)").gen.seed, 0xFFFFFFFFFFFFFFFFull);
+  EXPECT_EQ(chat(R"("seed":-9223372036854775808)").gen.seed, 0x8000000000000000ull);
+  EXPECT_EQ(serve::sampler_seed(0), serve::sampler_seed(-7046029254386353131LL));
+  // Choice seeds: the first is the request's, the others deterministic, distinct, nonzero.
+  EXPECT_EQ(serve::choice_seed(5, 0), 5u);
+  EXPECT_EQ(serve::choice_seed(5, 1), serve::choice_seed(5, 1));
+  EXPECT_NE(serve::choice_seed(5, 1), serve::choice_seed(5, 2));
+  EXPECT_NE(serve::choice_seed(5, 1), 5u);
+  for (int i = 0; i < 8; ++i) EXPECT_NE(serve::choice_seed(0x9E3779B97F4A7C15ull, i), 0u);
+  // n: 1 to 8.
+  EXPECT_EQ(chat(R"("n":8)").n, 8);
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"n":9})").param, "n");
+}
+
+TEST(OpenAIRequests, LogprobsResponseFormatAndTools) {
+  using namespace openai_surface;
+  auto p = chat(R"("logprobs":true,"top_logprobs":20)");
+  EXPECT_TRUE(p.gen.logprobs);
+  EXPECT_EQ(p.gen.top_logprobs, 20);
+  EXPECT_FALSE(chat(R"("logprobs":false)").gen.logprobs);
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"logprobs":true,"top_logprobs":21})").param, "top_logprobs");
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"top_logprobs":2})").param, "top_logprobs");
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"logprobs":1})").param, "logprobs");
+  // Completions: logprobs is an integer 0..5.
+  const auto c = serve::parse_request(R"({"prompt":"x","logprobs":0})", false, kDef, 100, 512);
+  EXPECT_TRUE(c.gen.logprobs);
+  EXPECT_EQ(c.gen.top_logprobs, 0);
+  EXPECT_EQ(serve::parse_request(R"({"prompt":"x","logprobs":5})", false, kDef, 100, 512)
+                .gen.top_logprobs,
+            5);
+  EXPECT_EQ(refusal(R"({"prompt":"x","logprobs":6})", false).param, "logprobs");
+  EXPECT_EQ(refusal(R"({"prompt":"x","logprobs":true})", false).param, "logprobs");
+  // response_format: text only; JSON modes refused as unsupported.
+  EXPECT_NO_THROW(chat(R"("response_format":{"type":"text"})"));
+  for (const char* t : {"json_object", "json_schema"}) {
+    const auto e = refusal("{" + kMsg + R"(,"response_format":{"type":")" + t + R"("}})");
+    EXPECT_EQ(e.param, "response_format");
+    EXPECT_EQ(e.code, "unsupported_value");
+    EXPECT_NE(e.message.find("not supported"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find(t), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"response_format":{"type":"xml"}})").param, "response_format");
+  // Tools: empty or null accepted, anything else refused as an unsupported parameter.
+  EXPECT_NO_THROW(chat(R"("tools":[],"functions":[],"tool_choice":"none","function_call":"none")"));
+  const std::string tool =
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  for (const auto& [field, value] : {std::pair<std::string, std::string>{"tools", tool},
+                                     {"functions", R"([{"name":"f"}])"},
+                                     {"tool_choice", R"("auto")"},
+                                     {"function_call", R"({"name":"f"})"}}) {
+    const auto e = refusal("{" + kMsg + ",\"" + field + "\":" + value + "}");
+    EXPECT_EQ(e.param, field);
+    EXPECT_EQ(e.code, "unsupported_parameter");
+    EXPECT_EQ(serve::error_json(e).find("\"code\":\"unsupported_parameter\"") != std::string::npos,
+              true)
+        << serve::error_json(e);
+  }
+}
+
+TEST(OpenAIRequests, MessagesAsClientsSendThem) {
+  using namespace openai_surface;
+  auto parse = [](const std::string& messages) {
+    return serve::parse_request(R"({"messages":)" + messages + "}", true, kDef, 100, 512)
+        .gen.messages;
+  };
+  // Content parts (text) are concatenated; developer is system.
+  auto m = parse(
+      R"([{"role":"developer","content":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}]},
+                     {"role":"user","content":[]},{"role":"user","content":"hi","name":"ann"}])");
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[0].role, "system");
+  EXPECT_EQ(m[0].content, "Be brief.");
+  EXPECT_EQ(m[1].content, "");
+  EXPECT_EQ(m[2].content, "hi");
+  // The official SDK's reply object, appended as it came (its extra keys ignored).
+  m = parse(R"([{"role":"user","content":"hi"},
+                {"role":"assistant","content":"Hello.","refusal":null,"annotations":[],
+                 "audio":null,"function_call":null,"tool_calls":[],"name":null},
+                {"role":"assistant","content":null,"tool_calls":null,"parsed":null},
+                {"role":"user","content":"more"}])");
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[1].role, "assistant");
+  EXPECT_EQ(m[1].content, "Hello.");
+  EXPECT_EQ(m[2].content, "");
+  // Other part types are named; tool calls, tool messages and unknown keys are refused.
+  auto e = refusal(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},
+                      {"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})");
+  EXPECT_EQ(e.param, "messages[0].content[1].type");
+  EXPECT_NE(e.message.find("image_url"), std::string::npos) << e.message;
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})").param,
+            "messages[0].content[0].type");
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})").param,
+            "messages[0].content[0].text");
+  EXPECT_EQ(
+      refusal(R"({"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"c1"}]}]})")
+          .param,
+      "messages[0].tool_calls");
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"tool","content":"x","tool_call_id":"c1"}]})").param,
+            "messages[0].role");
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":"x","refusal":null}]})").param,
+            "messages[0].refusal");  // only an assistant message carries the SDK's reply keys
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":"x","frob":1}]})").param,
+            "messages[0].frob");
+  EXPECT_EQ(refusal(R"({"messages":[{"role":"user"}]})").param, "messages[0].content");
+  EXPECT_EQ(refusal(R"({"messages":[{"content":"x"}]})").param, "messages[0].role");
+}
+
+TEST(OpenAIRequests, NumbersPastDoubleRangeNameTheirField) {
+  using namespace openai_surface;
+  for (const auto& [fields, param] :
+       {std::pair<std::string, std::string>{R"("temperature":1e400)", "temperature"},
+        {R"("max_tokens":-1e400)", "max_tokens"},
+        {R"("stop":["a",1e999])", "stop[1]"},
+        {R"("logit_bias":{"5":1e400})", "logit_bias.5"}}) {
+    const auto e = refusal("{" + kMsg + "," + fields + "}");
+    EXPECT_EQ(e.param, param) << fields;
+    EXPECT_NE(e.message.find("outside the range of a double"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(
+      refusal(R"({"messages":[{"role":"user","content":[{"type":"text","text":1e400}]}]})").param,
+      "messages[0].content[0].text");
+  EXPECT_EQ(refusal("1e400").param, "");
+  // Integers past 64 bits parse as doubles (no error there): refused by the field's own check.
+  EXPECT_EQ(refusal("{" + kMsg + R"(,"max_tokens":123456789012345678901234567890})").param,
+            "max_tokens");
+}
+
+TEST(Sampling, PenaltiesAndBiasFollowOpenAIsFormula) {
+  // logit[j] -= c[j] * frequency + (c[j] > 0) * presence; logit[j] += bias[j]. By hand, with
+  // frequency 0.5 and presence 0.25 (exact in binary):
+  //   token 0: never generated, bias +10     -> 1 + 10             = 11
+  //   token 1: generated twice               -> 2 - (2*0.5 + 0.25) = 0.75
+  //   token 2: untouched                     -> 3
+  //   token 3: generated once, bias -1       -> 4 - (0.5 + 0.25) - 1 = 2.25
+  //   token 4: count 0 in the map (no presence penalty) -> 5
+  std::vector<float> l = {1, 2, 3, 4, 5};
+  const std::map<std::int32_t, std::int64_t> counts = {{1, 2}, {3, 1}, {4, 0}};
+  serve::adjust_logits(l.data(), counts, 0.5f, 0.25f, {{0, 10.0f}, {3, -1.0f}});
+  EXPECT_EQ(l, (std::vector<float>{11, 0.75f, 3, 2.25f, 5}));
+  // Negative penalties raise what was generated: -2 frequency, -2 presence on a count of 3:
+  // 1 - (3*(-2) + (-2)) = 9.
+  std::vector<float> one = {1};
+  serve::adjust_logits(one.data(), {{0, 3}}, -2.0f, -2.0f, {});
+  EXPECT_EQ(one[0], 9.0f);
+}
+
+namespace {
+// The reference the next tests check the scheduler against, written apart from it: stories260K
+// with a full cache, greedy on the logits after OpenAI's penalties and bias (by their formula,
+// in the order adjust_logits documents), and each step's raw logits kept.
+struct RefRun {
+  std::vector<std::int32_t> ids;
+  std::vector<std::vector<float>> logits;  // raw, per generated token
+  std::string text;
+};
+RefRun reference_greedy(const std::string& prompt, int n, float freq, float pres,
+                        const std::map<std::int32_t, float>& bias) {
+  const engine::Model& m = stories();
+  const auto& c = m.config();
+  engine::Transformer t(m, 16, 512);
+  ModelCache cache = KVCacheBuilder::for_model(CacheConfig("full"), engine::model_shape(c));
+  std::vector<std::int32_t> toks = stories_tok().encode(prompt, true);
+  const float* lg =
+      t.forward(toks.data(), static_cast<std::int64_t>(toks.size()), cache, engine::Logits::kLast);
+  RefRun r;
+  std::map<std::int32_t, int> count;
+  std::int32_t prev = toks.back();
+  for (int step = 0; step < n; ++step) {
+    std::vector<float> raw(lg, lg + c.vocab_size);
+    std::vector<float> adj = raw;
+    for (std::int64_t j = 0; j < c.vocab_size; ++j) {
+      const auto it = count.find(static_cast<std::int32_t>(j));
+      const int cj = it == count.end() ? 0 : it->second;
+      if (cj > 0) adj[j] = adj[j] - (static_cast<float>(cj) * freq + pres);
+      const auto b = bias.find(static_cast<std::int32_t>(j));
+      if (b != bias.end()) adj[j] = adj[j] + b->second;
+    }
+    std::int32_t best = 0;
+    for (std::int32_t j = 1; j < c.vocab_size; ++j) best = adj[j] > adj[best] ? j : best;
+    if (best == 1) break;  // llama2.c's stop token
+    r.ids.push_back(best);
+    r.logits.push_back(std::move(raw));
+    r.text += stories_tok().piece(prev, best);
+    prev = best;
+    ++count[best];
+    lg = t.forward(&best, 1, cache, engine::Logits::kLast);
+  }
+  return r;
+}
+
+// Log-softmax of `l` at `j`, in long double.
+double log_softmax(const std::vector<float>& l, std::size_t j) {
+  long double mx = l[0];
+  for (float v : l) mx = std::max<long double>(mx, v);
+  long double sum = 0;
+  for (float v : l) sum += std::exp(static_cast<long double>(v) - mx);
+  return static_cast<double>(static_cast<long double>(l[j]) - mx - std::log(sum));
+}
+
+std::pair<std::string, std::vector<serve::TokenLogprob>> run_job(serve::GenRequest r) {
+  Rig rig(small_options());
+  auto job = std::make_shared<serve::Job>(std::move(r));
+  rig.sched->submit(job);
+  std::string text;
+  std::vector<serve::TokenLogprob> lps;
+  serve::Job::Snapshot s;
+  for (int i = 0; i < 600 && !s.done; ++i) {
+    s = job->take(100ms);
+    text += s.text;
+    for (auto& e : s.logprobs) lps.push_back(std::move(e));
+  }
+  EXPECT_TRUE(s.done && !s.error);
+  return {text, lps};
+}
+}  // namespace
+
+TEST(Scheduler, LogprobsAreTheLogSoftmaxOfTheModelsLogits) {
+  serve::GenRequest r = completion("Once upon a time", 12, 0.0f, 1);
+  r.logprobs = true;
+  r.top_logprobs = 3;
+  const auto [text, lps] = run_job(r);
+  const RefRun ref = reference_greedy("Once upon a time", 12, 0, 0, {});
+  ASSERT_EQ(ref.ids.size(), 12u);
+  EXPECT_EQ(text, ref.text);
+  ASSERT_EQ(lps.size(), ref.ids.size());
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < lps.size(); ++i) {
+    const auto& raw = ref.logits[i];
+    EXPECT_NEAR(lps[i].logprob, log_softmax(raw, static_cast<std::size_t>(ref.ids[i])), 1e-4) << i;
+    EXPECT_LE(lps[i].logprob, 0.0f);
+    EXPECT_EQ(lps[i].offset, offset) << i;
+    offset += static_cast<std::int64_t>(lps[i].token.size());
+    // The top 3: the three largest raw logits (greedy: the chosen token first).
+    std::vector<std::int32_t> order(raw.size());
+    for (std::size_t j = 0; j < raw.size(); ++j) order[j] = static_cast<std::int32_t>(j);
+    std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return raw[a] > raw[b]; });
+    ASSERT_EQ(lps[i].top.size(), 3u);
+    for (std::size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(lps[i].top[k].second, log_softmax(raw, static_cast<std::size_t>(order[k])), 1e-4);
+      EXPECT_EQ(lps[i].top[k].first,
+                stories_tok().piece(
+                    i == 0 ? stories_tok().encode("Once upon a time", true).back() : ref.ids[i - 1],
+                    order[k]));
+    }
+    EXPECT_EQ(lps[i].top[0].first, lps[i].token);
+  }
+  EXPECT_EQ(static_cast<std::size_t>(offset), text.size());
+}
+
+TEST(Scheduler, PenaltiesAndBiasChangeTheTokensAsOpenAIDescribes) {
+  // Greedy with penalties and a bias against the reference loop's tokens, and the logprobs
+  // still of the raw model (not of the penalized logits).
+  const RefRun plain = reference_greedy("Once upon a time", 24, 0, 0, {});
+  // Greedy's " was" (its 4th token: "Once upon a time, there was ..."), biased away.
+  std::int32_t was = -1;
+  for (std::size_t i = 0; i < plain.ids.size() && was < 0; ++i) {
+    if (stories_tok().piece(plain.ids[i > 0 ? i - 1 : 0], plain.ids[i]) == " was")
+      was = plain.ids[i];
+  }
+  ASSERT_GE(was, 0) << plain.text;
+  const std::map<std::int32_t, float> bias = {{was, -100.0f}};
+  serve::GenRequest r = completion("Once upon a time", 24, 0.0f, 1);
+  r.frequency_penalty = 1.5f;
+  r.presence_penalty = 0.5f;
+  r.logit_bias.assign(bias.begin(), bias.end());
+  r.logprobs = true;
+  const auto [text, lps] = run_job(r);
+  const RefRun ref = reference_greedy("Once upon a time", 24, 1.5f, 0.5f, bias);
+  EXPECT_EQ(text, ref.text);
+  EXPECT_NE(ref.text, plain.text);  // the penalties changed something
+  ASSERT_EQ(lps.size(), ref.ids.size());
+  for (std::size_t i = 0; i < lps.size(); ++i)
+    EXPECT_NEAR(lps[i].logprob, log_softmax(ref.logits[i], static_cast<std::size_t>(ref.ids[i])),
+                1e-4);
+  for (std::int32_t id : ref.ids) EXPECT_NE(id, was);
+  // A bias of +100 on one token (greedy's first, " there" after ",") makes greedy pick it
+  // every time.
+  serve::GenRequest forced = completion("Once upon a time", 5, 0.0f, 1);
+  const std::int32_t t = plain.ids[2];
+  forced.logit_bias = {{t, 100.0f}};
+  const std::int32_t last = stories_tok().encode("Once upon a time", true).back();
+  std::string want = stories_tok().piece(last, t);
+  for (int i = 0; i < 4; ++i) want += stories_tok().piece(t, t);
+  EXPECT_EQ(run_job(forced).first, want);
+}
+
+TEST(Scheduler, TopPZeroIsGreedy) {
+  // The sampler alone treats top_p 0 as "no nucleus"; a request's top_p 0 keeps one token.
+  serve::GenRequest r = completion("Once upon a time", 30, 1.0f, 9);
+  r.top_p = 0.0f;
+  EXPECT_EQ(run_job(r).first, reference_greedy("Once upon a time", 30, 0, 0, {}).text);
 }
 
 }  // namespace

@@ -81,6 +81,11 @@ void add_http_options(CLI::App& cmd, serve::ServeOptions& o) {
       ->capture_default_str()
       ->check(int_range(0, 65535));
   cmd.add_option("--api-key", o.api_key, "Require Authorization: Bearer KEY on /v1/");
+  cmd.add_option("--cors-origin", o.cors_origins,
+                 "Allow browser pages from ORIGIN (e.g. https://app.example; repeatable; * = any) "
+                 "to call the API: CORS headers and preflights (default: no CORS)")
+      ->type_name("ORIGIN")
+      ->allow_extra_args(false);
   cmd.add_option("--http-threads", o.http_threads,
                  "HTTP worker threads (default 2 * max-sessions + 8, at most 256)")
       ->check(int_range(1, 4096));

@@ -19,7 +19,9 @@ inline constexpr int kMaxBodyDepth = 32;
 // Parses a request body. Throws ServeError 400 (invalid_request_error, param "") for a body that
 // is not JSON ("the request body is not valid JSON (syntax error at byte N near '...')") or that
 // nests arrays/objects deeper than kMaxBodyDepth ("... deeper than 32 levels (level 33 at byte
-// N)"); the depth is checked first, on the raw bytes.
+// N)"); the depth is checked first, on the raw bytes. A number past double's range (1e400) is
+// a 400 whose param is the path of the value holding it ("temperature", "logit_bias.5",
+// "stop[1]").
 nlohmann::json parse_body(std::string_view body);
 
 // A value as an error message quotes it: its compact JSON, at most 60 characters then "...",

@@ -1,9 +1,12 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "engine/model/transformer.h"
 #include "engine/model/weights_check.h"
@@ -38,6 +41,55 @@ std::size_t incomplete_utf8_tail(const std::string& s) {
   }
   return 0;
 }
+
+// Number of code points (UTF-8 lead bytes and bytes that are not continuation bytes) in s.
+std::int64_t code_points(std::string_view s) {
+  std::int64_t n = 0;
+  for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+}  // namespace
+
+void adjust_logits(float* logits, const std::map<std::int32_t, std::int64_t>& counts,
+                   float frequency, float presence,
+                   const std::vector<std::pair<std::int32_t, float>>& bias) {
+  if (frequency != 0.0f || presence != 0.0f) {
+    for (const auto& [id, c] : counts) {
+      if (c > 0) logits[id] -= static_cast<float>(c) * frequency + presence;
+    }
+  }
+  for (const auto& [id, b] : bias) logits[id] += b;
+}
+
+namespace {
+// Log probabilities at one step under the softmax of `logits` (double precision): the chosen
+// token's is filled in later (entry.logprob = logits[chosen] - log_z).
+struct StepLogprobs {
+  double log_z = 0;
+  std::vector<std::pair<std::int32_t, float>> top;  // (id, logprob), descending
+};
+StepLogprobs step_logprobs(const float* logits, std::int64_t vocab, int k,
+                           std::vector<std::int32_t>& ids) {
+  StepLogprobs out;
+  double mx = logits[0];
+  for (std::int64_t i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  out.log_z = mx + std::log(sum);
+  if (k > 0) {
+    ids.resize(static_cast<std::size_t>(vocab));
+    for (std::int64_t i = 0; i < vocab; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    const std::size_t kk = std::min<std::size_t>(static_cast<std::size_t>(k), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(kk), ids.end(),
+                      [&](std::int32_t a, std::int32_t b) {
+                        return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+                      });
+    for (std::size_t i = 0; i < kk; ++i)
+      out.top.emplace_back(ids[i], static_cast<float>(logits[ids[i]] - out.log_z));
+  }
+  return out;
+}
 }  // namespace
 
 // ---- Job ----------------------------------------------------------------------------------
@@ -47,6 +99,7 @@ Job::Snapshot Job::take(std::chrono::milliseconds timeout) {
   cv_.wait_for(lock, timeout, [&] { return news_ || done_; });
   Snapshot s;
   s.text.swap(pending_);
+  s.logprobs.swap(pending_logprobs_);
   news_ = false;
   s.admitted = admitted_;
   s.done = done_;
@@ -62,14 +115,20 @@ Job::Snapshot Job::take(std::chrono::milliseconds timeout) {
   return s;
 }
 
-void Job::push(const std::string& text) {
-  if (text.empty()) return;
+void Job::notify() {
+  cv_.notify_all();
+  if (wake_) wake_->notify();
+}
+
+void Job::push(const std::string& text, std::vector<TokenLogprob> logprobs) {
+  if (text.empty() && logprobs.empty()) return;
   {
     std::lock_guard lock(m_);
     pending_ += text;
+    for (auto& e : logprobs) pending_logprobs_.push_back(std::move(e));
     news_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 void Job::finish(const std::string& reason) {
@@ -79,7 +138,7 @@ void Job::finish(const std::string& reason) {
     done_ = true;
     finish_reason_ = reason;
   }
-  cv_.notify_all();
+  notify();
 }
 
 void Job::fail(ServeError e) {
@@ -89,7 +148,7 @@ void Job::fail(ServeError e) {
     done_ = true;
     error_ = std::move(e);
   }
-  cv_.notify_all();
+  notify();
 }
 
 void Job::set_admitted() {
@@ -98,7 +157,7 @@ void Job::set_admitted() {
     admitted_ = true;
     news_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 // ---- Sessions and active requests ---------------------------------------------------------
@@ -129,6 +188,10 @@ struct Scheduler::Active {
   std::string text;         // the reply so far
   std::size_t emitted = 0;  // bytes of `text` given to the job
   std::size_t max_stop = 0;
+  std::int64_t chars = 0;                       // code points in `text`
+  std::map<std::int32_t, std::int64_t> counts;  // generated tokens (penalties)
+  std::vector<TokenLogprob> logprobs;           // one per generated token (when asked)
+  std::size_t lp_emitted = 0;                   // entries given to the job
 };
 
 // ---- Scheduler ----------------------------------------------------------------------------
@@ -353,7 +416,10 @@ void Scheduler::start_locked(std::unique_ptr<Active> a, std::int64_t cached) {
   s.busy = true;
   s.tail.clear();
   s.last_used = Clock::now();
-  a->sampler.emplace(model_->config().vocab_size, r.temperature, r.top_p, r.seed);
+  // top_p 0 keeps only the most probable token: greedy, as temperature 0 (the sampler itself
+  // treats top_p 0 as "no nucleus", run.c's rule).
+  a->sampler.emplace(model_->config().vocab_size, r.top_p == 0.0f ? 0.0f : r.temperature, r.top_p,
+                     r.seed);
   for (const auto& st : r.stop) a->max_stop = std::max(a->max_stop, st.size());
   a->prev = a->feed.back();
   Job& job = *a->job;
@@ -400,7 +466,12 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
     a.job->fail(*err);
     drop_session_locked(s);
   } else {
-    if (a.emitted < a.text.size()) a.job->push(a.text.substr(a.emitted));
+    std::vector<TokenLogprob> rest(
+        std::make_move_iterator(a.logprobs.begin() + static_cast<std::ptrdiff_t>(a.lp_emitted)),
+        std::make_move_iterator(a.logprobs.end()));
+    a.lp_emitted = a.logprobs.size();
+    a.job->push(a.emitted < a.text.size() ? a.text.substr(a.emitted) : std::string(),
+                std::move(rest));
     a.emitted = a.text.size();
     {
       std::lock_guard lock(a.job->m_);
@@ -408,7 +479,7 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
       a.job->kv_resident_ = s->resident;
       a.job->kv_full_ = s->full;
     }
-    if (s->chat && reason != "abort") {
+    if (s->chat) {
       s->history = a.job->req.messages;
       // The reply as the client received it: JSON carries invalid UTF-8 (a byte token cut from
       // its sequence) as U+FFFD, so the next turn's copy of it matches this one.
@@ -468,7 +539,9 @@ void Scheduler::loop() {
           ++counters_.requests_cancelled;
           end_active(a, "", unavailable("the client disconnected", 0));
         } else if (abort_active_) {
-          end_active(a, "abort", std::nullopt);
+          // OpenAI has no finish reason for a reply cut short by the server: the request fails
+          // (a stream gets an error event, then [DONE]) and may be retried elsewhere.
+          end_active(a, "", unavailable("the server shut down before the reply was finished", 1));
         }
       }
       if (active_.empty()) {
@@ -534,6 +607,7 @@ void Scheduler::step(std::vector<Active*>& run) {
   ++counters_.steps;
   std::int64_t generated = 0;
   std::vector<float> work(static_cast<std::size_t>(c.vocab_size));
+  std::vector<std::int32_t> ids;  // top_logprobs' sort
   for (std::size_t i = 0; i < run.size(); ++i) {
     Active& a = *run[i];
     Session& s = *a.s;
@@ -575,7 +649,12 @@ void Scheduler::step(std::vector<Active*>& run) {
                                    "", 0});
       continue;
     }
+    const GenRequest& req = a.job->req;
+    StepLogprobs lp;
+    if (req.logprobs) lp = step_logprobs(logits, c.vocab_size, req.top_logprobs, ids);
     std::copy(logits, logits + c.vocab_size, work.begin());
+    adjust_logits(work.data(), a.counts, req.frequency_penalty, req.presence_penalty,
+                  req.logit_bias);
     const std::int32_t next = a.sampler->sample(work.data());
     const std::int64_t seen = s.cache.layer(0).tokens_seen();
     if (next == stop_token_ || next == chat_->end_of_turn()) {
@@ -586,7 +665,19 @@ void Scheduler::step(std::vector<Active*>& run) {
     }
     ++a.generated;
     ++generated;
-    a.text += tok_->piece(a.prev, next);
+    ++a.counts[next];
+    const std::string piece = tok_->piece(a.prev, next);
+    if (req.logprobs) {
+      TokenLogprob e;
+      e.token = piece;
+      e.logprob = static_cast<float>(static_cast<double>(logits[next]) - lp.log_z);
+      e.offset = static_cast<std::int64_t>(a.text.size());
+      e.text_offset = a.chars;
+      for (const auto& [id, l] : lp.top) e.top.emplace_back(tok_->piece(a.prev, id), l);
+      a.logprobs.push_back(std::move(e));
+    }
+    a.text += piece;
+    a.chars += code_points(piece);
     a.prev = next;
     a.last = next;
     s.ended_with_eot = false;
@@ -599,6 +690,10 @@ void Scheduler::step(std::vector<Active*>& run) {
     }
     if (cut != std::string::npos) {
       a.text.resize(std::max(cut, a.emitted));
+      // Tokens whose text begins past the cut are not part of the reply.
+      while (a.logprobs.size() > a.lp_emitted &&
+             a.logprobs.back().offset >= static_cast<std::int64_t>(a.text.size()))
+        a.logprobs.pop_back();
       s.tail = {next};
       end_active(a, "stop", std::nullopt);
       continue;
@@ -611,7 +706,12 @@ void Scheduler::step(std::vector<Active*>& run) {
     std::size_t safe = a.text.size() - incomplete_utf8_tail(a.text);
     if (a.max_stop > 1) safe = a.text.size() > a.max_stop - 1 ? std::min(safe, a.text.size() - (a.max_stop - 1)) : 0;
     if (safe > a.emitted) {
-      a.job->push(a.text.substr(a.emitted, safe - a.emitted));
+      // With the text, the log probabilities of the tokens whose text begins in it.
+      std::vector<TokenLogprob> lps;
+      while (a.lp_emitted < a.logprobs.size() &&
+             a.logprobs[a.lp_emitted].offset < static_cast<std::int64_t>(safe))
+        lps.push_back(a.logprobs[a.lp_emitted++]);
+      a.job->push(a.text.substr(a.emitted, safe - a.emitted), std::move(lps));
       a.emitted = safe;
     }
     {

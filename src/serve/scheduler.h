@@ -57,11 +57,21 @@ using engine::TemplateKind;
 
 // An error with the HTTP status and OpenAI error type it is answered with.
 struct ServeError {
+  ServeError() = default;
+  ServeError(int status_, std::string type_, std::string message_, std::string param_ = "",
+             int retry_after_ = 0, std::string code_ = "")
+      : status(status_),
+        type(std::move(type_)),
+        message(std::move(message_)),
+        param(std::move(param_)),
+        retry_after(retry_after_),
+        code(std::move(code_)) {}
   int status = 500;
   std::string type = "server_error";  // invalid_request_error, server_error, ...
   std::string message;
   std::string param;    // the request field at fault ("" = none)
   int retry_after = 0;  // seconds, for 503 (0 = no header)
+  std::string code;     // OpenAI's error code ("" = null), e.g. "unsupported_parameter"
 };
 
 struct SchedulerOptions {
@@ -83,25 +93,78 @@ struct GenRequest {
   std::string prompt;             // completion
   std::int64_t max_tokens = 256;
   float temperature = 1.0f;
-  float top_p = 1.0f;
-  std::uint64_t seed = 42;
+  float top_p = 1.0f;       // 0: greedy, like temperature 0
+  std::uint64_t seed = 42;  // the sampler's xorshift state (nonzero)
   std::vector<std::string> stop;
+  // OpenAI's penalties and logit bias (adjust_logits below), on the logits before sampling.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  std::vector<std::pair<std::int32_t, float>> logit_bias;  // (token id, bias), ids ascending
+  // Log probabilities of each generated token under the model's distribution (the softmax of
+  // the raw logits: before penalties, bias, temperature and top_p), with the `top_logprobs`
+  // most probable tokens of each step (0..20).
+  bool logprobs = false;
+  int top_logprobs = 0;
   CacheConfig method = CacheConfig("full");
   std::string client;  // who asks (the server: the remote address); "" = no per-client limit
+};
+
+// OpenAI's frequency and presence penalties and logit bias, in place on one step's logits:
+// for each token j generated counts[j] = c > 0 times so far in this completion,
+// logits[j] -= c * frequency + presence (in float, that expression evaluated first); then
+// logits[j] += bias for each (j, bias) of `bias`. Ids are within [0, vocab) (unchecked).
+void adjust_logits(float* logits, const std::map<std::int32_t, std::int64_t>& counts,
+                   float frequency, float presence,
+                   const std::vector<std::pair<std::int32_t, float>>& bias);
+
+// One generated token's log probability (GenRequest::logprobs).
+struct TokenLogprob {
+  // Its text as the reply received it (raw bytes: may be part of a UTF-8 sequence).
+  std::string token;
+  float logprob = 0;             // log softmax of the raw logits at this step
+  std::int64_t offset = 0;       // byte offset of its text in the reply
+  std::int64_t text_offset = 0;  // the same in code points (UTF-8 lead bytes before it)
+  // The top_logprobs most probable tokens (text, logprob), descending (ties: lower id first).
+  std::vector<std::pair<std::string, float>> top;
+};
+
+// Wakes a reader that waits on several jobs (the n choices of one request).
+struct Wake {
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint64_t seq = 0;
+  void notify() {
+    {
+      std::lock_guard lock(m);
+      ++seq;
+    }
+    cv.notify_all();
+  }
+  // Waits up to `timeout` for a notify after the one that made seq == `seen`.
+  void wait(std::uint64_t seen, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, timeout, [&] { return seq != seen; });
+  }
+  std::uint64_t current() {
+    std::lock_guard lock(m);
+    return seq;
+  }
 };
 
 // One request in flight: written by the scheduler, read by the HTTP thread that waits on it.
 class Job {
  public:
-  explicit Job(GenRequest r) : req(std::move(r)) {}
+  explicit Job(GenRequest r, std::shared_ptr<Wake> wake = nullptr)
+      : req(std::move(r)), wake_(std::move(wake)) {}
   const GenRequest req;
 
   // Output so far (text pieces in order), taken by the reader.
   struct Snapshot {
     std::string text;              // new text since the last take
+    std::vector<TokenLogprob> logprobs;  // the tokens whose text begins in `text` (logprobs)
     bool admitted = false;         // left the queue (or failed there)
     bool done = false;             // finished (normally or with an error)
-    std::string finish_reason;     // "stop", "length" (when done without error)
+    std::string finish_reason;     // "stop", "length" (when done without error; a request
+                                   // cut by shutdown fails with 503 instead)
     std::optional<ServeError> error;
     std::int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
     std::string session;           // the session's id
@@ -115,7 +178,8 @@ class Job {
 
  private:
   friend class Scheduler;
-  void push(const std::string& text);
+  void push(const std::string& text, std::vector<TokenLogprob> logprobs = {});
+  void notify();
   void finish(const std::string& reason);
   void fail(ServeError e);
   void set_admitted();
@@ -123,6 +187,8 @@ class Job {
   std::mutex m_;
   std::condition_variable cv_;
   std::string pending_;
+  std::vector<TokenLogprob> pending_logprobs_;
+  std::shared_ptr<Wake> wake_;
   bool admitted_ = false, done_ = false, news_ = false;
   std::string finish_reason_;
   std::optional<ServeError> error_;
@@ -176,7 +242,8 @@ class Scheduler {
   std::size_t cached_methods(const std::string& client = "");
 
   // Stops admitting (queued jobs fail with 503), lets active jobs finish, then returns once
-  // none is active or `grace` has passed (the rest then end with finish_reason "abort").
+  // none is active or `grace` has passed (the rest then fail with 503 "the server shut down
+  // before the reply was finished": OpenAI has no finish reason for it).
   void drain(std::chrono::milliseconds grace);
 
   Metrics metrics();

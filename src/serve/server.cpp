@@ -5,18 +5,21 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
-#include "engine/tokenizers/tokenizer.h"
 #include "engine/run/chat_template.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "serve/openai.h"
 #include "veloxquant/errors.h"
 
@@ -93,12 +96,24 @@ std::string metrics_text(const Metrics& m) {
   return o.str();
 }
 
-struct StreamState {
+// One choice of a streamed request.
+struct StreamChoice {
   std::shared_ptr<Job> job;
+  bool first = true, finished = false;
+  std::string carry;                   // text taken while waiting for admission
+  std::vector<TokenLogprob> carry_lp;  // and its tokens' log probabilities
+  Job::Snapshot last;
+};
+
+struct StreamState {
+  std::vector<StreamChoice> choices;
+  std::shared_ptr<Wake> wake;
   std::string id, model;
   std::int64_t created = 0;
-  bool chat = true, include_usage = false, first = true;
-  std::string carry;  // text taken while waiting for admission
+  bool chat = true, include_usage = false, logprobs = false;
+  void cancel_all() {
+    for (auto& c : choices) c.job->cancel();
+  }
 };
 
 // What the handlers share.
@@ -111,6 +126,7 @@ struct ServerState {
   std::atomic<bool> draining{false};
   std::atomic<int> inflight{0};  // streams still writing
   std::atomic<std::int64_t> next_id{1};
+  std::int64_t vocab_size = 0;           // logit_bias ids are checked against it
   const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
 };
 
@@ -136,12 +152,52 @@ SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& met
   return so;
 }
 
-// Thread pool, size and time limits, JSON error bodies, and the API key check on /v1/.
+// The methods a known path answers (the Allow header of its 405), nullptr for an unknown path.
+const char* allowed_methods(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
+  if (path == "/v1/models" || path == "/health" || path == "/metrics" || path == "/")
+    return "GET, HEAD, OPTIONS";
+  return nullptr;
+}
+
+bool method_allowed(const std::string& method, const std::string& allow) {
+  std::size_t at = 0;
+  while (at < allow.size()) {
+    std::size_t end = allow.find(',', at);
+    if (end == std::string::npos) end = allow.size();
+    if (allow.compare(at, end - at, method) == 0) return true;
+    at = end + 2;  // ", "
+  }
+  return false;
+}
+
+// The CORS origin to answer `req` with: "" when --cors-origin is not given or does not list
+// the request's Origin; "*" when it lists "*".
+std::string cors_origin(const ServeOptions& o, const httplib::Request& req) {
+  if (o.cors_origins.empty() || !req.has_header("Origin")) return "";
+  const std::string origin = req.get_header_value("Origin");
+  for (const auto& allowed : o.cors_origins) {
+    if (allowed == "*") return "*";
+    if (allowed == origin) return origin;
+  }
+  return "";
+}
+
+// The listening socket gets SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT,
+// which let a second server bind the same port and silently take half the connections.
+void listen_socket_options(socket_t sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+}
+
+// Thread pool, size and time limits, JSON error bodies, CORS (opt-in), 405 for a known path's
+// wrong method, and the API key check on /v1/.
 void configure_http(httplib::Server& svr, const ServeOptions& o) {
   const int pool = o.http_threads > 0
                        ? o.http_threads
                        : static_cast<int>(std::min<std::int64_t>(256, 2 * o.max_sessions + 8));
   svr.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<size_t>(pool)); };
+  svr.set_socket_options(listen_socket_options);
   svr.set_payload_max_length(static_cast<size_t>(o.max_body));
   svr.set_read_timeout(5, 0);
   svr.set_write_timeout(5, 0);
@@ -155,7 +211,54 @@ void configure_http(httplib::Server& svr, const ServeOptions& o) {
                       "application/json");
     }
   });
+  // A handler that throws: 500 with a fixed message (cpp-httplib's default would copy the
+  // exception's text into an EXCEPTION_WHAT header); the text goes to stderr only.
+  svr.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        std::fprintf(stderr, "veloxquant serve: %s %s failed: %s\n", req.method.c_str(),
+                     req.path.c_str(), what.c_str());
+        send_error(res,
+                   ServeError{500, "server_error", "internal error (logged by the server)", "", 0});
+      });
   svr.set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = cors_origin(o, req);
+    if (!origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Access-Control-Expose-Headers", "Retry-After");
+    }
+    if (!o.cors_origins.empty()) res.set_header("Vary", "Origin");
+    const char* allow = allowed_methods(req.path);
+    if (allow != nullptr && req.method == "OPTIONS") {
+      // A CORS preflight (or a plain OPTIONS): answered before the key check, which a
+      // preflight cannot pass (browsers send it without the Authorization header).
+      res.status = 204;
+      res.set_header("Allow", allow);
+      if (!origin.empty()) {
+        res.set_header("Access-Control-Allow-Methods", allow);
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        res.set_header("Access-Control-Allow-Headers",
+                       asked.empty() ? std::string("Authorization, Content-Type") : asked);
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (allow != nullptr && !method_allowed(req.method, allow)) {
+      send_error(res, ServeError{405, "invalid_request_error",
+                                 req.method.substr(0, 16) + " is not allowed on " + req.path +
+                                     " (allowed: " + allow + ")",
+                                 "", 0});
+      res.set_header("Allow", allow);
+      if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+        res.set_header("Connection", "close");  // its body is left unread
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
         req.get_header_value("Authorization") != "Bearer " + o.api_key) {
       send_error(res, ServeError{401, "invalid_request_error",
@@ -166,8 +269,12 @@ void configure_http(httplib::Server& svr, const ServeOptions& o) {
   });
 }
 
-// Answers a streamed request with server-sent events: the text as it comes, then the last chunk
-// with finish_reason and usage (or the error), then [DONE]. A client gone cancels the job.
+// Answers a streamed request with server-sent events: each choice's text as it comes (chunks
+// with its index, its tokens' log probabilities when asked), then its last chunk with
+// finish_reason, then (stream_options.include_usage) a chunk with no choices and the usage,
+// then [DONE]. Without include_usage a choice's last chunk carries the usage of that choice
+// (an extension, as before). An error ends the stream with an error event and [DONE] (the
+// other choices are cancelled). A client gone cancels the jobs.
 void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
                   std::atomic<int>& inflight) {
   ++inflight;
@@ -175,42 +282,76 @@ void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
   res.set_chunked_content_provider(
       "text/event-stream",
       [st](size_t, httplib::DataSink& sink) {
-        auto send = [&](const std::string& data) {
-          const std::string line = "data: " + data + "\n\n";
+        auto send = [&](const json& data) {
+          const std::string line =
+              "data: " + (data.is_string() ? data.get<std::string>() : dump(data)) + "\n\n";
           return sink.write(line.data(), line.size());
         };
-        Job::Snapshot s = st->job->take(st->carry.empty() ? 100ms : 0ms);
-        const std::string text = st->carry + s.text;
-        st->carry.clear();
-        bool ok = true;
-        if (!text.empty() || st->first) {
-          ok = send(dump(
-              chunk_json(st->id, st->chat, st->model, st->created, text, nullptr, s, st->first)));
-          st->first = false;
-        }
-        if (ok && s.done) {
-          if (s.error) {
-            ok = send(error_json(*s.error));
-          } else {
-            json last = chunk_json(st->id, st->chat, st->model, st->created, "",
-                                   s.finish_reason.c_str(), s, false);
-            last["usage"] = {{"prompt_tokens", s.prompt_tokens},
-                             {"completion_tokens", s.completion_tokens},
-                             {"total_tokens", s.prompt_tokens + s.completion_tokens},
-                             {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
-            ok = send(dump(last));
+        const std::uint64_t seen = st->wake->current();
+        bool ok = true, news = false, all_done = true;
+        std::optional<ServeError> error;
+        for (std::size_t i = 0; i < st->choices.size() && ok && !error; ++i) {
+          StreamChoice& c = st->choices[i];
+          if (c.finished) continue;
+          Job::Snapshot s = c.job->take(std::chrono::milliseconds(0));
+          std::string text = std::move(c.carry) + s.text;
+          std::vector<TokenLogprob> lps = std::move(c.carry_lp);
+          for (auto& e : s.logprobs) lps.push_back(std::move(e));
+          c.carry.clear();
+          c.carry_lp.clear();
+          if (!text.empty() || !lps.empty() || c.first) {
+            json chunk =
+                chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), text,
+                           st->logprobs && !lps.empty() ? &lps : nullptr, nullptr, s, c.first);
+            if (st->include_usage) chunk["usage"] = nullptr;
+            ok = send(chunk);
+            c.first = false;
+            news = true;
           }
-          ok = ok && send("[DONE]");
+          if (!s.done) {
+            all_done = false;
+            continue;
+          }
+          if (s.error) {
+            error = s.error;
+            break;
+          }
+          json last = chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), "",
+                                 nullptr, s.finish_reason.c_str(), s, false);
+          last["usage"] = st->include_usage ? json(nullptr) : usage_json({s});
+          ok = ok && send(last);
+          c.finished = true;
+          c.last = s;
+          news = true;
+        }
+        if (ok && error) {
+          st->cancel_all();
+          ok = send(json(error_json(*error))) && send(json("[DONE]"));
           if (ok) sink.done();
+        } else if (ok && all_done) {
+          if (st->include_usage) {
+            std::vector<Job::Snapshot> snaps;
+            for (const auto& c : st->choices) snaps.push_back(c.last);
+            ok = send(json{{"id", st->id},
+                           {"object", st->chat ? "chat.completion.chunk" : "text_completion"},
+                           {"created", st->created},
+                           {"model", st->model},
+                           {"choices", json::array()},
+                           {"usage", usage_json(snaps)}});
+          }
+          ok = ok && send(json("[DONE]"));
+          if (ok) sink.done();
+        } else if (ok && !news) {
+          st->wake->wait(seen, 100ms);
         }
         if (!ok) {
-          st->job->cancel();
+          st->cancel_all();
           return false;
         }
         return true;
       },
       [st, &inflight](bool success) {
-        if (!success) st->job->cancel();
+        if (!success) st->cancel_all();
         --inflight;
       });
 }
@@ -276,58 +417,88 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   }
   ParsedRequest p;
   try {
-    p = parse_request(body, chat_endpoint, state.method, state.max_context);
+    p = parse_request(body, chat_endpoint, state.method, state.max_context, state.vocab_size);
   } catch (const ServeError& e) {
     send_error(res, e);
     return;
   }
   p.gen.client = req.remote_addr;  // the per-client method-spec budget (--client-methods)
-  auto job = std::make_shared<Job>(p.gen);
-  try {
-    state.sched.submit(job);
-  } catch (const ServeError& e) {
-    send_error(res, e);
-    return;
-  } catch (const Error& e) {
-    send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
-    return;
+  // The n choices: a job each (its own session and seed), woken together.
+  auto wake = std::make_shared<Wake>();
+  std::vector<std::shared_ptr<Job>> jobs;
+  auto cancel_all = [&] {
+    for (auto& j : jobs) j->cancel();
+  };
+  for (int i = 0; i < p.n; ++i) {
+    GenRequest g = p.gen;
+    g.seed = choice_seed(p.gen.seed, i);
+    auto job = std::make_shared<Job>(std::move(g), wake);
+    try {
+      state.sched.submit(job);
+    } catch (const ServeError& e) {
+      cancel_all();
+      send_error(res, e);
+      return;
+    } catch (const Error& e) {
+      cancel_all();
+      send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
+      return;
+    }
+    jobs.push_back(std::move(job));
   }
-  std::string carry;
-  Job::Snapshot snap;
+  // Wait for choice 0's admission and, for a stream, its first token (or its end).
+  std::vector<std::string> carry(jobs.size());
+  std::vector<std::vector<TokenLogprob>> carry_lp(jobs.size());
+  std::vector<Job::Snapshot> snap(jobs.size());
+  auto take = [&](std::size_t i, std::chrono::milliseconds t) {
+    snap[i] = jobs[i]->take(t);
+    carry[i] += snap[i].text;
+    for (auto& e : snap[i].logprobs) carry_lp[i].push_back(std::move(e));
+  };
   for (;;) {
-    snap = job->take(100ms);
-    carry += snap.text;
-    if (snap.done || (snap.admitted && (!p.stream || !carry.empty() || snap.completion_tokens > 0)))
+    take(0, 100ms);
+    if (snap[0].done ||
+        (snap[0].admitted && (!p.stream || !carry[0].empty() || snap[0].completion_tokens > 0)))
       break;
   }
-  if (snap.error) {
-    send_error(res, *snap.error);
+  if (snap[0].error) {
+    cancel_all();
+    send_error(res, *snap[0].error);
     return;
   }
   const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
   const std::string id = (chat_endpoint ? "chatcmpl-" : "cmpl-") + std::to_string(state.next_id++);
   if (!p.stream) {
-    while (!snap.done) {
-      snap = job->take(200ms);
-      carry += snap.text;
-    }
-    if (snap.error) {
-      send_error(res, *snap.error);
-      return;
+    std::vector<ChoiceOutput> out(jobs.size());
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      while (!snap[i].done) take(i, 200ms);
+      if (snap[i].error) {
+        cancel_all();
+        send_error(res, *snap[i].error);
+        return;
+      }
+      out[i] = ChoiceOutput{std::move(carry[i]), std::move(carry_lp[i]), snap[i]};
     }
     res.set_content(
-        dump(completion_json(id, chat_endpoint, state.model_name, created, carry, snap)),
+        dump(completion_json(id, chat_endpoint, state.model_name, created, out, p.gen.logprobs)),
         "application/json");
     return;
   }
   auto st = std::make_shared<StreamState>();
-  st->job = job;
+  st->wake = wake;
   st->id = id;
   st->model = state.model_name;
   st->created = created;
   st->chat = chat_endpoint;
   st->include_usage = p.include_usage;
-  st->carry = std::move(carry);
+  st->logprobs = p.gen.logprobs;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    StreamChoice c;
+    c.job = jobs[i];
+    c.carry = std::move(carry[i]);
+    c.carry_lp = std::move(carry_lp[i]);
+    st->choices.push_back(std::move(c));
+  }
   stream_reply(res, std::move(st), state.inflight);
 }
 
@@ -371,9 +542,17 @@ int bind_port(httplib::Server& svr, const ServeOptions& o) {
   if (port == 0) {
     port = svr.bind_to_any_port(o.host);
     if (port < 0) throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + " (any port)");
-  } else if (!svr.bind_to_port(o.host, port)) {
-    throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + ":" + std::to_string(port) +
-                                         " (in use, or not an address of this machine)");
+  } else {
+    errno = 0;
+    if (!svr.bind_to_port(o.host, port)) {
+      const int err = errno;
+      throw Error(ErrorCode::kIoError,
+                  "cannot bind to " + o.host + ":" + std::to_string(port) +
+                      (err == EADDRINUSE
+                           ? ": the address is already in use (another server listens there)"
+                           : " (in use, or not an address of this machine" +
+                                 (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")"));
+    }
   }
   return port;
 }
@@ -435,6 +614,7 @@ int run_server(const ServeOptions& o) {
   ServerState state{o, method, so.max_context,
                     std::filesystem::path(model.path()).filename().string(), sched};
   state.model = &model;
+  state.vocab_size = mc.vocab_size;
   std::fprintf(stderr,
                "veloxquant serve: %s (%lld layers, context %lld), template %s, method %s: a "
                "session reserves %lld bytes; --kv-memory %lld holds %lld\n",

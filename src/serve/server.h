@@ -6,14 +6,20 @@
 //   GET  /v1/models, GET /health, GET /metrics (Prometheus text), GET / (the chat page)
 //
 // Errors are OpenAI's {"error": {...}} with the HTTP status (400 invalid request, 401 missing
-// or wrong API key, 404, 405, 413 body over --max-body, 415 multipart body, 503 + Retry-After when no memory comes
-// free or while shutting down, 500 on an engine failure). SIGTERM or SIGINT: stop admitting
-// (new requests 503), let requests in flight finish within --shutdown-grace (streams then end
-// with finish_reason "abort" and [DONE]), close the listener and return.
+// or wrong API key, 404, 405 (with Allow) for a known path's wrong method, 413 body over
+// --max-body, 415 multipart body, 503 + Retry-After when no memory comes free or while shutting
+// down, 500 on an engine failure, with no exception text in any header). OPTIONS on a known
+// path answers 204 with Allow; with --cors-origin, responses to a listed Origin carry
+// Access-Control-Allow-Origin and preflights the allowed methods and headers (no CORS
+// otherwise). The listening socket sets SO_REUSEADDR only, so a port in use is a startup
+// error. SIGTERM or SIGINT: stop admitting (new requests 503), let requests in flight finish
+// within --shutdown-grace (the rest then fail with 503: a stream gets an error event and
+// [DONE]), close the listener and return.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "serve/scheduler.h"
 
@@ -24,6 +30,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (the one chosen is printed)
   std::string api_key;
+  std::vector<std::string> cors_origins;  // --cors-origin (repeatable; "*" = any); none: no CORS
   std::int64_t kv_memory = std::int64_t{1} << 30;
   std::int64_t max_sessions = 64;
   std::int64_t max_context = 0;  // 0: min(4096, the model's seq_len)

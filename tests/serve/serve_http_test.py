@@ -79,6 +79,155 @@ def hostile_requests(srv, chat, msgs, key):
           (st, error_of(resp).get("message", "")[:80]))
 
 
+def no_exception_header(headers):
+    return not any(k.lower() == "exception_what" for k in headers)
+
+
+def openai_surface(srv, chat, msgs, key):
+    """Issue 32: the fields real clients send, in OpenAI's response shapes."""
+    full = {"messages": [{"role": "developer", "content": [{"type": "text", "text": "Be kind."}]}]
+            + msgs, "max_tokens": 6, "temperature": 0.9, "seed": 0, "n": 2, "logprobs": True,
+            "top_logprobs": 3, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+            "response_format": {"type": "text"}, "tools": [], "tool_choice": None, "user": None,
+            "stop": None, "top_p": None}
+    st, _, body = srv.request("POST", chat, full, key)
+    j = json.loads(body) if st == 200 else {}
+    ch = j.get("choices", [])
+    ok = st == 200 and [c["index"] for c in ch] == [0, 1]
+    for c in ch if ok else []:
+        content = c["logprobs"]["content"]
+        ok = ok and "".join(e["token"] for e in content) == c["message"]["content"]
+        ok = ok and all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 3
+                        and bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
+                        and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][2]["logprob"]
+                        for e in content)
+    check(ok and j["usage"]["completion_tokens"] == 12,
+          "n=2 with logprobs, penalties, logit_bias, seed 0, response_format text: two choices "
+          "with per-token logprobs (%s %s)" % (st, error_of(body).get("message", "")))
+    one = dict(full, n=1)
+    st, _, body = srv.request("POST", chat, one, key)
+    check(st == 200 and ok and json.loads(body)["choices"][0]["message"]["content"]
+          == ch[0]["message"]["content"], "choice 0 of n=2 is the n=1 reply for the same seed")
+    # Streamed: the same tokens and logprobs, chunk by chunk, and include_usage's last chunk.
+    st, ev = srv.stream(chat, dict(full, stream=True, stream_options={"include_usage": True}), key)
+    per = {0: [], 1: []}
+    usage = None
+    for e in ev:
+        if e == "[DONE]":
+            continue
+        c = json.loads(e)
+        if c.get("usage"):
+            usage = c
+        for x in c["choices"]:
+            if x.get("logprobs"):
+                per[x["index"]] += x["logprobs"]["content"]
+    check(st == 200 and ok and all(
+        [(e["token"], e["logprob"]) for e in per[i]] ==
+        [(e["token"], e["logprob"]) for e in ch[i]["logprobs"]["content"]] for i in (0, 1))
+        and usage is not None and usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+        and ev[-1] == "[DONE]",
+        "streamed n=2: the same logprobs per choice; include_usage ends with a choices-less chunk")
+    # Completions: logprobs is an integer; tokens, token_logprobs, top_logprobs, text_offset.
+    st, _, body = srv.request("POST", "/v1/completions", {"prompt": "Once upon a time",
+                                                           "max_tokens": 5, "logprobs": 2,
+                                                           "temperature": 0}, key)
+    c = json.loads(body)["choices"][0] if st == 200 else {}
+    lp = c.get("logprobs") or {}
+    check(st == 200 and "".join(lp["tokens"]) == c["text"] and len(lp["token_logprobs"]) == 5
+          and all(len(t) <= 2 for t in lp["top_logprobs"])
+          and lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(5)],
+          "completions logprobs: tokens, token_logprobs, top_logprobs, text_offset")
+    # top_p 0 is greedy.
+    st, _, body = srv.request("POST", chat, {"messages": msgs, "max_tokens": 12, "top_p": 0,
+                                             "temperature": 1, "seed": 3}, key)
+    st2, _, body2 = srv.request("POST", chat, {"messages": msgs, "max_tokens": 12,
+                                               "temperature": 0}, key)
+    check(st == 200 and st2 == 200 and json.loads(body)["choices"][0]["message"]["content"]
+          == json.loads(body2)["choices"][0]["message"]["content"], "top_p 0 is greedy")
+    # Refusals in OpenAI's shape.
+    for field, value, param, code in (
+            ("response_format", {"type": "json_object"}, "response_format", "unsupported_value"),
+            ("tools", [{"type": "function", "function": {"name": "f"}}], "tools",
+             "unsupported_parameter"),
+            ("tool_choice", "auto", "tool_choice", "unsupported_parameter")):
+        st, _, body = srv.request("POST", chat, {"messages": msgs, field: value}, key)
+        e = error_of(body)
+        check(st == 400 and e.get("param") == param and e.get("code") == code
+              and "not supported" in e.get("message", ""),
+              "%s %s: 400 %s (%s)" % (field, json.dumps(value)[:30], code, e.get("message")))
+    st, _, body = srv.request("POST", chat, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, key)
+    check(st == 400 and error_of(body).get("param") == "messages[0].content[0].type"
+          and "image_url" in error_of(body).get("message", ""), "an image part: 400 naming it")
+    # Numbers past double's range: 400 naming the field, no exception text in a header.
+    for raw, param in (('{"messages":[{"role":"user","content":"x"}],"temperature":1e400}',
+                        "temperature"),
+                       ('{"messages":[{"role":"user","content":"x"}],"logit_bias":{"3":-1e400}}',
+                        "logit_bias.3")):
+        st, headers, body = srv.request("POST", chat, raw, key)
+        check(st == 400 and error_of(body).get("param") == param and no_exception_header(headers),
+              "%s out of double range: 400 naming it (%s %s)" % (param, st, body[:80]))
+
+
+def http_methods(srv, key):
+    """405 with Allow for a known path's wrong method; OPTIONS; no CORS unless asked."""
+    for method, path, allow in (("GET", "/v1/chat/completions", "POST, OPTIONS"),
+                                ("PUT", "/v1/completions", "POST, OPTIONS"),
+                                ("POST", "/health", "GET, HEAD, OPTIONS"),
+                                ("DELETE", "/v1/models", "GET, HEAD, OPTIONS")):
+        st, headers, body = srv.request(method, path, "{}" if method != "GET" else None, key)
+        check(st == 405 and headers.get("Allow") == allow and error_of(body).get("message"),
+              "%s %s: 405 with Allow: %s (%s %s)" % (method, path, allow, st, headers.get("Allow")))
+    st, _, _ = srv.request("GET", "/health")
+    check(st == 200, "served after the 405s")
+    st, headers, _ = srv.request("OPTIONS", "/v1/chat/completions", headers={
+        "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
+    check(st == 204 and headers.get("Allow") == "POST, OPTIONS"
+          and "Access-Control-Allow-Origin" not in headers,
+          "OPTIONS without --cors-origin: 204 with Allow and no CORS headers")
+    st, headers, _ = srv.request("GET", "/health", headers={"Origin": "http://app.example"})
+    check(st == 200 and "Access-Control-Allow-Origin" not in headers, "no CORS by default")
+
+
+def cors_and_port(binary, model):
+    """--cors-origin answers preflights and listed origins; a second server on a port in use
+    fails at startup."""
+    srv = Server(binary, model, "--kv-memory", "16M", "--threads", "1", "--api-key", "k3y",
+                 "--cors-origin", "http://app.example", "--cors-origin", "http://two.example")
+    try:
+        pre = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type"}
+        st, h, _ = srv.request("OPTIONS", "/v1/chat/completions", headers=pre)
+        check(st == 204 and h.get("Access-Control-Allow-Origin") == "http://app.example"
+              and "POST" in h.get("Access-Control-Allow-Methods", "")
+              and "authorization" in h.get("Access-Control-Allow-Headers", "").lower(),
+              "CORS preflight (no API key needed): 204 with the allowed origin, methods, headers")
+        body = {"messages": [{"role": "user", "content": "Once"}], "max_tokens": 2}
+        st, h, _ = srv.request("POST", "/v1/chat/completions", body,
+                               {"Authorization": "Bearer k3y", "Origin": "http://two.example"})
+        check(st == 200 and h.get("Access-Control-Allow-Origin") == "http://two.example",
+              "CORS: a listed origin's request carries Access-Control-Allow-Origin")
+        st, h, _ = srv.request("POST", "/v1/chat/completions", body,
+                               {"Authorization": "Bearer k3y", "Origin": "http://evil.example"})
+        check("Access-Control-Allow-Origin" not in h, "CORS: an unlisted origin gets no CORS header")
+        st, h, _ = srv.request("POST", "/v1/chat/completions", body,
+                               {"Origin": "http://app.example"})
+        check(st == 401 and h.get("Access-Control-Allow-Origin") == "http://app.example",
+              "CORS: a 401 is readable by the listed page (%s)" % st)
+        # Two servers on one port: the second must fail at startup, not share the port.
+        second = subprocess.run([binary, "serve", "--model", model, "--host", "127.0.0.1",
+                                 "--port", str(srv.port), "--kv-memory", "16M", "--threads", "1"],
+                                capture_output=True, text=True, timeout=60)
+        check(second.returncode != 0 and "already in use" in second.stderr
+              and "listening on" not in second.stdout,
+              "a second server on the same port fails at startup (rc %s: %s)" %
+              (second.returncode, second.stderr.strip().splitlines()[-1:]))
+        st, _, _ = srv.request("GET", "/health")
+        check(st == 200, "the first server still answers")
+    finally:
+        srv.stop()
+
+
 def overflowing_model(src, dst):
     """stories260K.bin with its final RMSNorm weight FLT_MAX: finite weights, non-finite logits.
     Offsets from llama2.c's layout (run.c's memory_map_weights)."""
@@ -114,10 +263,13 @@ def main():
         check(st == 413 and "--max-body" in error_of(body).get("message", ""),
               "oversized body: 413 naming --max-body")
         hostile_requests(srv, chat, msgs, key)
+        openai_surface(srv, chat, msgs, key)
+        http_methods(srv, key)
         st, _, body = srv.request("POST", chat, {"messages": msgs, "frobnicate": 1}, key)
         check(st == 400 and error_of(body).get("param") == "frobnicate", "unknown field: 400")
         for field, value in (("temperature", 5), ("max_tokens", "ten"), ("top_p", -0.1),
-                             ("seed", 0), ("stop", [1])):
+                             ("seed", 1.5), ("stop", [1]), ("n", 9), ("presence_penalty", 3),
+                             ("logit_bias", {"x": 1})):
             st, _, body = srv.request("POST", chat, {"messages": msgs, field: value}, key)
             check(st == 400 and error_of(body).get("param") == field,
                   "invalid %s: 400 naming it" % field)
@@ -189,6 +341,8 @@ def main():
     finally:
         srv.stop()
 
+    cors_and_port(binary, model)
+
     # A slower model for what must happen mid-generation: llama-110m's shape with 2 layers and
     # random weights (make-model), the llama vocabulary from data/.
     tmp = tempfile.mkdtemp(prefix="vq_serve_test_")
@@ -243,9 +397,15 @@ def main():
             time.sleep(0.3)
             srv.proc.send_signal(signal.SIGTERM)
             t.join(30)
-            _, finish, done = stream_text(events)
-            check(done and finish == "abort" and len(events) > 3,
-                  "SIGTERM mid-stream: the stream ends with finish_reason %s and [DONE]" % finish)
+            # OpenAI has no finish reason for a reply the server cut: an error event, then
+            # [DONE]; no chunk says finish_reason "abort".
+            errors = [error_of(e) for e in events if e != "[DONE]" and "error" in json.loads(e)]
+            finishes = [c.get("finish_reason") for e in events if e != "[DONE]"
+                        for c in json.loads(e).get("choices", []) if c.get("finish_reason")]
+            check(len(events) > 3 and events[-1] == "[DONE]" and len(errors) == 1
+                  and "shut down" in errors[0].get("message", "") and not finishes,
+                  "SIGTERM mid-stream: an error event (%s) then [DONE], no finish_reason (%s)" %
+                  (errors[0].get("message") if errors else None, finishes))
             rc = srv.proc.wait(timeout=30)
             check(rc == 0, "the server exits 0 after SIGTERM (rc %s)" % rc)
 
