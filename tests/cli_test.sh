@@ -233,14 +233,14 @@ check "eval ratio" 0 "^streaming_llm +8x +11 .* 8\.64 " -- "$bin" eval --model "
 check "eval ratio json" 0 '"ratio_reached": 8.636' -- cat "$tmp/r.json"
 check "eval ratio best" 0 '"best_per_ratio"' -- cat "$tmp/r.json"
 
-# eval --task (docs/tasks.md): RULER-style tasks. The model is one variable (the task model
-# replaces stories260K when it ships). Errors name the flag, what was expected and what was found.
-task_model="$data/stories260K.bin"
+# eval --task (docs/tasks.md): RULER-style tasks on the shipped task model (context 1152). Errors
+# name the flag, what was expected and what was found.
+task_model="$data/task-model.bin"
 task_args=(eval --model "$task_model" --task niah_single,vt --lengths 384 --depths 0,100 --samples 2
            --method streaming_llm --method snapkv --ratio 4)
 check "task unknown name" 2 "--task expects task names from niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe, got 'niah'" -- "$bin" eval --model "$task_model" --task niah
 check "task bad depth" 2 "--depths expects comma-separated integers .*must be an integer in \[0, 100\], got 101" -- "$bin" eval --model "$task_model" --task niah_single --depths 0,101
-check "task length over the context" 2 "--lengths 1024 exceeds the model's context \(seq_len 512\)" -- "$bin" eval --model "$task_model" --task niah_single --lengths 1024
+check "task length over the context" 2 "--lengths 2048 exceeds the model's context \(seq_len 1152\)" -- "$bin" eval --model "$task_model" --task niah_single --lengths 2048
 check "task length too short" 2 "--lengths 100 is too short for task niah_single: the prompt with the smallest haystack takes [0-9]+ tokens" -- "$bin" eval --model "$task_model" --task niah_single --lengths 100
 check "task repeated depth" 2 "--depths lists 50 twice" -- "$bin" eval --model "$task_model" --task niah_single --depths 50,0,50
 check "task bad haystack" 2 "--haystack expects noise, essay or needle, got 'grass'" -- "$bin" eval --model "$task_model" --task niah_single --haystack grass
