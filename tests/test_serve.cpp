@@ -327,6 +327,37 @@ TEST(Scheduler, AdmissionWaitsForMemoryThenRejectsWithRetryAfter) {
   EXPECT_LE(rig.sched->metrics().kv_reserved, 2 * one);
 }
 
+TEST(Scheduler, AQueuedRequestWhoseClientLeftGivesUpItsPlace) {
+  auto o = small_options();
+  const std::int64_t one = serve::session_footprint(
+      CacheConfig("full"), engine::model_shape(stories().config()), o.max_context, o.chunk);
+  o.kv_memory = 2 * one;
+  o.max_queue = 1;
+  Rig rig(o);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(std::make_shared<serve::Job>(completion("Once", 300, 1.0f, 5 + i)));
+    rig.sched->submit(jobs.back());
+    serve::Job::Snapshot s;
+    for (int k = 0; k < 100 && !s.admitted; ++k) s = jobs.back()->take(50ms);
+    ASSERT_TRUE(s.admitted);
+  }
+  const std::int64_t cancelled0 = rig.sched->metrics().requests_cancelled;
+  auto ghost = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
+  rig.sched->submit(ghost);  // queued (or, on a fast machine, admitted once the two finished)
+  ghost->cancel();           // its client went away
+  // The next request takes its place at once (submit drops cancelled jobs before counting).
+  auto live = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 10));
+  EXPECT_NO_THROW(rig.sched->submit(live));
+  const auto s = finish(live).second;
+  EXPECT_FALSE(s.error.has_value());
+  EXPECT_EQ(s.completion_tokens, 5);
+  // The ghost is counted as cancelled whether it was still queued or already running.
+  EXPECT_EQ(rig.sched->metrics().requests_cancelled, cancelled0 + 1);
+  EXPECT_EQ(rig.sched->metrics().queued, 0);
+  for (auto& j : jobs) finish(j);
+}
+
 // ---- Chat templates and requests -------------------------------------------------------------
 
 TEST(ChatTemplates, RecognisedByTheirMarkers) {
