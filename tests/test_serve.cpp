@@ -3,7 +3,11 @@
 // generate() (also on a Qwen2 checkpoint with q/k/v biases) and against themselves alone vs
 // batched, session reuse, the measured footprint against real sessions, admission and the queue,
 // chat templates and request parsing.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -26,6 +30,7 @@
 #include "serve/footprint.h"
 #include "serve/json_body.h"
 #include "serve/openai.h"
+#include "serve/peer.h"
 #include "serve/scheduler.h"
 #include "veloxquant/builder.h"
 
@@ -325,6 +330,114 @@ TEST(Scheduler, AdmissionWaitsForMemoryThenRejectsWithRetryAfter) {
   EXPECT_EQ(s3.completion_tokens, 5);
   finish(jobs[1]);
   EXPECT_LE(rig.sched->metrics().kv_reserved, 2 * one);
+}
+
+TEST(Scheduler, AQueuedRequestWhoseClientLeftGivesUpItsPlace) {
+  auto o = small_options();
+  const std::int64_t one = serve::session_footprint(
+      CacheConfig("full"), engine::model_shape(stories().config()), o.max_context, o.chunk);
+  o.kv_memory = 2 * one;
+  o.max_queue = 1;
+  Rig rig(o);
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(std::make_shared<serve::Job>(completion("Once", 300, 1.0f, 5 + i)));
+    rig.sched->submit(jobs.back());
+    serve::Job::Snapshot s;
+    for (int k = 0; k < 100 && !s.admitted; ++k) s = jobs.back()->take(50ms);
+    ASSERT_TRUE(s.admitted);
+  }
+  const std::int64_t cancelled0 = rig.sched->metrics().requests_cancelled;
+  auto ghost = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 9));
+  rig.sched->submit(ghost);  // queued (or, on a fast machine, admitted once the two finished)
+  ghost->cancel();           // its client went away
+  // The next request takes its place at once (submit drops cancelled jobs before counting).
+  auto live = std::make_shared<serve::Job>(completion("Once", 5, 1.0f, 10));
+  EXPECT_NO_THROW(rig.sched->submit(live));
+  const auto s = finish(live).second;
+  EXPECT_FALSE(s.error.has_value());
+  EXPECT_EQ(s.completion_tokens, 5);
+  // The ghost is counted as cancelled whether it was still queued or already running.
+  EXPECT_EQ(rig.sched->metrics().requests_cancelled, cancelled0 + 1);
+  EXPECT_EQ(rig.sched->metrics().queued, 0);
+  for (auto& j : jobs) finish(j);
+}
+
+// A loopback TCP connection: `server` is the accepted end.
+struct Loopback {
+  int listener = -1, client = -1, server = -1;
+  int server_port = 0, client_port = 0;
+  Loopback() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return;
+    server_port = ntohs(a.sin_port);
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    server = accept(listener, nullptr, nullptr);
+    sockaddr_in c{};
+    len = sizeof c;
+    getsockname(client, reinterpret_cast<sockaddr*>(&c), &len);
+    client_port = ntohs(c.sin_port);
+  }
+  ~Loopback() {
+    for (int fd : {listener, client, server})
+      if (fd >= 0) close(fd);
+  }
+};
+
+// Polls peer_gone for up to a second (the FIN or RST crosses loopback at once, but the test
+// machine may be loaded).
+bool gone_within_1s(int fd) {
+  for (int i = 0; i < 100; ++i) {
+    if (serve::peer_gone(fd)) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(ServePeer, FindsTheConnectionsSocketByItsAddresses) {
+  Loopback l;
+  ASSERT_GE(l.server, 0);
+  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.1", l.client_port),
+            l.server);
+  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.client_port, "127.0.0.1", l.server_port),
+            l.client);
+  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.2", l.client_port), -1);
+  EXPECT_EQ(serve::connection_socket("127.0.0.1", -1, "127.0.0.1", -1), -1);
+}
+
+TEST(ServePeer, AClosedOrResetPeerIsGoneAndALiveOneIsNot) {
+  EXPECT_FALSE(serve::peer_gone(-1));
+  {
+    Loopback l;
+    ASSERT_GE(l.server, 0);
+    EXPECT_FALSE(serve::peer_gone(l.server));  // connected, silent
+    ASSERT_EQ(send(l.client, "x", 1, 0), 1);
+    std::this_thread::sleep_for(20ms);
+    EXPECT_FALSE(serve::peer_gone(l.server));  // bytes waiting: there (and nothing consumed)
+    char c = 0;
+    EXPECT_EQ(recv(l.server, &c, 1, 0), 1);
+    EXPECT_EQ(c, 'x');
+    close(l.client);  // FIN
+    l.client = -1;
+    EXPECT_TRUE(gone_within_1s(l.server));
+  }
+  {
+    Loopback l;
+    ASSERT_GE(l.server, 0);
+    linger lg{1, 0};  // close with RST
+    setsockopt(l.client, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(l.client);
+    l.client = -1;
+    EXPECT_TRUE(gone_within_1s(l.server));
+  }
 }
 
 // ---- Chat templates and requests -------------------------------------------------------------

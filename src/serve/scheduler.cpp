@@ -298,6 +298,9 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
       ++counters_.requests_rejected;
       throw unavailable("the server is shutting down", 1);
     }
+    // Requests whose clients left do not hold places: they leave the queue now, not at the
+    // next step (which may be a long prefill away).
+    drop_cancelled_queued_locked();
     if (static_cast<std::int64_t>(queue_.size()) >= o_.max_queue) {
       ++counters_.requests_rejected;
       throw unavailable("too many requests are waiting for K/V memory (queue of " +
@@ -307,6 +310,17 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     queue_.push_back(job);
   }
   cv_.notify_all();
+}
+
+void Scheduler::drop_cancelled_queued_locked() {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->cancelled()) {
+      ++counters_.requests_cancelled;
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Scheduler::drop_session_locked(Session* s) {
@@ -518,6 +532,7 @@ void Scheduler::loop() {
       for (auto it = queue_.begin(); it != queue_.end();) {
         const double waited = std::chrono::duration<double>(now - (*it)->queued_at_).count();
         if ((*it)->cancelled()) {
+          ++counters_.requests_cancelled;
           it = queue_.erase(it);
         } else if (draining_ || waited > o_.queue_timeout_s) {
           (*it)->fail(unavailable(draining_ ? "the server is shutting down"

@@ -211,7 +211,7 @@ struct Metrics {
   double tokens_per_second = 0;   // generated tokens/s over the last ~10 s
   std::int64_t footprint_exceeded = 0;  // steps after which a session held more than reserved
   std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
-  std::int64_t requests_cancelled = 0;  // ended because the client went away
+  std::int64_t requests_cancelled = 0;  // ended (queued or running): the client went away
   std::int64_t peak_kv_resident = 0;    // the most resident bytes all sessions held at once
 };
 
@@ -270,6 +270,8 @@ class Scheduler {
   // Marks the session busy, sets the sampler and the job's counters, and makes `a` active.
   void start_locked(std::unique_ptr<Active> a, std::int64_t cached);
   void step(std::vector<Active*>& run);
+  // Removes the queued jobs whose readers cancelled them (counted in requests_cancelled).
+  void drop_cancelled_queued_locked();
   void drop_session_locked(Session* s);
   void end_active(Active& a, const std::string& reason, std::optional<ServeError> err);
 

@@ -21,6 +21,7 @@
 #include "engine/run/chat_template.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "serve/openai.h"
+#include "serve/peer.h"
 #include "veloxquant/errors.h"
 
 namespace vq::serve {
@@ -111,6 +112,7 @@ struct StreamState {
   std::string id, model;
   std::int64_t created = 0;
   bool chat = true, include_usage = false, logprobs = false;
+  int sock = -1;  // the connection's socket (peer_gone), -1 when it was not found
   void cancel_all() {
     for (auto& c : choices) c.job->cancel();
   }
@@ -342,7 +344,11 @@ void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
           ok = ok && send(json("[DONE]"));
           if (ok) sink.done();
         } else if (ok && !news) {
-          st->wake->wait(seen, 100ms);
+          // Nothing to write: a client gone is seen here, not only at the next failed write.
+          if (peer_gone(st->sock))
+            ok = false;
+          else
+            st->wake->wait(seen, 100ms);
         }
         if (!ok) {
           st->cancel_all();
@@ -446,6 +452,19 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
     }
     jobs.push_back(std::move(job));
   }
+  // A client that goes away while the request waits (queued, generating a non-streamed reply,
+  // or before a stream's first token) cancels its jobs: the scheduler drops them from the queue
+  // or ends them after the current step and frees their sessions.
+  const int sock =
+      connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  auto client_gone = [&] {
+    if (!peer_gone(sock)) return false;
+    cancel_all();
+    // Nobody reads this answer; it is what a log of the request shows.
+    send_error(res, ServeError{499, "invalid_request_error", "the client disconnected", "", 0});
+    res.set_header("Connection", "close");
+    return true;
+  };
   // Wait for choice 0's admission and, for a stream, its first token (or its end).
   std::vector<std::string> carry(jobs.size());
   std::vector<std::vector<TokenLogprob>> carry_lp(jobs.size());
@@ -460,6 +479,7 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
     if (snap[0].done ||
         (snap[0].admitted && (!p.stream || !carry[0].empty() || snap[0].completion_tokens > 0)))
       break;
+    if (client_gone()) return;
   }
   if (snap[0].error) {
     cancel_all();
@@ -471,7 +491,10 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   if (!p.stream) {
     std::vector<ChoiceOutput> out(jobs.size());
     for (std::size_t i = 0; i < jobs.size(); ++i) {
-      while (!snap[i].done) take(i, 200ms);
+      while (!snap[i].done) {
+        take(i, 100ms);
+        if (!snap[i].done && client_gone()) return;
+      }
       if (snap[i].error) {
         cancel_all();
         send_error(res, *snap[i].error);
@@ -492,6 +515,7 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   st->chat = chat_endpoint;
   st->include_usage = p.include_usage;
   st->logprobs = p.gen.logprobs;
+  st->sock = sock;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     StreamChoice c;
     c.job = jobs[i];

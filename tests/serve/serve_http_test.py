@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`veloxquant serve` over HTTP on 127.0.0.1 (bounded in count and time): endpoints, OpenAI
 errors with their statuses, streaming, batched streams equal to one alone, a client that
-disconnects mid-stream, a flood of idle and garbage connections, and SIGTERM mid-generation.
+disconnects mid-stream, non-streamed or while queued, a flood of idle and garbage connections, and SIGTERM mid-generation.
 
 Usage: serve_http_test.py VELOXQUANT_BINARY PROJECT_ROOT"""
 import json
@@ -241,6 +241,109 @@ def overflowing_model(src, dst):
     open(dst, "wb").write(bytes(data))
 
 
+def raw_request(port, body, path="/v1/chat/completions"):
+    """Sends a POST with the test's API key on a socket of its own and returns the socket (the
+    test closes it to play a client that goes away)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    b = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\n"
+              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path.encode(), len(b))
+              + b)
+    return s
+
+
+def wait_metric(srv, pred, limit_s):
+    """Polls /metrics until pred(metrics) holds or limit_s passes; returns (held, metrics,
+    seconds waited)."""
+    t0 = time.time()
+    m = srv.metrics()
+    while not pred(m) and time.time() - t0 < limit_s:
+        time.sleep(0.05)
+        m = srv.metrics()
+    return pred(m), m, time.time() - t0
+
+
+def nonstream_disconnect(srv):
+    """A client that goes away while its non-streamed reply is generated: the request is
+    cancelled within a step or so (the server polls the socket every 100 ms while it waits),
+    its session freed, and no token is generated for it afterwards."""
+    gen = "veloxquant_generated_tokens_total"
+    m0 = srv.metrics()
+    s = raw_request(srv.port, {"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 900})
+    started, m1, _ = wait_metric(srv, lambda m: m[gen] >= m0[gen] + 3, 20)
+    check(started, "the non-streamed request generates (%d tokens)" % (m1[gen] - m0[gen]))
+    time.sleep(0.3)
+    before = srv.metrics()[gen]
+    s.close()
+    cancelled, m2, waited = wait_metric(
+        srv, lambda m: m["veloxquant_requests_cancelled_total"] == m0["veloxquant_requests_cancelled_total"] + 1
+        and m['veloxquant_sessions{state="active"}'] == 0, 5)
+    check(cancelled, "a non-streamed request whose client left is cancelled and its session "
+          "freed (%.2f s after close, %d tokens meanwhile)" % (waited, m2[gen] - before))
+    time.sleep(0.5)
+    m3 = srv.metrics()
+    check(m3[gen] == m2[gen] and m3[gen] - m0[gen] < 900,
+          "no token is generated for it after the cancel (%d then %d of 900)" %
+          (m2[gen] - m0[gen], m3[gen] - m0[gen]))
+
+
+def queue_ghosts(binary, tmp, tokenizer):
+    """Clients that leave while queued (streamed or not) give their places back: a live client
+    is then queued, not refused with 503 \"queue full\", and served once the session frees."""
+    srv = Server(binary, tmp, "--tokenizer", tokenizer, "--kv-memory", "256M", "--max-context",
+                 "1024", "--threads", "1", "--max-sessions", "1", "--max-queue", "2",
+                 "--shutdown-grace", "0.5", "--api-key", "k3y")
+    try:
+        q = "veloxquant_queued_requests"
+        active = 'veloxquant_sessions{state="active"}'
+        blocker = raw_request(srv.port, {"messages": [{"role": "user", "content": "Tom"}],
+                                         "max_tokens": 900})
+        ok, _, _ = wait_metric(srv, lambda m: m[active] == 1, 20)
+        check(ok, "queue test: the blocking request runs")
+        ghosts = [raw_request(srv.port, {"messages": [{"role": "user", "content": "Ann %d" % i}],
+                                         "max_tokens": 50, "stream": i == 1}) for i in range(2)]
+        ok, m0, _ = wait_metric(srv, lambda m: m[q] == 2, 10)
+        check(ok, "queue test: the queue (of 2) is full")
+        st, _, body = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": msgs_of("Sue"), "max_tokens": 5}, KEY, timeout=30)
+        check(st == 503 and "queue" in error_of(body).get("message", ""),
+              "queue test: a third request is refused while the queue is full (%s)" % st)
+        for g in ghosts:
+            g.close()
+        ok, m1, waited = wait_metric(srv, lambda m: m[q] == 0, 5)
+        check(ok and m1["veloxquant_requests_cancelled_total"] ==
+              m0["veloxquant_requests_cancelled_total"] + 2,
+              "queued clients that left leave the queue (%.2f s) counted as cancelled" % waited)
+        result = {}
+
+        def live():
+            result["r"] = srv.request("POST", "/v1/chat/completions",
+                                      {"messages": msgs_of("Sue"), "max_tokens": 5}, KEY, timeout=30)
+
+        t = threading.Thread(target=live)
+        t.start()
+        ok, _, _ = wait_metric(srv, lambda m: m[q] == 1 or "r" in result, 10)
+        check(ok and "r" not in result, "queue test: the live client is queued, not refused (%s)" %
+              (result.get("r", ("queued",))[0],))
+        blocker.close()  # its session frees: the live client gets in
+        t.join(30)
+        st = result.get("r", (None,))[0]
+        check(st == 200 and json.loads(result["r"][2])["usage"]["completion_tokens"] == 5,
+              "queue test: the live client is served after the ghosts left (%s)" % st)
+        m = srv.metrics()
+        check(m["veloxquant_requests_rejected_total"] == m0["veloxquant_requests_rejected_total"] + 1,
+              "queue test: only the request made while the queue was really full was refused")
+    finally:
+        srv.stop()
+
+
+KEY = {"Authorization": "Bearer k3y"}
+
+
+def msgs_of(text):
+    return [{"role": "user", "content": text}]
+
+
 def main():
     binary, root = sys.argv[1], sys.argv[2]
     model = os.path.join(root, "data", "stories260K.bin")
@@ -383,6 +486,7 @@ def main():
                   "the request was ended as cancelled mid-generation")
             st, _, body = srv.request("POST", chat, {"messages": msgs, "max_tokens": 5}, key)
             check(st == 200, "the next request is served")
+            nonstream_disconnect(srv)
 
             # SIGTERM mid-generation: the stream ends cleanly with [DONE], the process exits 0.
             events = []
@@ -411,6 +515,8 @@ def main():
 
         finally:
             srv.stop()
+
+        queue_ghosts(binary, tmp, os.path.join(root, "data", "ggml-vocab-llama-spm.gguf"))
 
         # Issue 33: a model whose logits are not finite answers 500, never 200 with text.
         nan_model = os.path.join(tmp, "overflow.bin")
