@@ -373,6 +373,7 @@ std::string error_json(const ServeError& e) {
 json kv_json(const Job::Snapshot& s) {
   return {{"session", s.session},
           {"kv_bytes", s.kv_resident},
+          {"kv_payload_bytes", s.kv_payload},
           {"kv_full_bytes", s.kv_full},
           {"kv_reserved_bytes", s.kv_reserved}};
 }

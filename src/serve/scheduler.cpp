@@ -111,6 +111,7 @@ Job::Snapshot Job::take(std::chrono::milliseconds timeout) {
   s.session = session_;
   s.kv_resident = kv_resident_;
   s.kv_full = kv_full_;
+  s.kv_payload = kv_payload_;
   s.kv_reserved = kv_reserved_;
   return s;
 }
@@ -175,6 +176,7 @@ struct Scheduler::Session {
   std::int64_t resident = 0, full = 0;
   bool busy = false;
   Clock::time_point last_used = Clock::now();
+  std::int64_t payload = 0;  // K/V payload (CacheStats::kept_bytes), part of resident
 };
 
 struct Scheduler::Active {
@@ -492,6 +494,7 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
       a.job->completion_tokens_ = a.generated;
       a.job->kv_resident_ = s->resident;
       a.job->kv_full_ = s->full;
+      a.job->kv_payload_ = s->payload;
     }
     if (s->chat) {
       s->history = a.job->req.messages;
@@ -633,6 +636,7 @@ void Scheduler::step(std::vector<Active*>& run) {
     const CacheStats st = s.cache.stats();
     s.resident = st.resident_bytes;
     s.full = st.full_bytes;
+    s.payload = st.kept_bytes;
     if (s.resident > s.reserved) {
       ++counters_.footprint_exceeded;
       std::fprintf(stderr, "serve: session %s (%s) holds %lld resident bytes, above its %lld\n",
@@ -643,6 +647,7 @@ void Scheduler::step(std::vector<Active*>& run) {
       std::lock_guard jl(a.job->m_);
       a.job->kv_resident_ = s.resident;
       a.job->kv_full_ = s.full;
+      a.job->kv_payload_ = s.payload;
     }
     if (items[i].logits == engine::Logits::kNone) continue;
     const float* logits = forward_.logits(i);

@@ -169,6 +169,7 @@ class Job {
     std::int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
     std::string session;           // the session's id
     std::int64_t kv_resident = 0, kv_full = 0, kv_reserved = 0;
+    std::int64_t kv_payload = 0;   // the session's K/V payload (CacheStats::kept_bytes)
   };
   // Waits up to `timeout` for news (text, admission, end) and takes what is new.
   Snapshot take(std::chrono::milliseconds timeout);
@@ -196,7 +197,7 @@ class Job {
   // Statistics, written under m_.
   std::int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
   std::string session_;
-  std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0;
+  std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0, kv_payload_ = 0;
   std::chrono::steady_clock::time_point queued_at_ = std::chrono::steady_clock::now();
   std::int64_t need_ = 0;  // the method's footprint, measured at submit
 };
