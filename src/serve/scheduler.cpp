@@ -341,8 +341,8 @@ std::int64_t Scheduler::footprint(const CacheConfig& method, const std::string& 
         if (m->pinned) list += (list.empty() ? "" : "; ") + m->method.spec();
       }
       throw bad_request("method '" + method.spec() +
-                            "' is not served here: expected one of --methods-allowed (" + list +
-                            ")",
+                            "' is not served here: expected --method or one of "
+                            "--methods-allowed (" + list + ")",
                         "veloxquant.method", "invalid_request_error");
     }
     if (fp_stop_) throw unavailable("the server is shutting down", 1);
