@@ -650,6 +650,154 @@ TEST(Scheduler, NonFiniteLogitsFailTheRequestAndFreeItsSession) {
   EXPECT_EQ(met.kv_reserved, 0);
 }
 
+std::int64_t footprint_of(const std::string& spec, const serve::SchedulerOptions& o) {
+  return serve::session_footprint(CacheConfig::parse(spec),
+                                  engine::model_shape(stories().config()), o.max_context, o.chunk,
+                                  o.kv_memory);
+}
+
+TEST(Scheduler, MethodsAllowedAreMeasuredAtStartAndOthersRefused) {
+  serve::SchedulerOptions o = small_options();
+  o.max_context = 96;
+  o.methods_allowed = {CacheConfig::parse("h2o:budget=20"), CacheConfig::parse("h2o:budget=24"),
+                       CacheConfig::parse("full")};  // the default again: counted once
+  Rig rig(o);
+  // Measured in the constructor: the default and the two h2o specs, nothing on a request.
+  serve::Metrics m = rig.sched->metrics();
+  EXPECT_EQ(m.method_specs, 3);
+  EXPECT_EQ(m.footprint_measurements, 3);
+  EXPECT_EQ(rig.sched->footprint(CacheConfig::parse("h2o:budget=24"), "10.0.0.1"),
+            footprint_of("h2o:budget=24", o));
+  EXPECT_EQ(rig.sched->footprint(CacheConfig::parse("full")), footprint_of("full", o));
+  try {
+    rig.sched->footprint(CacheConfig::parse("h2o:budget=21"), "10.0.0.1");
+    ADD_FAILURE() << "a spec outside --methods-allowed was measured";
+  } catch (const serve::ServeError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "veloxquant.method");
+    EXPECT_NE(e.message.find("--methods-allowed"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("h2o_budget=21"), std::string::npos) << e.message;
+  }
+  m = rig.sched->metrics();
+  EXPECT_EQ(m.method_specs, 3);
+  EXPECT_EQ(m.footprint_measurements, 3);
+  // A request naming an allowed spec runs.
+  auto job = std::make_shared<serve::Job>(completion("Once", 4, 0.0f, 1, "h2o:budget=20"));
+  rig.sched->submit(job);
+  EXPECT_EQ(finish(job).second.finish_reason, "length");
+}
+
+TEST(Scheduler, MethodsAllowedErrorsNameTheFlag) {
+  auto message = [](serve::SchedulerOptions o) -> std::string {
+    try {
+      Rig rig(std::move(o));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  serve::SchedulerOptions o = small_options();
+  o.max_context = 96;
+  o.methods_allowed = {CacheConfig::parse("h2o:budget=20"), CacheConfig::parse("h2o:budget=24")};
+  o.max_method_specs = 2;  // the default and one: the second allowed spec is one too many
+  o.client_methods = 1;
+  std::string msg = message(o);
+  EXPECT_NE(msg.find("--max-method-specs 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("h2o_budget=24"), std::string::npos) << msg;
+  // A spec whose sessions can never fit --kv-memory (but the default does).
+  o = small_options();
+  o.max_context = 96;
+  o.kv_memory = footprint_of("h2o:budget=20", o);
+  o.methods_allowed = {CacheConfig::parse("h2o:budget=20"), CacheConfig::parse("full")};
+  ASSERT_GT(footprint_of("full", o), o.kv_memory);  // hand check of the premise: full is bigger
+  o.default_method = CacheConfig::parse("h2o:budget=20");
+  msg = message(o);
+  EXPECT_NE(msg.find("--methods-allowed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'full'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--kv-memory"), std::string::npos) << msg;
+  o.max_method_specs = 0;
+  msg = message(o);
+  EXPECT_NE(msg.find("--max-method-specs must be >= 1, got 0"), std::string::npos) << msg;
+}
+
+TEST(Scheduler, MethodSpecCapDropsTheLeastRecentlyUsedAndCountsMeasurements) {
+  // --max-method-specs 3: the default (pinned) and two more. Expected by hand: A, B measured
+  // (3 measurements with the default's); C drops A (least recently used); B again is a hit;
+  // A again is measured anew and drops C (B was used after C).
+  serve::SchedulerOptions o = small_options();
+  o.max_context = 96;
+  o.max_method_specs = 3;
+  o.client_methods = 3;
+  Rig rig(o);
+  const auto A = CacheConfig::parse("h2o:budget=20"), B = CacheConfig::parse("h2o:budget=22"),
+             C = CacheConfig::parse("h2o:budget=24");
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 1);
+  EXPECT_EQ(rig.sched->footprint(A), footprint_of("h2o:budget=20", o));
+  EXPECT_EQ(rig.sched->footprint(B), footprint_of("h2o:budget=22", o));
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 3);
+  EXPECT_EQ(rig.sched->footprint(C), footprint_of("h2o:budget=24", o));
+  EXPECT_EQ(rig.sched->cached_methods(), 3u);
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 4);
+  EXPECT_EQ(rig.sched->footprint(B), footprint_of("h2o:budget=22", o));
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 4);  // a hit
+  EXPECT_EQ(rig.sched->footprint(A), footprint_of("h2o:budget=20", o));
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 5);  // A was dropped: measured again
+  EXPECT_EQ(rig.sched->footprint(B), footprint_of("h2o:budget=22", o));
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 5);  // B stayed (C was dropped)
+  EXPECT_EQ(rig.sched->metrics().method_specs, 3);
+  EXPECT_EQ(rig.sched->metrics().method_specs, 3);
+}
+
+TEST(Scheduler, ConcurrentCallersShareOneMeasurementAndTheCapRefusesPastIt) {
+  // --max-method-specs 2: the default and one slot. Six threads ask for the same new spec at
+  // once: one measurement, the same bytes for all.
+  serve::SchedulerOptions o = small_options();
+  o.max_method_specs = 2;
+  o.client_methods = 1;
+  Rig rig(o);
+  const auto A = CacheConfig::parse("h2o:budget=400");
+  std::vector<std::thread> ts;
+  std::vector<std::int64_t> got(6, -1);
+  for (int i = 0; i < 6; ++i) ts.emplace_back([&, i] { got[i] = rig.sched->footprint(A); });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], footprint_of("h2o:budget=400", o)) << i;
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 2);
+  // Two new specs at once: the first drops A (measured) and takes the slot; while it is being
+  // measured the other cannot drop it and gets 429 naming --max-method-specs; once it is
+  // measured the other drops it in turn. Which happens depends on timing; each outcome must be
+  // one of those, and every success is one measurement.
+  const std::vector<std::string> specs{"h2o:budget=300", "h2o:budget=200"};
+  std::vector<std::int64_t> bytes(2, -1);
+  std::vector<std::optional<serve::ServeError>> err(2);
+  ts.clear();
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      try {
+        bytes[i] = rig.sched->footprint(CacheConfig::parse(specs[i]));
+      } catch (const serve::ServeError& e) {
+        err[i] = e;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  int ok = 0;
+  for (int i = 0; i < 2; ++i) {
+    if (err[i]) {
+      EXPECT_EQ(err[i]->status, 429);
+      EXPECT_EQ(err[i]->code, "method_specs_full");
+      EXPECT_EQ(err[i]->retry_after, 1);
+      EXPECT_NE(err[i]->message.find("--max-method-specs 2"), std::string::npos)
+          << err[i]->message;
+    } else {
+      EXPECT_EQ(bytes[i], footprint_of(specs[i], o)) << specs[i];
+      ++ok;
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_EQ(rig.sched->metrics().footprint_measurements, 2 + ok);
+  EXPECT_EQ(rig.sched->cached_methods(), 2u);
+}
+
 TEST(Scheduler, OneClientCannotFillTheMethodCache) {
   // Before: the first 32 specs measured stayed until restart, and then every client's new spec
   // was refused. Now one client keeps at most client_methods specs (its least recently used is
@@ -666,12 +814,12 @@ TEST(Scheduler, OneClientCannotFillTheMethodCache) {
   }
   EXPECT_EQ(rig.sched->cached_methods("10.0.0.1"), 2u);
   EXPECT_EQ(rig.sched->cached_methods(), 3u);  // the default and the client's two
-  // Many clients: the cache stays at kMaxMethods and a newcomer is still served.
+  // Many clients: the cache stays at --max-method-specs and a newcomer is still served.
   for (int c = 0; c < 40; ++c) {
     EXPECT_NO_THROW(rig.sched->footprint(
         CacheConfig::parse("h2o:budget=" + std::to_string(30 + c)), "10.0.1." + std::to_string(c)));
   }
-  EXPECT_EQ(rig.sched->cached_methods(), serve::Scheduler::kMaxMethods);
+  EXPECT_EQ(rig.sched->cached_methods(), static_cast<std::size_t>(o.max_method_specs));
   EXPECT_NO_THROW(rig.sched->footprint(CacheConfig::parse("h2o:budget=12"), "10.0.2.1"));
   // The default method's measurement is never dropped, and a dropped spec measures the same
   // when asked again.

@@ -62,7 +62,17 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
                  "Method specs one client (by address) may have measured at a time; its least "
                  "recently used is dropped for a new one")
       ->capture_default_str()
-      ->check(int_range(1, static_cast<std::int64_t>(serve::Scheduler::kMaxMethods)));
+      ->check(int_range(1, 100000));
+  cmd.add_option("--methods-allowed", o.methods_allowed,
+                 "The only method specs a request may name besides --method, separated by ';' "
+                 "(e.g. 'h2o:budget=512;kivi:bits=2'); all measured at startup; others get 400 "
+                 "(default: any spec, measured on first use off the request path)");
+  cmd.add_option("--max-method-specs", o.max_method_specs,
+                 "Distinct method specs known at once (--method and --methods-allowed count); "
+                 "a new spec past it drops the least recently used measured one, or gets 429 "
+                 "when none can be dropped")
+      ->capture_default_str()
+      ->check(int_range(1, 100000));
   cmd.add_option("--shutdown-grace", o.shutdown_grace_s,
                  "Seconds requests in flight may run after SIGTERM")
       ->capture_default_str()

@@ -220,15 +220,104 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
   if (o_.kv_memory < 1) bad("--kv-memory must be positive");
   if (o_.max_sessions < 1) bad("--max-sessions must be >= 1");
   if (o_.max_queue < 0) bad("--max-queue must be >= 0");
-  if (o_.client_methods < 1 || o_.client_methods > static_cast<std::int64_t>(kMaxMethods)) {
-    bad("--client-methods must be in [1, " + std::to_string(kMaxMethods) + "], got " +
-        std::to_string(o_.client_methods));
+  if (o_.max_method_specs < 1)
+    bad("--max-method-specs must be >= 1, got " + std::to_string(o_.max_method_specs));
+  if (o_.client_methods < 1 || o_.client_methods > o_.max_method_specs) {
+    bad("--client-methods must be in [1, --max-method-specs " +
+        std::to_string(o_.max_method_specs) + "], got " + std::to_string(o_.client_methods));
+  }
+  // The startup specs: the default method, then each allowed one (measured here, pinned).
+  std::vector<CacheConfig> startup{o_.default_method};
+  for (const auto& m : o_.methods_allowed) startup.push_back(m);
+  for (std::size_t i = 0; i < startup.size(); ++i) {
+    const std::string spec = startup[i].spec(true);
+    if (footprints_.count(spec) != 0) continue;
+    if (static_cast<std::int64_t>(footprints_.size()) >= o_.max_method_specs) {
+      bad("--methods-allowed names more distinct specs (with --method's) than --max-method-specs " +
+          std::to_string(o_.max_method_specs) + " allows: '" + startup[i].spec() +
+          "' is one too many");
+    }
+    std::int64_t bytes = 0;
+    if (i == 0) {
+      bytes = measure(startup[i]);  // the server reports --method against --kv-memory itself
+    } else {
+      try {
+        bytes = measure(startup[i]);
+      } catch (const Error& e) {
+        bad("--methods-allowed: spec '" + startup[i].spec() + "' cannot be measured: " + e.what());
+      }
+      if (bytes > o_.kv_memory) {
+        bad("--methods-allowed: a session of spec '" + startup[i].spec() + "' may hold " +
+            std::to_string(bytes) + " bytes or more (--max-context " +
+            std::to_string(o_.max_context) + "), more than --kv-memory " +
+            std::to_string(o_.kv_memory) + " allows");
+      }
+    }
+    auto e = std::make_shared<Measured>();
+    e->spec = spec;
+    e->method = startup[i];
+    e->bytes = bytes;
+    e->ready = e->pinned = true;
+    fp_lru_.push_back(spec);
+    e->lru = std::prev(fp_lru_.end());
+    footprints_[spec] = std::move(e);
+    ++fp_measurements_;
   }
   counters_.kv_memory = o_.kv_memory;
+  fp_thread_ = std::thread([this] { measure_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
 
+std::int64_t Scheduler::measure(const CacheConfig& method) const {
+  return session_footprint(method, engine::model_shape(model_->config()), o_.max_context,
+                           o_.chunk, o_.kv_memory);
+}
+
+// The measuring thread: one new spec at a time, fp_m_ released while it measures.
+void Scheduler::measure_loop() {
+  std::unique_lock lock(fp_m_);
+  for (;;) {
+    fp_work_cv_.wait(lock, [&] { return fp_stop_ || !fp_work_.empty(); });
+    if (fp_stop_) break;
+    const std::shared_ptr<Measured> e = fp_work_.front();
+    fp_work_.pop_front();
+    lock.unlock();
+    std::int64_t bytes = 0;
+    std::string error;
+    try {
+      bytes = measure(e->method);
+    } catch (const std::exception& x) {
+      error = x.what();
+      if (error.empty()) error = "the footprint of method '" + e->method.spec() + "' failed";
+    }
+    lock.lock();
+    ++fp_measurements_;
+    if (error.empty()) {
+      e->bytes = bytes;
+      e->ready = true;
+    } else {
+      e->error = std::move(error);
+      const auto it = footprints_.find(e->spec);
+      if (it != footprints_.end() && it->second == e) {
+        fp_lru_.erase(e->lru);
+        footprints_.erase(it);
+      }
+    }
+    fp_done_cv_.notify_all();
+  }
+  // Stopping: whoever still waits is told.
+  for (auto& e : fp_work_) e->error = "the server is shutting down";
+  fp_work_.clear();
+  fp_done_cv_.notify_all();
+}
+
 Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(fp_m_);
+    fp_stop_ = true;
+  }
+  fp_work_cv_.notify_all();
+  if (fp_thread_.joinable()) fp_thread_.join();
   {
     std::lock_guard lock(m_);
     stopping_ = true;
@@ -239,53 +328,105 @@ Scheduler::~Scheduler() {
   for (auto& j : queue_) j->fail(unavailable("the server is shutting down", 1));
 }
 
-std::int64_t Scheduler::footprint(const CacheConfig& method, const std::string& client) {
+std::int64_t Scheduler::footprint(const CacheConfig& method, const std::string& client,
+                                  const std::atomic<bool>* cancelled) {
   const std::string spec = method.spec(true);
-  const std::string pinned = o_.default_method.spec(true);
-  std::lock_guard lock(fp_m_);
-  const auto it = footprints_.find(spec);
-  if (it != footprints_.end()) {
-    fp_lru_.splice(fp_lru_.begin(), fp_lru_, it->second.lru);
-    return it->second.bytes;
-  }
-  // Drops the least recently used entry that `pick` accepts (never the default method's).
-  auto drop_lru = [&](auto pick) {
-    for (auto l = fp_lru_.end(); l != fp_lru_.begin();) {
-      --l;
-      const auto e = footprints_.find(*l);
-      if (*l == pinned || !pick(e->second)) continue;
-      footprints_.erase(e);
-      fp_lru_.erase(l);
-      return true;
+  std::unique_lock lock(fp_m_);
+  std::shared_ptr<Measured> e;
+  if (const auto it = footprints_.find(spec); it != footprints_.end()) {
+    e = it->second;
+    fp_lru_.splice(fp_lru_.begin(), fp_lru_, e->lru);
+  } else {
+    if (!o_.methods_allowed.empty()) {
+      std::string list;
+      for (const auto& [s, m] : footprints_) {  // in spec order: the same text every time
+        if (m->pinned) list += (list.empty() ? "" : "; ") + m->method.spec();
+      }
+      throw bad_request("method '" + method.spec() +
+                            "' is not served here: expected --method or one of "
+                            "--methods-allowed (" + list + ")",
+                        "veloxquant.method", "invalid_request_error");
     }
-    return false;
-  };
-  if (!client.empty()) {
-    auto own = [&](const Measured& m) { return m.client == client; };
-    std::int64_t n_own = 0;
-    for (const auto& [s, m] : footprints_) n_own += s != pinned && own(m) ? 1 : 0;
-    while (n_own >= o_.client_methods && drop_lru(own)) --n_own;
+    if (fp_stop_) throw unavailable("the server is shutting down", 1);
+    auto full = [&](const std::string& what) {
+      return ServeError{429, "rate_limit_exceeded", what, "veloxquant.method", 1,
+                        "method_specs_full"};
+    };
+    // Drops the least recently used measured entry that `pick` accepts (never a pinned one,
+    // nor one being measured: its waiters hold it).
+    auto drop_lru = [&](auto pick) {
+      for (auto l = fp_lru_.end(); l != fp_lru_.begin();) {
+        --l;
+        const auto f = footprints_.find(*l);
+        const Measured& m = *f->second;
+        if (m.pinned || !m.ready || !pick(m)) continue;
+        footprints_.erase(f);
+        fp_lru_.erase(l);
+        return true;
+      }
+      return false;
+    };
+    if (!client.empty()) {
+      auto own = [&](const Measured& m) { return m.client == client; };
+      std::int64_t n_own = 0;
+      for (const auto& [s, m] : footprints_) n_own += !m->pinned && own(*m) ? 1 : 0;
+      while (n_own >= o_.client_methods && drop_lru(own)) --n_own;
+      if (n_own >= o_.client_methods) {
+        throw full("method '" + method.spec() + "': this client's " + std::to_string(n_own) +
+                   " method specs (--client-methods " + std::to_string(o_.client_methods) +
+                   ") are all still being measured; retry when one is done");
+      }
+    }
+    const auto any = [](const Measured&) { return true; };
+    while (static_cast<std::int64_t>(footprints_.size()) >= o_.max_method_specs && drop_lru(any)) {
+    }
+    if (static_cast<std::int64_t>(footprints_.size()) >= o_.max_method_specs) {
+      throw full("method '" + method.spec() + "': the server already knows --max-method-specs " +
+                 std::to_string(o_.max_method_specs) +
+                 " method specs, none of which can be dropped now (startup specs or still being "
+                 "measured); retry later or name a known spec");
+    }
+    e = std::make_shared<Measured>();
+    e->spec = spec;
+    e->method = method;
+    e->client = client;
+    fp_lru_.push_front(spec);
+    e->lru = fp_lru_.begin();
+    footprints_[spec] = e;
+    fp_work_.push_back(e);
+    fp_work_cv_.notify_one();
   }
-  const auto any = [](const Measured&) { return true; };
-  while (footprints_.size() >= kMaxMethods && drop_lru(any)) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(0.0, o_.queue_timeout_s)));
+  while (!e->ready && e->error.empty()) {
+    if (cancelled != nullptr && cancelled->load()) {
+      throw unavailable("the request was cancelled while method '" + method.spec() +
+                            "' was being measured",
+                        1);
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw unavailable("the footprint of method '" + method.spec() +
+                            "' is still being measured after --queue-timeout; retry shortly",
+                        1);
+    }
+    fp_done_cv_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(100)));
   }
-  const std::int64_t bytes = session_footprint(method, engine::model_shape(model_->config()),
-                                               o_.max_context, o_.chunk, o_.kv_memory);
-  fp_lru_.push_front(spec);
-  footprints_[spec] = Measured{bytes, client, fp_lru_.begin()};
-  return bytes;
+  if (!e->error.empty()) throw bad_request(e->error, "veloxquant.method");
+  return e->bytes;
 }
 
 std::size_t Scheduler::cached_methods(const std::string& client) {
   std::lock_guard lock(fp_m_);
   if (client.empty()) return footprints_.size();
   std::size_t n = 0;
-  for (const auto& [s, m] : footprints_) n += m.client == client ? 1 : 0;
+  for (const auto& [s, m] : footprints_) n += m->client == client ? 1 : 0;
   return n;
 }
 
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
-  const std::int64_t need = footprint(job->req.method, job->req.client);
+  const std::int64_t need = footprint(job->req.method, job->req.client, &job->cancelled_);
   job->need_ = need;  // admission uses this (the cache may drop the spec meanwhile)
   if (need > o_.kv_memory) {
     throw bad_request("a session of method '" + job->req.method.spec() + "' may hold " +
@@ -460,7 +601,7 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
     if (r.chat && reuse_session_locked(r, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
     if (a->s == nullptr) {
       std::vector<std::int32_t> feed = prompt_tokens(r);
-      const std::int64_t need = job->need_ > 0 ? job->need_ : footprint(r.method, r.client);
+      const std::int64_t need = job->need_;  // measured at submit, never on this thread
       if (!make_room_locked(need)) return false;  // wait in the queue
       a->s = new_session_locked(r, spec, need);
       a->feed = std::move(feed);
@@ -764,8 +905,16 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
 }
 
 Metrics Scheduler::metrics() {
+  std::int64_t specs = 0, measured = 0;
+  {
+    std::lock_guard fp(fp_m_);
+    specs = static_cast<std::int64_t>(footprints_.size());
+    measured = fp_measurements_;
+  }
   std::lock_guard lock(m_);
   Metrics m = counters_;
+  m.method_specs = specs;
+  m.footprint_measurements = measured;
   for (auto& s : sessions_) {
     (s->busy ? m.sessions_active : m.sessions_idle) += 1;
     m.kv_resident += s->resident;

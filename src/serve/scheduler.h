@@ -84,6 +84,12 @@ struct SchedulerOptions {
   double queue_timeout_s = 30.0;    // longest wait in the queue before 503
   std::int64_t client_methods = 4;  // method specs one client may have measured and cached
   CacheConfig default_method = CacheConfig("full");
+  // --methods-allowed: when non-empty, the only specs a request may name besides
+  // default_method; all measured when the scheduler starts.
+  std::vector<CacheConfig> methods_allowed;
+  // --max-method-specs: the most specs known at once (measured or being measured; the default
+  // and the allowed ones count).
+  std::int64_t max_method_specs = 32;
 };
 
 // What a request asks for (parsed and validated by serve/openai.h).
@@ -214,6 +220,8 @@ struct Metrics {
   std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
   std::int64_t requests_cancelled = 0;  // ended (queued or running): the client went away
   std::int64_t peak_kv_resident = 0;    // the most resident bytes all sessions held at once
+  std::int64_t method_specs = 0;           // specs known now (measured or being measured)
+  std::int64_t footprint_measurements = 0; // footprints measured since start (startup included)
 };
 
 class Scheduler {
@@ -231,15 +239,28 @@ class Scheduler {
   void submit(const std::shared_ptr<Job>& job);
 
   // The reservation a session of `method` takes (past --kv-memory the measurement stops and
-  // returns a value above it). Measured once per spec and cached: the cache holds at most
-  // kMaxMethods specs, least recently used dropped first (measured again when asked again), and
-  // one client (non-empty `client`) holds at most options().client_methods of them, its own least
-  // recently used dropped first, so no client can fill the cache and lock the others out (issue
-  // 33). The default method's entry is never dropped. Sessions keep their reservation whatever
-  // happens to the cache.
-  std::int64_t footprint(const CacheConfig& method, const std::string& client = "");
-  static constexpr std::size_t kMaxMethods = 32;
-  // How many specs the cache holds now, and how many of them `client` measured.
+  // returns a value above it). The default method and every spec of options().methods_allowed
+  // are measured when the scheduler starts (the constructor throws Error naming
+  // --methods-allowed for one that cannot be measured or can never fit --kv-memory). With
+  // methods_allowed non-empty any other spec is refused: ServeError 400 naming
+  // veloxquant.method. Otherwise a new spec is measured once on the scheduler's measuring
+  // thread (neither the scheduler thread nor the caller's), and the caller waits for it, at most
+  // options().queue_timeout_s (then 503 + Retry-After) or until `cancelled` is set (then 503);
+  // concurrent callers naming the same new spec share one measurement; the rest of the server
+  // goes on meanwhile. Known specs: at most options().max_method_specs; past it, the least
+  // recently used measured spec that is neither the default nor allowed is dropped (measured
+  // again when asked again), and when none can be dropped (all slots are startup specs or
+  // measurements in progress) a new spec gets ServeError 429 (rate_limit_exceeded, code
+  // "method_specs_full", Retry-After 1) naming --max-method-specs. One client (non-empty
+  // `client`) holds at most options().client_methods specs, its own least recently used dropped
+  // first (429 likewise when all of its are being measured), so no client can fill the cache and
+  // lock the others out (issue 33). A spec whose measurement fails (a method that does not fit
+  // the model) is ServeError 400 naming veloxquant.method, and not kept. Sessions keep their
+  // reservation whatever happens to the cache.
+  std::int64_t footprint(const CacheConfig& method, const std::string& client = "",
+                         const std::atomic<bool>* cancelled = nullptr);
+  // How many specs the cache holds now (measured or being measured), and how many of them
+  // `client` asked for.
   std::size_t cached_methods(const std::string& client = "");
 
   // Stops admitting (queued jobs fail with 503), lets active jobs finish, then returns once
@@ -288,14 +309,29 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   std::list<std::unique_ptr<Session>> sessions_;  // front = most recently used
   std::list<std::unique_ptr<Active>> active_;     // in admission order
-  std::mutex fp_m_;  // guards footprints_ and fp_lru_ (computed outside m_: a probe takes a while)
+  // The footprint cache. fp_m_ guards footprints_, fp_lru_, fp_work_, fp_stop_ and
+  // fp_measurements_; it is never held while measuring, nor together with m_.
+  std::mutex fp_m_;
+  std::condition_variable fp_work_cv_;  // the measuring thread: work queued or stopping
+  std::condition_variable fp_done_cv_;  // waiters: a measurement finished (or failed)
   struct Measured {
+    std::string spec;
+    CacheConfig method = CacheConfig("full");
     std::int64_t bytes = 0;
+    bool ready = false;                    // measured
+    bool pinned = false;                   // the default or an allowed spec: never dropped
+    std::string error;                     // the measurement failed (the entry is gone)
     std::string client;                    // who had it measured
     std::list<std::string>::iterator lru;  // its place in fp_lru_
   };
-  std::map<std::string, Measured> footprints_;  // spec -> its measurement
-  std::list<std::string> fp_lru_;               // specs, most recently used first
+  std::map<std::string, std::shared_ptr<Measured>> footprints_;  // spec -> its measurement
+  std::list<std::string> fp_lru_;                                // specs, most recently used first
+  std::deque<std::shared_ptr<Measured>> fp_work_;                // waiting to be measured
+  bool fp_stop_ = false;
+  std::int64_t fp_measurements_ = 0;
+  std::int64_t measure(const CacheConfig& method) const;
+  void measure_loop();
+  std::thread fp_thread_;
   std::int64_t reserved_ = 0;
   std::int64_t next_session_ = 1;
   std::size_t rr_ = 0;  // round-robin start when a step cannot take every session

@@ -91,6 +91,11 @@ std::string metrics_text(const Metrics& m) {
         m.sessions_evicted, "counter");
   gauge("veloxquant_sessions_reused_total", "Requests that continued a live session's cache",
         m.sessions_reused, "counter");
+  gauge("veloxquant_method_specs", "Method specs known now (measured or being measured)",
+        m.method_specs);
+  gauge("veloxquant_footprint_measurements_total",
+        "Footprints measured since start (the startup specs included)", m.footprint_measurements,
+        "counter");
   gauge("veloxquant_kv_footprint_exceeded_total",
         "Steps after which a session held more than its reservation (should stay 0)",
         m.footprint_exceeded, "counter");
@@ -132,6 +137,39 @@ struct ServerState {
   const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
 };
 
+// --methods-allowed "SPEC;SPEC...": ';' separates (a spec has ',' and ':' but never ';');
+// blanks around a spec and empty items (a trailing ';') are ignored. A spec that does not
+// parse is an Error naming the flag and the spec.
+std::vector<CacheConfig> parse_methods_allowed(const std::string& list) {
+  std::vector<CacheConfig> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    std::size_t end = list.find(';', at);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(at, end - at);
+    const auto b = item.find_first_not_of(" \t");
+    const auto e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    if (!item.empty()) {
+      try {
+        out.push_back(CacheConfig::parse(item));
+      } catch (const Error& x) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--methods-allowed: spec '" + item +
+                        "' is not a method spec (expected e.g. 'h2o:budget=512', specs separated "
+                        "by ';'): " + x.what());
+      }
+    }
+    at = end + 1;
+  }
+  if (!list.empty() && out.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--methods-allowed: expected one or more method specs separated by ';', got '" +
+                    list + "'");
+  }
+  return out;
+}
+
 // The scheduler's options from the flags; --max-context past the model's context is refused.
 SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& method,
                                    const engine::Model& model) {
@@ -146,6 +184,8 @@ SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& met
   so.queue_timeout_s = o.queue_timeout_s;
   so.client_methods = o.client_methods;
   so.default_method = method;
+  so.max_method_specs = o.max_method_specs;
+  so.methods_allowed = parse_methods_allowed(o.methods_allowed);
   if (so.max_context > mc.seq_len) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--max-context " + std::to_string(so.max_context) + " is past the model's context (" +

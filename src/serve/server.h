@@ -40,6 +40,10 @@ struct ServeOptions {
   double queue_timeout_s = 30.0;
   std::int64_t max_body = 1 << 20;  // the only body limit, whatever the Content-Type
   std::int64_t client_methods = 4;  // method specs one client may have measured (LRU beyond)
+  // --methods-allowed "SPEC;SPEC...": the only specs served besides --method (all measured at
+  // startup); "" = any spec. ';' separates: specs use ',' and ':' but never ';'.
+  std::string methods_allowed;
+  std::int64_t max_method_specs = 32;  // --max-method-specs: distinct specs known at once
   bool special = false;  // --special: special-token text in message content becomes tokens
   double shutdown_grace_s = 10.0;
   int http_threads = 0;  // 0: 2 * max_sessions + 8, at most 256

@@ -337,6 +337,94 @@ def queue_ghosts(binary, tmp, tokenizer):
         srv.stop()
 
 
+def footprint_off_path(binary, model_dir, tokenizer):
+    """Issue 32: a new method spec's footprint is measured off the request path. While a slow
+    one is measured (h2o with a 6000-row budget at --max-context 6144: several seconds), a
+    request with the default method completes (in a bounded time, and before the measurement
+    ends); two requests naming the slow spec share one measurement; with --max-method-specs 2
+    a third spec, new, gets 429 (the only free slot is being measured)."""
+    srv = Server(binary, model_dir, "--tokenizer", tokenizer, "--kv-memory", "256M",
+                 "--max-context", "6144", "--threads", "1", "--max-method-specs", "2",
+                 "--client-methods", "2", "--shutdown-grace", "0.5")
+    try:
+        meas, specs = "veloxquant_footprint_measurements_total", "veloxquant_method_specs"
+        m0 = srv.metrics()
+        check(m0[meas] == 1 and m0[specs] == 1, "footprint: --method measured at startup (%s, %s)"
+              % (m0[meas], m0[specs]))
+        slow = {"messages": msgs_of("Tom"), "max_tokens": 2,
+                "veloxquant": {"method": "h2o:budget=6000"}}
+        results = []
+
+        def ask():
+            results.append(srv.request("POST", "/v1/chat/completions", slow, timeout=120))
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        threads[0].start()
+        ok, _, _ = wait_metric(srv, lambda m: m[specs] == 2, 10)
+        check(ok, "footprint: the new spec is being measured")
+        threads[1].start()
+        t0 = time.time()
+        st, _, body = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": msgs_of("Sue"), "max_tokens": 2}, timeout=60)
+        took = time.time() - t0
+        st2, h2, body2 = srv.request("POST", "/v1/chat/completions",
+                                     {"messages": msgs_of("Ann"), "max_tokens": 2,
+                                      "veloxquant": {"method": "h2o:budget=64"}}, timeout=60)
+        m1 = srv.metrics()
+        still = m1[meas] == 1 and not results
+        check(st == 200 and took < 3.0 and still,
+              "footprint: a default-method request is served in %.2f s (< 3 s) while the new "
+              "spec is still measured (%s; status %s)" % (took, still, st))
+        err = error_of(body2)
+        check(st2 == 429 and err.get("code") == "method_specs_full" and h2.get("Retry-After") == "1"
+              and "--max-method-specs 2" in err.get("message", "") and still,
+              "footprint: a further new spec past --max-method-specs gets 429 (%s: %s)" %
+              (st2, err.get("message")))
+        for t in threads:
+            t.join(120)
+        m2 = srv.metrics()
+        check(len(results) == 2 and all(r[0] == 200 for r in results) and m2[meas] == 2,
+              "footprint: both requests naming the slow spec are served after one measurement "
+              "(%s, %d measurements)" % ([r[0] for r in results], m2[meas] - 1))
+    finally:
+        srv.stop()
+
+
+def methods_allowed(binary, model):
+    """--methods-allowed: every spec measured at startup, others refused with 400 naming
+    veloxquant.method; a bad spec fails startup naming the flag and the spec."""
+    srv = Server(binary, model, "--kv-memory", "16M", "--threads", "1", "--max-context", "256",
+                 "--methods-allowed", "h2o:budget=64; snapkv:budget=48,obs_window=8")
+    try:
+        m = srv.metrics()
+        check(m["veloxquant_footprint_measurements_total"] == 3
+              and m["veloxquant_method_specs"] == 3,
+              "--methods-allowed: --method and both specs measured at startup")
+        st, _, _ = srv.request("POST", "/v1/chat/completions",
+                               {"messages": msgs_of("Tom"), "max_tokens": 2,
+                                "veloxquant": {"method": "h2o:budget=64"}})
+        check(st == 200, "--methods-allowed: an allowed spec is served (%s)" % st)
+        st, _, body = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": msgs_of("Tom"), "max_tokens": 2,
+                                   "veloxquant": {"method": "h2o:budget=65"}})
+        err = error_of(body)
+        check(st == 400 and err.get("param") == "veloxquant.method"
+              and err.get("type") == "invalid_request_error"
+              and "--methods-allowed" in err.get("message", ""),
+              "--methods-allowed: another spec gets 400 naming veloxquant.method (%s: %s)" %
+              (st, err.get("message")))
+        check(srv.metrics()["veloxquant_footprint_measurements_total"] == 3,
+              "--methods-allowed: a refused spec is not measured")
+    finally:
+        srv.stop()
+    p = subprocess.run([binary, "serve", "--model", model, "--port", "0", "--kv-memory", "16M",
+                        "--methods-allowed", "h2o:budget=64;h2o:nope=1"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode != 0 and "--methods-allowed" in p.stderr and "h2o:nope=1" in p.stderr,
+          "--methods-allowed: a bad spec fails startup naming the flag and the spec (rc %s: %s)" %
+          (p.returncode, p.stderr.strip()[-200:]))
+
+
 KEY = {"Authorization": "Bearer k3y"}
 
 
@@ -445,6 +533,7 @@ def main():
         srv.stop()
 
     cors_and_port(binary, model)
+    methods_allowed(binary, model)
 
     # A slower model for what must happen mid-generation: llama-110m's shape with 2 layers and
     # random weights (make-model), the llama vocabulary from data/.
@@ -517,6 +606,7 @@ def main():
             srv.stop()
 
         queue_ghosts(binary, tmp, os.path.join(root, "data", "ggml-vocab-llama-spm.gguf"))
+        footprint_off_path(binary, tmp, os.path.join(root, "data", "ggml-vocab-llama-spm.gguf"))
 
         # Issue 33: a model whose logits are not finite answers 500, never 200 with text.
         nan_model = os.path.join(tmp, "overflow.bin")
