@@ -475,6 +475,27 @@ def main():
         check(st == 200 and len(greedy) > 20 and j["usage"]["completion_tokens"] == 20,
               "chat completion: 20 tokens")
 
+        # The K/V byte counts of the veloxquant extension: the full cache's payload is, by
+        # definition, the full fp16 cache of its tokens; h2o at budget 16 holds 16 rows of the
+        # same fp16 width, so its payload is full x 16 / (rows the full cache would hold), which
+        # is between prompt_tokens and prompt + completion tokens.
+        long_msgs = msgs_of("Once upon a time there was a little dog who liked to run in the park "
+                            "with his friends every morning before the sun was up.")
+        for spec in ("full", "h2o:budget=16"):
+            st, _, body = srv.request("POST", chat, {"messages": long_msgs, "max_tokens": 8, "temperature": 0,
+                                                     "veloxquant": {"method": spec}}, key)
+            jv = json.loads(body) if st == 200 else {}
+            kv, u = jv.get("veloxquant", {}), jv.get("usage", {})
+            pay, full, res = kv.get("kv_payload_bytes", -1), kv.get("kv_full_bytes", -1), kv.get("kv_bytes", -1)
+            if spec == "full":
+                check(st == 200 and pay == full > 0 and res >= pay,
+                      "full: payload bytes %s = full-cache bytes %s <= resident %s" % (pay, full, res))
+            else:
+                rows = full * 16 / pay if pay > 0 else -1
+                check(st == 200 and u["prompt_tokens"] > 16 and 0 < pay < full and res >= pay and
+                      u["prompt_tokens"] <= rows <= u["prompt_tokens"] + u["completion_tokens"],
+                      "h2o:budget=16: payload %s is 16 of %.1f rows of the full cache's %s" % (pay, rows, full))
+
         # The next turn of that conversation continues the session's cache.
         turn2 = msgs + [{"role": "assistant", "content": greedy}, {"role": "user", "content": "Then"}]
         st, _, body = srv.request("POST", chat, {"messages": turn2, "max_tokens": 5, "temperature": 0}, key)
