@@ -253,6 +253,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"knorm", evicts},
       {"keydiff", evicts},
       {"lagkv", evicts},
+      {"leverage", evicts},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());

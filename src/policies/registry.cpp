@@ -27,6 +27,7 @@
   X(knorm)            \
   X(keydiff)          \
   X(lagkv)            \
+  X(leverage)         \
   X(random)
 
 namespace vq {
