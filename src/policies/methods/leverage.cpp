@@ -56,7 +56,7 @@ prefill only: yes
 | leverage_budget | int | 512 | [1, 16777216] | rows kept per KV head after a prefill chunk,
   sinks and grace included
 | leverage_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
-| leverage_grace | int | 16 | [0, 16777216] | newest rows of the chunk never evicted
+| leverage_grace | int | 16 | [0, 16777216] | newest rows never evicted at a prefill cut
 | leverage_ridge | float | 0.001 | [1e-12, 1e+06] | ridge lambda = ridge x trace(X^T X) / d (makes
   X^T X + lambda I invertible when n <= d)
 )";
