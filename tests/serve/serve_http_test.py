@@ -345,7 +345,10 @@ def footprint_off_path(binary, model_dir, tokenizer):
     a third spec, new, gets 429 (the only free slot is being measured)."""
     srv = Server(binary, model_dir, "--tokenizer", tokenizer, "--kv-memory", "256M",
                  "--max-context", "6144", "--threads", "1", "--max-method-specs", "2",
-                 "--client-methods", "2", "--shutdown-grace", "0.5")
+                 "--client-methods", "2", "--shutdown-grace", "0.5",
+                 # the slow measurement takes seconds here but minutes under ASan on a busy CI
+                 # machine: the two requests waiting for it must not reach --queue-timeout
+                 "--queue-timeout", "600")
     try:
         meas, specs = "veloxquant_footprint_measurements_total", "veloxquant_method_specs"
         m0 = srv.metrics()
@@ -356,7 +359,7 @@ def footprint_off_path(binary, model_dir, tokenizer):
         results = []
 
         def ask():
-            results.append(srv.request("POST", "/v1/chat/completions", slow, timeout=120))
+            results.append(srv.request("POST", "/v1/chat/completions", slow, timeout=600))
 
         threads = [threading.Thread(target=ask) for _ in range(2)]
         threads[0].start()
@@ -381,7 +384,7 @@ def footprint_off_path(binary, model_dir, tokenizer):
               "footprint: a further new spec past --max-method-specs gets 429 (%s: %s)" %
               (st2, err.get("message")))
         for t in threads:
-            t.join(120)
+            t.join(600)
         m2 = srv.metrics()
         check(len(results) == 2 and all(r[0] == 200 for r in results) and m2[meas] == 2,
               "footprint: both requests naming the slow spec are served after one measurement "
