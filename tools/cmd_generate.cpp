@@ -67,6 +67,13 @@ void run_generate(const GenerateCliOptions& o) {
       r.ids.size(), r.n_prompt, r.n_decode, r.stopped ? ", stopped at a stop token" : "", tps,
       g.method.spec(), r.cache.score_source, r.cache.tokens_kept, r.cache.kept_bytes,
       r.cache.full_bytes, r.cache.resident_bytes);
+  if (r.cache.retrieval_heads + r.cache.streaming_heads > 0) {  // head types (duoattention)
+    std::cerr << fmt::format(
+        "generate: head types (all layers): {} retrieval heads ({} bytes), {} streaming heads "
+        "({} bytes)\n",
+        r.cache.retrieval_heads, r.cache.retrieval_bytes, r.cache.streaming_heads,
+        r.cache.streaming_bytes);
+  }
 }
 
 }  // namespace
