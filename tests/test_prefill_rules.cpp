@@ -269,7 +269,10 @@ TEST(PrefillRules, EveryAttentionMethodHoldsItsBudgetAfterAPrefillDecision) {
       const std::int64_t want = m.prefill_only ? 40 + (t + 1 - 60) : 40;
       for (std::int64_t h = 0; h < 2; ++h) {
         const HeadRows r = a.stored(0, h);
-        if (m.exact_budget) {
+        if (m.head_types) {  // a streaming head (2) holds the budget, any other every row
+          EXPECT_EQ(r.n_rows, a.head_types()[static_cast<std::size_t>(h)] == 2 ? 40 : t + 1)
+              << id << " t " << t;
+        } else if (m.exact_budget) {
           EXPECT_EQ(r.n_rows, want) << id << " t " << t;
         } else {
           EXPECT_LE(r.n_rows, 40) << id << " t " << t;

@@ -90,6 +90,9 @@ CLI::Validator non_empty_path();
 // Adds `--max-memory SIZE` (engine/run/resources.h) to a command; `bytes` stays 0 when not given
 // (the limit is then the available memory).
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes);
+// --duo-pattern FILE (alias --head-pattern): a head pattern file (cache.h, load_head_pattern)
+// for the methods with head types (duoattention); other methods ignore it.
+void add_head_pattern_option(CLI::App& cmd, std::string& path);
 
 // Files and directories a command is writing that must not outlive it: removed when the
 // guard is destroyed without commit(), and by a handler for SIGINT, SIGTERM and SIGHUP (which

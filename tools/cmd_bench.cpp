@@ -291,6 +291,7 @@ void add_bench_decode(CLI::App& bench, int argc, const char* const* argv) {
   decode->add_option("--plot", d->plot, "SVG plot: ms/token against context per method")
       ->check(non_empty_path());
   add_max_memory_option(*decode, d->o.max_memory);
+  add_head_pattern_option(*decode, d->o.head_pattern);
   decode->add_flag("--quiet", d->quiet, "No progress lines on stderr");
   decode->callback([d, decode]() {
     d->o.budget_given = decode->count("--budget") > 0;

@@ -66,7 +66,8 @@ std::vector<double> parse_ratio_list(const std::string& text) {
 
 // Flags of the teacher-forced evaluation that --task does not read.
 constexpr const char* kTextOnlyFlags[] = {"--windows", "--window-stride", "--select-from",
-                                          "--tokens",  "--prefill",       "--per-token"};
+                                          "--tokens",  "--prefill",       "--per-token",
+                                          "--duo-pattern"};
 
 // `eval --task`: the flags it shares with `eval`, handed over.
 void run_task_mode(EvalCliOptions& o, CLI::App& cmd) {
@@ -120,6 +121,7 @@ void run_eval(EvalCliOptions& o) {
   name_input("--tokenizer", o.eval.tokenizer);
   for (const std::string& t : o.texts) name_input("--text", t);
   name_input("--select-from", o.eval.select_from);
+  name_input("--duo-pattern", o.eval.head_pattern);
   eval::OutputSet out;
   if (!o.json.empty()) out.declare("--json", o.json);
   if (!o.plot.empty()) out.declare("--plot", o.plot);
@@ -249,6 +251,7 @@ void add_output_options(CLI::App& cmd, EvalCliOptions& o) {
                  "ratio reached; with --task, heatmaps of accuracy by length and depth)")
       ->check(non_empty_path());
   add_max_memory_option(cmd, o.max_memory);
+  add_head_pattern_option(cmd, o.eval.head_pattern);
   cmd.add_option("--per-token", o.per_token,
                  "Write every run's per-prediction NLL with the token ids here (tab-separated; "
                  "docs/results.md), for cross-checking with other tools")

@@ -22,6 +22,7 @@ struct GenerateCliOptions {
   std::uint64_t seed = 42;
   int threads = 0;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the available memory
+  std::string head_pattern;      // --duo-pattern
 };
 
 void run_generate(const GenerateCliOptions& o) {
@@ -37,6 +38,10 @@ void run_generate(const GenerateCliOptions& o) {
   const engine::Model model = engine::Model::load(o.model);
   set_activity("loading the tokenizer");
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
+  if (!o.head_pattern.empty()) {
+    g.head_pattern = load_head_pattern(o.head_pattern, model.config().n_layers,
+                                       model.config().n_kv_heads);
+  }
   {
     const engine::ModelConfig& c = model.config();
     // --steps against the model's context, named before anything runs.
@@ -62,6 +67,13 @@ void run_generate(const GenerateCliOptions& o) {
       r.ids.size(), r.n_prompt, r.n_decode, r.stopped ? ", stopped at a stop token" : "", tps,
       g.method.spec(), r.cache.score_source, r.cache.tokens_kept, r.cache.kept_bytes,
       r.cache.full_bytes, r.cache.resident_bytes);
+  if (r.cache.retrieval_heads + r.cache.streaming_heads > 0) {  // head types (duoattention)
+    std::cerr << fmt::format(
+        "generate: head types (all layers): {} retrieval heads ({} bytes), {} streaming heads "
+        "({} bytes)\n",
+        r.cache.retrieval_heads, r.cache.retrieval_bytes, r.cache.streaming_heads,
+        r.cache.streaming_bytes);
+  }
 }
 
 }  // namespace
@@ -101,6 +113,7 @@ void add_generate_command(CLI::App& app) {
   add_max_memory_option(*cmd, o->max_memory);
   cmd->add_option("--method", o->method, "KV-cache method spec ID[:key=value,...]")
       ->capture_default_str();
+  add_head_pattern_option(*cmd, o->head_pattern);
   add_threads_option(cmd, o->threads);
   add_q8_activations_option(cmd);
   cmd->callback([o]() { run_generate(*o); });

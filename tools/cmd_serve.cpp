@@ -67,6 +67,7 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
                  "The only method specs a request may name besides --method, separated by ';' "
                  "(e.g. 'h2o:budget=512;kivi:bits=2'); all measured at startup; others get 400 "
                  "(default: any spec, measured on first use off the request path)");
+  add_head_pattern_option(cmd, o.head_pattern);
   cmd.add_option("--max-method-specs", o.max_method_specs,
                  "Distinct method specs known at once (--method and --methods-allowed count); "
                  "a new spec past it drops the least recently used measured one, or gets 429 "

@@ -99,6 +99,16 @@ CLI::Validator non_empty_path() {
       "PATH");
 }
 
+void add_head_pattern_option(CLI::App& cmd, std::string& path) {
+  cmd.add_option("--duo-pattern,--head-pattern", path,
+                 "DuoAttention head pattern: the full_attention_heads.tsv layout, one line per "
+                 "layer with one tab-separated score per KV head; the top duo_head_ratio of each "
+                 "layer's heads keep every row. Only methods with head types (duoattention) read "
+                 "it; without it they estimate the heads from the prompt")
+      ->check(non_empty_path())
+      ->type_name("FILE");
+}
+
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
   cmd.add_option_function<std::string>(
          "--max-memory",

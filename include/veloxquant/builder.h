@@ -55,6 +55,11 @@ class VQ_API ModelCache {
   // it. Throws Error(kInvalidArgument) for a bad layer index or a non-finite value.
   void observe_layer_similarity(std::int64_t layer, double cosine);
 
+  // LayerCache::set_head_pattern on every layer: pattern[i] goes to layer i. Throws
+  // Error(kInvalidArgument) when pattern has other than n_layers rows, or a layer's row is
+  // refused (its message names the layer), before any layer changes.
+  void set_head_pattern(const HeadPattern& pattern);
+
  private:
   CacheConfig config_;
   ModelShape shape_;

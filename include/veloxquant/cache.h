@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "veloxquant/config.h"
@@ -50,6 +51,18 @@ struct LayerGroup;
 }  // namespace detail
 
 class ModelCache;
+
+// A head pattern for a whole model: [n_layers][n_kv_heads] scores (LayerCache::set_head_pattern).
+using HeadPattern = std::vector<std::vector<float>>;
+
+// Reads a head pattern file: the DuoAttention repository's full_attention_heads.tsv layout,
+// one line per layer (n_layers lines, a trailing newline and blank trailing lines allowed), on
+// each n_kv_heads decimal numbers separated by tabs (or spaces), finite. Throws
+// "[head pattern] FILE: line N: expected ..., found ..." for a file that
+// cannot be read, a wrong number of lines or of numbers on a line, a field that is not a
+// number, or NaN / infinity: Error(kFileError) whose path() is the file.
+VQ_API HeadPattern load_head_pattern(const std::string& path, std::int64_t n_layers,
+                                     std::int64_t n_kv_heads);
 
 class VQ_API LayerCache {
  public:
@@ -115,8 +128,22 @@ class VQ_API LayerCache {
   void expect_positions(std::int64_t n);
 
   // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
-  // unresolved again.
+  // unresolved again. A head pattern (set_head_pattern) is kept.
   void reset();
+
+  // Head types (methods whose MethodInfo::head_types is set: duoattention). `scores` holds one
+  // score per KV head (DuoAttention's alpha: the higher, the more a head needs the full
+  // context); the method types the heads from it (duoattention: the top duo_head_ratio share
+  // keep every row) from the first step on, instead of estimating the scores from the prompt.
+  // An empty vector goes back to the estimate. Throws Error(kInvalidArgument) for a method that
+  // takes no pattern, a size other than n_kv_heads (which must be known: given in the
+  // LayerShape or fixed by a first step) or a non-finite score, and Error(kInvalidState) after
+  // the first step with rows (call reset() first) or while a step is open. Kept across reset().
+  void set_head_pattern(const std::vector<float>& scores);
+  // Each (b, h) store's type, b-major [B * Hkv]: 0 untyped (other methods, or not decided yet),
+  // 1 retrieval head (keeps every row), 2 streaming head (sinks + window). Empty before the
+  // first step.
+  std::vector<std::int32_t> head_types() const;
 
   // The rows stored between steps for (b, h), in order. Invalidated by the next step.
   HeadRows stored(std::int64_t b, std::int64_t h) const;

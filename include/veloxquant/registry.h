@@ -74,6 +74,9 @@ struct MethodInfo {
   // Whether the method evicts only on multi-token steps (prefill; snapkv): single-token steps
   // append without eviction, and a chunk is not equivalent to its tokens fed one at a time.
   bool prefill_only = false;
+  // Whether the method types its KV heads (duoattention): some heads keep every row (retrieval
+  // heads), the others the token budget; LayerCache::head_types() and CacheStats report them.
+  bool head_types = false;
   // Makes the per-layer policy (methods of the library). Called by LayerCache with a config
   // that was validated where it entered (CacheConfig::parse / validate).
   std::unique_ptr<detail::Policy> (*make_policy)(const detail::PolicyContext& context) = nullptr;

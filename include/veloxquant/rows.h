@@ -173,6 +173,13 @@ struct CacheStats {
   // The score source that ran: "none" (the method uses no attention), "proxy", "attention",
   // "auto" (source=auto, no step yet); a ModelCache whose layers differ: "mixed".
   const char* score_source = "none";
+  // Head types (duoattention; 0 for other methods and before a layer has typed its heads): the
+  // (b, kv head) stores that keep every row (retrieval heads) and those that keep sinks + a
+  // window (streaming heads), with their payload (parts of kept_bytes). Summed over layers.
+  std::int64_t retrieval_heads = 0;
+  std::int64_t retrieval_bytes = 0;
+  std::int64_t streaming_heads = 0;
+  std::int64_t streaming_bytes = 0;
 };
 
 }  // namespace vq

@@ -287,6 +287,16 @@ VQ_C_API vq_status vq_layer_budget(vq_layer_cache* layer, int64_t* out);
 VQ_C_API int vq_layer_step_open(const vq_layer_cache* layer);
 /* Forgets every token (shape stays fixed); an open step is abandoned. */
 VQ_C_API vq_status vq_layer_reset(vq_layer_cache* layer);
+/* Head types (duoattention; LayerCache::set_head_pattern in cache.h): one score per KV head
+ * (n = n_kv_heads; n = 0 goes back to the on-the-fly estimate), set before the first step.
+ * VQ_ERR_INVALID_ARGUMENT for a method without head types, a wrong n or a non-finite score;
+ * VQ_ERR_INVALID_STATE after the first step (reset first). Kept across vq_layer_reset. */
+VQ_C_API vq_status vq_layer_set_head_pattern(vq_layer_cache* layer, const float* scores, size_t n);
+/* Each (b, h) store's type, b-major: writes min(n, B * Hkv) values (0 untyped or not decided
+ * yet, 1 retrieval head: keeps every row, 2 streaming head: sinks + window) and sets *n_heads
+ * (may be NULL) to B * Hkv (0 before the first step). */
+VQ_C_API vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, size_t n,
+                                       size_t* n_heads);
 
 /* ---- Model caches ---------------------------------------------------------------------- */
 
@@ -314,6 +324,14 @@ VQ_C_API vq_status vq_model_cache_layer_budgets(vq_model_cache* cache, int64_t* 
 VQ_C_API vq_status vq_model_cache_observe_layer_similarity(vq_model_cache* cache, int64_t layer,
                                                            double cosine);
 VQ_C_API vq_status vq_model_cache_reset(vq_model_cache* cache);
+/* vq_layer_set_head_pattern on every layer: scores is [n_layers][n_kv_heads] row-major
+ * (n = n_layers * n_kv_heads; n = 0 clears every layer's pattern). Nothing changes on error. */
+VQ_C_API vq_status vq_model_cache_set_head_pattern(vq_model_cache* cache, const float* scores,
+                                                   size_t n);
+/* Reads a head pattern file (the DuoAttention full_attention_heads.tsv layout: one line per
+ * layer, one tab-separated score per KV head; cache.h, load_head_pattern) with the cache's
+ * shape and sets it. VQ_ERR_FILE naming the file, line, what was expected and found. */
+VQ_C_API vq_status vq_model_cache_load_head_pattern(vq_model_cache* cache, const char* path);
 
 #ifdef __cplusplus
 }

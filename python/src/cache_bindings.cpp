@@ -251,6 +251,10 @@ py::dict stats_dict(const CacheStats& s) {
   d["allocated_bytes"] = s.allocated_bytes;
   d["evictions"] = s.evictions;
   d["merges"] = s.merges;
+  d["retrieval_heads"] = s.retrieval_heads;
+  d["retrieval_bytes"] = s.retrieval_bytes;
+  d["streaming_heads"] = s.streaming_heads;
+  d["streaming_bytes"] = s.streaming_bytes;
   return d;
 }
 
@@ -365,6 +369,10 @@ void bind_cache(py::module_& m) {
              ++l.step;
            })
       .def("stats", [](const LayerHandle& l) { return stats_dict(l.cache->stats()); })
+      .def(
+          "head_types", [](const LayerHandle& l) { return l.cache->head_types(); },
+          "Each (b, h) store's type, b-major: 0 untyped, 1 retrieval head (keeps every row), 2 "
+          "streaming head (sinks + window); duoattention")
       .def_property_readonly("step_open", [](const LayerHandle& l) { return l.cache->step_open(); })
       .def_property_readonly("tokens_seen",
                              [](const LayerHandle& l) { return l.cache->tokens_seen(); })
@@ -417,6 +425,16 @@ void bind_cache(py::module_& m) {
           "stats", [](const ModelHandle& h) { return stats_dict(h.cache.stats()); },
           "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
       .def("layer_budgets", [](const ModelHandle& h) { return h.cache.layer_budgets(); })
+      .def(
+          "load_head_pattern",
+          [](ModelHandle& h, const std::string& path) {
+            h.cache.set_head_pattern(
+                load_head_pattern(path, h.cache.n_layers(), h.cache.shape().n_kv_heads));
+          },
+          py::arg("path"),
+          "Reads a DuoAttention head pattern file (full_attention_heads.tsv: one line per layer, "
+          "one tab-separated score per KV head) and sets it on every layer (duoattention), "
+          "before the first step")
       .def("mean_budget", [](const ModelHandle& h) { return h.cache.mean_budget(); })
       .def(
           "observe_layer_similarity",

@@ -213,3 +213,28 @@ def test_headwise_heads_hold_different_row_counts():
     # Masses: head 0 {3.9, .29, .7}, head 1 {2.15, 1.15, .75, .35, .6}; .29 and .35 leave.
     assert layer.stored(0, 0)[2].tolist() == [0, 4]
     assert layer.stored(0, 1)[2].tolist() == [0, 1, 2, 4]
+
+
+def test_duoattention_head_pattern_file(tmp_path):
+    """2 layers of H = 2 KV heads, ratio 0.5 (one retrieval head a layer), n_sink 1, window 2:
+    layer 0's scores 0.2, 0.8 make head 1 the retrieval head (keeps 0..5 after 6 tokens) and
+    head 0 streaming (the sink 0 and the window 4, 5); layer 1's 0.9, 0.1 the reverse."""
+    path = tmp_path / "full_attention_heads.tsv"
+    path.write_text("0.2\t0.8\n0.9\t0.1\n")
+    model = vq.ModelCache(vq.CacheConfig.parse("duoattention:n_sink=1,window=2"), 2, H, D)
+    model.load_head_pattern(str(path))
+    for layer in range(2):
+        for pos in range(6):
+            k, v = token(pos)
+            model.layer(layer).update(k, v)
+    assert model.layer(0).head_types() == [2, 1]
+    assert model.layer(1).head_types() == [1, 2]
+    assert model.layer(0).stored(0, 0)[2].tolist() == [0, 4, 5]
+    assert model.layer(0).stored(0, 1)[2].tolist() == list(range(6))
+    s = model.stats()
+    assert (s["retrieval_heads"], s["streaming_heads"]) == (2, 2)
+    assert s["retrieval_bytes"] + s["streaming_bytes"] == s["kept_bytes"]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("0.2\tx\n0.9\t0.1\n")
+    with pytest.raises(Exception, match="line 1: field 2: expected a number"):
+        vq.ModelCache(vq.CacheConfig.parse("duoattention"), 2, H, D).load_head_pattern(str(bad))

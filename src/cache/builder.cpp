@@ -87,6 +87,10 @@ CacheStats ModelCache::stats() const {
     s.evictions += ls.evictions;
     s.merges += ls.merges;
     s.demoted_rows += ls.demoted_rows;
+    s.retrieval_heads += ls.retrieval_heads;
+    s.retrieval_bytes += ls.retrieval_bytes;
+    s.streaming_heads += ls.streaming_heads;
+    s.streaming_bytes += ls.streaming_bytes;
     if (&l == &layers_.front()) {
       s.score_source = ls.score_source;
     } else if (std::string_view(s.score_source) != ls.score_source) {
@@ -96,6 +100,30 @@ CacheStats ModelCache::stats() const {
   s.compression_ratio =
       s.kept_bytes == 0 ? 1.0 : static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes);
   return s;
+}
+
+void ModelCache::set_head_pattern(const HeadPattern& pattern) {
+  if (static_cast<std::int64_t>(pattern.size()) != n_layers()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[" + config_.method() + "] set_head_pattern: expected " +
+                    std::to_string(n_layers()) + " layers, found " + std::to_string(pattern.size()));
+  }
+  // Every layer's row is checked (on a layer that then takes it back) before any layer changes.
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    try {
+      LayerCache probe(layers_[i].config(), layers_[i].shape());
+      probe.set_head_pattern(pattern[i]);
+    } catch (const Error& e) {
+      throw Error(e.code(), "layer " + std::to_string(i) + ": " + e.what());
+    }
+    if (layers_[i].step_open() || layers_[i].tokens_seen() > 0) {
+      throw Error(ErrorCode::kInvalidState,
+                  "[" + config_.method() + "] set_head_pattern: layer " + std::to_string(i) +
+                      " has seen tokens: the pattern must be set before the first step (call "
+                      "reset() first)");
+    }
+  }
+  for (std::size_t i = 0; i < pattern.size(); ++i) layers_[i].set_head_pattern(pattern[i]);
 }
 
 std::vector<std::int64_t> ModelCache::layer_budgets() const {

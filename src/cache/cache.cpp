@@ -1,7 +1,10 @@
 #include "veloxquant/cache.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -549,13 +552,126 @@ CacheStats LayerCache::stats() const {
   s.full_bytes = full_bytes();
   s.compression_ratio = compression_ratio();
   s.score_source = policy_->source_name();
+  for (std::size_t i = 0; i < state_->heads.size(); ++i) {
+    const std::int32_t type = policy_->head_type(static_cast<std::int64_t>(i));
+    const std::int64_t bytes = state_->heads[i].store()->bytes();
+    if (type == 1) {
+      ++s.retrieval_heads;
+      s.retrieval_bytes += bytes;
+    } else if (type == 2) {
+      ++s.streaming_heads;
+      s.streaming_bytes += bytes;
+    }
+  }
   return s;
 }
 
 const char* LayerCache::score_source() const noexcept { return policy_->source_name(); }
 
+void LayerCache::set_head_pattern(const std::vector<float>& scores) {
+  const LayerState& st = *state_;
+  const std::string who = "[" + st.config.method() + "] set_head_pattern: ";
+  if (!policy_->takes_head_pattern()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                who + "the method takes no head pattern (methods with head types do: duoattention)");
+  }
+  if (st.step_open || st.tokens_seen > 0) {
+    throw Error(ErrorCode::kInvalidState,
+                who + "the pattern must be set before the first step (call reset() first)");
+  }
+  if (!scores.empty()) {
+    if (st.shape.n_kv_heads <= 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  who + "the number of KV heads is not known yet: give it in the LayerShape");
+    }
+    if (static_cast<std::int64_t>(scores.size()) != st.shape.n_kv_heads) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  who + "expected " + std::to_string(st.shape.n_kv_heads) +
+                      " scores (one per KV head), found " + std::to_string(scores.size()));
+    }
+    for (std::size_t h = 0; h < scores.size(); ++h) {
+      if (!std::isfinite(scores[h])) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    who + "the score of KV head " + std::to_string(h) + " is " +
+                        std::to_string(scores[h]) + ", expected a finite number");
+      }
+    }
+  }
+  policy_->set_head_pattern(scores);
+}
+
+std::vector<std::int32_t> LayerCache::head_types() const {
+  std::vector<std::int32_t> out;
+  for (std::size_t i = 0; i < state_->heads.size(); ++i) {
+    out.push_back(policy_->head_type(static_cast<std::int64_t>(i)));
+  }
+  return out;
+}
+
 std::int64_t LayerCache::budget() const noexcept { return policy_->budget(); }
 const CacheConfig& LayerCache::config() const noexcept { return state_->config; }
 const LayerShape& LayerCache::shape() const noexcept { return state_->shape; }
+
+HeadPattern load_head_pattern(const std::string& path, std::int64_t n_layers,
+                              std::int64_t n_kv_heads) {
+  auto fail = [&](const std::string& where, const std::string& msg) -> void {
+    throw Error(ErrorCode::kFileError, "[head pattern] " + path + ": " + where + msg, path);
+  };
+  if (n_layers < 1 || n_kv_heads < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[head pattern] needs n_layers and n_kv_heads >= 1, got " +
+                    std::to_string(n_layers) + " and " + std::to_string(n_kv_heads));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("", "cannot be opened for reading");
+  HeadPattern out;
+  std::string line;
+  std::int64_t line_no = 0;
+  bool blank_seen = false;  // blank lines may only trail
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string where = "line " + std::to_string(line_no) + ": ";
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      blank_seen = true;
+      continue;
+    }
+    if (blank_seen) fail(where, "expected only blank lines after the last layer, found \"" +
+                                    line.substr(0, 40) + "\"");
+    if (static_cast<std::int64_t>(out.size()) == n_layers) {
+      fail(where, "expected " + std::to_string(n_layers) + " lines (one per layer), found more");
+    }
+    std::vector<float> row;
+    std::size_t pos = 0;
+    while (true) {
+      pos = line.find_first_not_of(" \t", pos);
+      if (pos == std::string::npos) break;
+      const std::size_t end = std::min(line.find_first_of(" \t", pos), line.size());
+      const std::string field = line.substr(pos, end - pos);
+      const std::string nth = "field " + std::to_string(row.size() + 1) + ": ";
+      char* stop = nullptr;
+      const double v = std::strtod(field.c_str(), &stop);
+      if (stop == field.c_str() || *stop != '\0') {
+        fail(where, nth + "expected a number, found \"" + field.substr(0, 40) + "\"");
+      }
+      if (!std::isfinite(v) || std::fabs(v) > 3.0e38) {
+        fail(where, nth + "expected a finite number, found \"" + field.substr(0, 40) + "\"");
+      }
+      row.push_back(static_cast<float>(v));
+      pos = end;
+    }
+    if (static_cast<std::int64_t>(row.size()) != n_kv_heads) {
+      fail(where, "expected " + std::to_string(n_kv_heads) + " numbers (one per KV head), found " +
+                      std::to_string(row.size()));
+    }
+    out.push_back(std::move(row));
+  }
+  if (in.bad()) fail("", "read error");
+  if (static_cast<std::int64_t>(out.size()) != n_layers) {
+    fail("", "expected " + std::to_string(n_layers) + " lines (one per layer), found " +
+                 std::to_string(out.size()));
+  }
+  return out;
+}
 
 }  // namespace vq

@@ -655,6 +655,22 @@ vq_status vq_layer_reset(vq_layer_cache* layer) {
   });
 }
 
+vq_status vq_layer_set_head_pattern(vq_layer_cache* layer, const float* scores, size_t n) {
+  VQ_LAYER_CALL(layer, {
+    if (scores == nullptr && n > 0) throw bad_argument("scores must not be NULL when n > 0");
+    l.cache->set_head_pattern(n == 0 ? std::vector<float>{} : std::vector<float>(scores, scores + n));
+  });
+}
+
+vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, size_t n, size_t* n_heads) {
+  VQ_LAYER_CALL(layer, {
+    const std::vector<std::int32_t> t = l.cache->head_types();
+    if (types == nullptr && n > 0) throw bad_argument("types must not be NULL when n > 0");
+    for (size_t i = 0; i < n && i < t.size(); ++i) types[i] = t[i];
+    if (n_heads != nullptr) *n_heads = t.size();
+  });
+}
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------
@@ -724,6 +740,32 @@ vq_status vq_model_cache_reset(vq_model_cache* cache) {
   VQ_MODEL_CALL(cache, {
     m.cache->reset();
     for (vq_layer_cache& l : m.layers) l.view.reset();
+  });
+}
+
+vq_status vq_model_cache_set_head_pattern(vq_model_cache* cache, const float* scores, size_t n) {
+  VQ_MODEL_CALL(cache, {
+    if (scores == nullptr && n > 0) throw bad_argument("scores must not be NULL when n > 0");
+    const std::int64_t L = m.cache->n_layers(), H = m.cache->shape().n_kv_heads;
+    vq::HeadPattern p(static_cast<size_t>(L));
+    if (n > 0) {
+      if (n != static_cast<size_t>(L * H)) {
+        throw bad_argument("head pattern: expected n_layers x n_kv_heads = " +
+                           std::to_string(L * H) + " scores, found " + std::to_string(n));
+      }
+      for (std::int64_t i = 0; i < L; ++i) {
+        p[static_cast<size_t>(i)].assign(scores + i * H, scores + (i + 1) * H);
+      }
+    }
+    m.cache->set_head_pattern(p);
+  });
+}
+
+vq_status vq_model_cache_load_head_pattern(vq_model_cache* cache, const char* path) {
+  VQ_MODEL_CALL(cache, {
+    if (path == nullptr) throw bad_argument("path must not be NULL");
+    m.cache->set_head_pattern(
+        vq::load_head_pattern(path, m.cache->n_layers(), m.cache->shape().n_kv_heads));
   });
 }
 

@@ -75,6 +75,13 @@ class Policy {
   virtual void reset_source() {}
   // "none" (the method uses no attention), "proxy", "attention" or "auto" (not yet resolved).
   virtual const char* source_name() const noexcept { return "none"; }
+  // Head types (DuoAttention): whether the method takes a per-KV-head score pattern
+  // (LayerCache::set_head_pattern, size and values checked by the cache), setting it (empty:
+  // none), and the type of head `index` (b * n_kv_heads + h): 0 untyped (every other method, or
+  // not decided yet), 1 a retrieval head (keeps every row), 2 a streaming head (sinks + window).
+  virtual bool takes_head_pattern() const noexcept { return false; }
+  virtual void set_head_pattern(std::vector<float> /*scores*/) {}
+  virtual std::int32_t head_type(std::int64_t /*index*/) const noexcept { return 0; }
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).

@@ -28,6 +28,7 @@
   X(keydiff)          \
   X(lagkv)            \
   X(leverage)         \
+  X(duoattention)     \
   X(random)
 
 namespace vq {

@@ -13,6 +13,7 @@
 #include "serve/footprint.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq::serve {
 
@@ -559,6 +560,9 @@ Scheduler::Session* Scheduler::new_session_locked(const GenRequest& r, const std
                                              r.chat, {}, {}, false, need, 0, 0, false,
                                              Clock::now()});
   s->id = "s" + s->id;
+  if (!o_.head_pattern.empty() && s->method.info().head_types) {
+    s->cache.set_head_pattern(o_.head_pattern);
+  }
   // Memory only: a session holds at most --max-context positions, so its stores grow no
   // further (the footprint is measured with the same hint).
   s->cache.expect_positions(o_.max_context);

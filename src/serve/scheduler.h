@@ -90,6 +90,9 @@ struct SchedulerOptions {
   // --max-method-specs: the most specs known at once (measured or being measured; the default
   // and the allowed ones count).
   std::int64_t max_method_specs = 32;
+  // --duo-pattern: the head pattern every session of a method with head types (duoattention)
+  // gets; empty: none (such sessions estimate their heads from the prompt).
+  HeadPattern head_pattern;
 };
 
 // What a request asks for (parsed and validated by serve/openai.h).

@@ -186,6 +186,7 @@ SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& met
   so.default_method = method;
   so.max_method_specs = o.max_method_specs;
   so.methods_allowed = parse_methods_allowed(o.methods_allowed);
+  if (!o.head_pattern.empty()) so.head_pattern = load_head_pattern(o.head_pattern, mc.n_layers, mc.n_kv_heads);
   if (so.max_context > mc.seq_len) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--max-context " + std::to_string(so.max_context) + " is past the model's context (" +

@@ -47,6 +47,7 @@ struct ServeOptions {
   bool special = false;  // --special: special-token text in message content becomes tokens
   double shutdown_grace_s = 10.0;
   int http_threads = 0;  // 0: 2 * max_sessions + 8, at most 256
+  std::string head_pattern;  // --duo-pattern FILE (methods with head types); "" = none
 };
 
 // Loads the model, serves until SIGTERM/SIGINT, returns the process exit code. Prints

@@ -680,6 +680,52 @@ static void test_shape_limits(void) {
   vq_config_free(c);
 }
 
+/* duoattention's head pattern through the C API: 2 layers of 2 KV heads, ratio 0.5, n_sink 1,
+ * window 2. Layer 0's scores {0.2, 0.8} make head 1 the retrieval head (all 6 rows kept), head 0
+ * streaming ({0} + window {4, 5}: 3 rows); layer 1's {0.9, 0.1} the reverse. */
+static void test_head_pattern(void) {
+  enum { L = 2, H = 2, T = 6 };
+  vq_config* c = NULL;
+  vq_model_cache* m = NULL;
+  vq_layer_cache* layer = NULL;
+  const vq_model_shape shape = {L, H, 1, 0};
+  const float scores[L * H] = {0.2f, 0.8f, 0.9f, 0.1f};
+  float k[H];
+  vq_tensor keys = {NULL, VQ_DTYPE_F32, {1, H, 1, 1}, {H, 1, 1, 1}};
+  vq_step_view view;
+  int32_t types[4] = {-1, -1, -1, -1};
+  int64_t counts[2] = {0, 0};
+  size_t n_heads = 0;
+  int l, pos;
+  keys.data = k;
+  k[0] = k[1] = 1.0f;
+  CHECK_EQ_I64(vq_config_parse("duoattention:n_sink=1,window=2", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_create(c, &shape, &m, NULL), VQ_OK);
+  vq_config_free(c);
+  CHECK_EQ_I64(vq_model_cache_set_head_pattern(m, scores, 3), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_model_cache_last_error(m), "expected n_layers x n_kv_heads = 4") != NULL);
+  CHECK_EQ_I64(vq_model_cache_load_head_pattern(m, "/nonexistent/duo.tsv"), VQ_ERR_FILE);
+  CHECK(strstr(vq_model_cache_last_error(m), "/nonexistent/duo.tsv") != NULL);
+  CHECK_EQ_I64(vq_model_cache_set_head_pattern(m, scores, L * H), VQ_OK);
+  for (l = 0; l < L; ++l) {
+    CHECK_EQ_I64(vq_model_cache_layer(m, l, &layer), VQ_OK);
+    for (pos = 0; pos < T; ++pos) {
+      CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &keys, &view), VQ_OK);
+      CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_OK);
+    }
+    CHECK_EQ_I64(vq_layer_head_types(layer, types, 4, &n_heads), VQ_OK);
+    CHECK_EQ_I64(n_heads, 2);
+    CHECK_EQ_I64(types[0], l == 0 ? 2 : 1);
+    CHECK_EQ_I64(types[1], l == 0 ? 1 : 2);
+    CHECK_EQ_I64(vq_layer_kept_per_head(layer, counts, 2, NULL), VQ_OK);
+    CHECK_EQ_I64(counts[0], l == 0 ? 3 : 6);
+    CHECK_EQ_I64(counts[1], l == 0 ? 6 : 3);
+    /* After the first step the pattern is refused until a reset. */
+    CHECK_EQ_I64(vq_layer_set_head_pattern(layer, scores, 2), VQ_ERR_INVALID_STATE);
+  }
+  vq_model_cache_free(m);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -690,6 +736,7 @@ int main(void) {
   test_threads();
   test_misuse();
   test_shape_limits();
+  test_head_pattern();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -8,6 +8,7 @@
 #include "engine/model/weights_check.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
+#include "veloxquant/registry.h"
 
 namespace vq::engine {
 
@@ -80,6 +81,7 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
 
   Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
   ModelCache cache = KVCacheBuilder::for_model(method, model_shape(c));
+  if (o.head_pattern != nullptr && method.info().head_types) cache.set_head_pattern(*o.head_pattern);
   cache.expect_positions(T);  // memory only: the stores grow no further than the run's rows
   double kept_weighted = 0.0;
   std::int64_t t = 0;

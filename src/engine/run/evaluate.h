@@ -30,6 +30,9 @@ struct ForcedOptions {
   std::int64_t prefill = 0;  // the first `prefill` tokens go in as one step (0 or 1: none)
   bool keep_logits = false;  // keep every position's logits (for use as a reference)
   const ForcedRun* reference = nullptr;  // computes kl when given (it must have kept logits)
+  // A head pattern for methods with head types (duoattention; ModelCache::set_head_pattern);
+  // other methods ignore it. Null: none.
+  const HeadPattern* head_pattern = nullptr;
   // Called after each forward step with (tokens fed so far, total).
   std::function<void(std::int64_t, std::int64_t)> progress;
 };

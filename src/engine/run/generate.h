@@ -36,6 +36,8 @@ struct GenerateOptions {
   float top_p = 0.9f;        // nucleus sampling when in (0, 1)
   std::uint64_t seed = 42;   // xorshift state (run.c -s); must be nonzero
   CacheConfig method = CacheConfig("full");
+  // A head pattern for methods with head types (duoattention); empty: none (others ignore it).
+  HeadPattern head_pattern;
 };
 
 struct GenerateResult {

@@ -288,6 +288,9 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   const engine::ModelConfig& c = model.config();
   Run r{method_config(spec, o), spec, nullptr, nullptr, 0, 0, {}};
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+  if (!o.head_pattern.empty() && r.cfg.info().head_types) {
+    r.cache->set_head_pattern(load_head_pattern(o.head_pattern, c.n_layers, c.n_kv_heads));
+  }
   // Memory only: the prompt, the warm-up and the timed steps are every position the cache gets,
   // so the stores grow no further than that (a full cache holds exactly its rows).
   r.cache->expect_positions(n + o.warmup + o.steps);

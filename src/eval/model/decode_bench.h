@@ -34,6 +34,7 @@ struct DecodeBenchOptions {
   bool prefill_real = false;         // fill by running the model over N tokens
   std::int64_t bandwidth_mib = 512;  // buffer for the bandwidth measurement
   std::uint64_t max_memory = 0;      // --max-memory; 0: the available memory (engine/run/resources.h)
+  std::string head_pattern;          // --duo-pattern: for methods with head types ("" = none)
 };
 
 struct DecodeProgress {

@@ -302,7 +302,12 @@ class Runner {
   Runner(const engine::Model& model, const ModelEvalOptions& o, const ModelEvalResult& res,
          std::ostream* progress)
       : model_(model), o_(o), res_(res), progress_(progress),
-        threads_(o.threads > 0 ? o.threads : engine::threads()) {}
+        threads_(o.threads > 0 ? o.threads : engine::threads()) {
+    if (!o.head_pattern.empty()) {
+      pattern_ = load_head_pattern(o.head_pattern, model.config().n_layers,
+                                   model.config().n_kv_heads);
+    }
+  }
 
   std::size_t n_windows() const { return res_.window_ids.size(); }
   int threads() const { return threads_; }
@@ -323,6 +328,7 @@ class Runner {
     engine::ForcedOptions fo;
     fo.prefill = o_.prefill;
     fo.keep_logits = keep != nullptr;
+    fo.head_pattern = pattern_.empty() ? nullptr : &pattern_;
     fo.reference = keep != nullptr ? nullptr : &refs_[w];
     engine::ForcedRun run = engine::run_forced(model_, res_.window_ids[w], config, fo);
     const engine::ForcedRun scored = scored_part(run, res_.scored_from);
@@ -362,6 +368,7 @@ class Runner {
   const ModelEvalResult& res_;
   std::ostream* progress_;
   int threads_;
+  HeadPattern pattern_;  // --duo-pattern, read once
   std::vector<engine::ForcedRun> refs_;
   mutable std::vector<engine::ForcedRun> ref_scored_;
   std::vector<WindowRun> ref_rows_;

@@ -62,6 +62,9 @@ struct ModelEvalOptions {
   // best configuration per ratio is reported on this run's windows (--select-from).
   std::string select_from;
   int threads = 0;  // runs at once (0: the engine's thread count)
+  // A head pattern file (--duo-pattern; cache.h, load_head_pattern) for the methods with head
+  // types (duoattention), read with the model's shape; "" = none.
+  std::string head_pattern;
   // Called once the model is loaded and the text encoded, before the runs allocate anything
   // (the CLI's memory guard); may throw to refuse the run.
   std::function<void(const engine::ModelConfig&)> before_run;
