@@ -55,6 +55,14 @@ class VQ_API ModelCache {
   // it. Throws Error(kInvalidArgument) for a bad layer index or a non-finite value.
   void observe_layer_similarity(std::int64_t layer, double cosine);
 
+  // LayerCache::set_key_filters on every layer: `filters` holds n = n_layers x n_kv_heads x
+  // head_dim floats, layer-major ([n_layers][Hkv][D]; the layout of a `veloxquant calibrate`
+  // file). Throws Error(kInvalidArgument) for another n (naming both), a null `filters` or a
+  // non-finite value, before any layer changes.
+  void set_key_filters(const float* filters, std::int64_t n);
+  // Whether the method needs them (LayerCache::needs_key_filters).
+  bool needs_key_filters() const noexcept;
+
  private:
   CacheConfig config_;
   ModelShape shape_;

@@ -287,6 +287,14 @@ VQ_C_API vq_status vq_layer_budget(vq_layer_cache* layer, int64_t* out);
 VQ_C_API int vq_layer_step_open(const vq_layer_cache* layer);
 /* Forgets every token (shape stays fixed); an open step is abandoned. */
 VQ_C_API vq_status vq_layer_reset(vq_layer_cache* layer);
+/* Key filters [n_kv_heads][head_dim] for a method that scores keys against them (qfilters;
+ * LayerCache::set_key_filters in cache.h): n = n_kv_heads x head_dim floats, copied.
+ * VQ_ERR_INVALID_ARGUMENT for another n, a NULL `filters` with n > 0 or a non-finite value. A
+ * qfilters cache with none set fails its first step with VQ_ERR_INVALID_STATE naming this
+ * setter. */
+VQ_C_API vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n);
+/* 1 when the layer's method needs key filters (qfilters), else 0. */
+VQ_C_API int vq_layer_needs_key_filters(const vq_layer_cache* layer);
 
 /* ---- Model caches ---------------------------------------------------------------------- */
 
@@ -314,6 +322,10 @@ VQ_C_API vq_status vq_model_cache_layer_budgets(vq_model_cache* cache, int64_t* 
 VQ_C_API vq_status vq_model_cache_observe_layer_similarity(vq_model_cache* cache, int64_t layer,
                                                            double cosine);
 VQ_C_API vq_status vq_model_cache_reset(vq_model_cache* cache);
+/* vq_layer_set_key_filters on every layer: n = n_layers x n_kv_heads x head_dim floats,
+ * layer-major (the layout of a `veloxquant calibrate` file, docs/methods.md). */
+VQ_C_API vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* filters,
+                                                  size_t n);
 
 #ifdef __cplusplus
 }

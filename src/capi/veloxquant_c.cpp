@@ -655,6 +655,17 @@ vq_status vq_layer_reset(vq_layer_cache* layer) {
   });
 }
 
+vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n) {
+  VQ_LAYER_CALL(layer, {
+    if (n > static_cast<size_t>(INT64_MAX)) throw bad_argument("n is too large");
+    l.cache->set_key_filters(filters, static_cast<int64_t>(n));
+  });
+}
+
+int vq_layer_needs_key_filters(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->needs_key_filters() ? 1 : 0;
+}
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------
@@ -724,6 +735,13 @@ vq_status vq_model_cache_reset(vq_model_cache* cache) {
   VQ_MODEL_CALL(cache, {
     m.cache->reset();
     for (vq_layer_cache& l : m.layers) l.view.reset();
+  });
+}
+
+vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* filters, size_t n) {
+  VQ_MODEL_CALL(cache, {
+    if (n > static_cast<size_t>(INT64_MAX)) throw bad_argument("n is too large");
+    m.cache->set_key_filters(filters, static_cast<int64_t>(n));
   });
 }
 
