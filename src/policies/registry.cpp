@@ -28,6 +28,7 @@
   X(keydiff)          \
   X(lagkv)            \
   X(leverage)         \
+  X(qfilters)         \
   X(random)
 
 namespace vq {
