@@ -15,6 +15,7 @@
 
 #include "base/cpu.h"
 #include "base/validate.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
@@ -288,6 +289,16 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   const engine::ModelConfig& c = model.config();
   Run r{method_config(spec, o), spec, nullptr, nullptr, 0, 0, {}};
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
+  if (r.cache->needs_key_filters()) {
+    if (!model.qfilters_path().empty()) {
+      engine::attach_key_filters(*r.cache, model);  // --model: its calibrated file
+    } else {
+      // A named shape has random weights and no file to calibrate: qfilters gets one random unit
+      // direction per (layer, KV head) from the bench's seed. Its step cost (one dot product per
+      // new key, the same eviction loop) does not depend on the filters' values.
+      engine::give_random_key_filters(*r.cache, o.seed);
+    }
+  }
   // Memory only: the prompt, the warm-up and the timed steps are every position the cache gets,
   // so the stores grow no further than that (a full cache holds exactly its rows).
   r.cache->expect_positions(n + o.warmup + o.steps);

@@ -595,7 +595,8 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   if (o.ratios.empty()) plan = plan_budget_runs(reference, methods, budget_written, o, res.skipped);
   if (!o.select_from.empty()) read_selection(o, res);
 
-  const engine::Model model = engine::Model::load(o.model);
+  engine::Model model = engine::Model::load(o.model);
+  if (!o.qfilters.empty()) model.set_qfilters_path(o.qfilters);
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   const engine::ModelConfig& mc = model.config();
   res.model_format = mc.format;
