@@ -254,6 +254,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"keydiff", evicts},
       {"lagkv", evicts},
       {"leverage", evicts},
+      {"qfilters", evicts},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
