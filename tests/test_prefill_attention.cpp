@@ -362,6 +362,7 @@ bool decisions_follow_attention(const CacheConfig& config) {
   for (int run = 0; run < 2; ++run) {
     const std::vector<float> q = test::randn(sz(B * Hq * S * D), 40 + static_cast<unsigned>(run));
     LayerCache cache(config, LayerShape{H, D, Hq, 0, 1});
+    test::give_key_filters(cache, H, D);
     test::feed_attention(cache, kv, q, Hq, 8);
     for (std::int64_t h = 0; h < H; ++h) {
       const HeadRows hr = cache.stored(0, h);

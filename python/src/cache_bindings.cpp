@@ -366,7 +366,7 @@ void bind_cache(py::module_& m) {
            })
       .def(
           "set_key_filters",
-          [](LayerHandle& l, const py::array& filters) {
+          [](LayerHandle& l, const py::object& filters) {
             // Any float array, flattened: n_kv_heads x head_dim values (LayerCache checks n).
             const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(filters);
             if (!f) throw Error(ErrorCode::kInvalidArgument, "[python] LayerCache.set_key_filters: "
@@ -431,7 +431,7 @@ void bind_cache(py::module_& m) {
           "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
       .def(
           "set_key_filters",
-          [](ModelHandle& h, const py::array& filters) {
+          [](ModelHandle& h, const py::object& filters) {
             const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(filters);
             if (!f) throw Error(ErrorCode::kInvalidArgument, "[python] ModelCache.set_key_filters: "
                                                              "filters must be a float array");
