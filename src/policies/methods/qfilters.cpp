@@ -62,8 +62,8 @@ disposition: drop (merge optional)
 score: key projection on the head's dominant query direction (low is evicted)
 budget: uniform
 deviations: token-by-token eviction as the cache fills (paper: one pass over the prompt); sinks and
-  a recent window protected; filters from `veloxquant calibrate` (<model>.qfilters), set with
-  set_key_filters
+  a recent window protected; filters from `veloxquant calibrate` (`<model>.qfilters`), set with
+  `set_key_filters`
 paper config: - (the paper prunes the prompt once; a token-by-token spec cannot express it)
 | qf_budget | int | 512 | [1, 16777216] | rows kept per KV head, sinks included
 | qf_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
