@@ -1,6 +1,7 @@
 // Micro-benchmarks: one decode-step update per method at a fixed budget, as the context grows.
 #include <benchmark/benchmark.h>
 
+#include "engine/run/qfilters_file.h"
 #include "eval/perturb/synthetic.h"
 #include "veloxquant/veloxquant.h"
 
@@ -14,6 +15,7 @@ void BM_DecodeStep(benchmark::State& state, const std::string& spec) {
   if (vq::has_token_budget(config)) config = vq::with_token_budget(config, budget);
   const auto kv = vq::eval::make_synthetic(vq::eval::Geometry::kSpans, H, context + 1, D, 1, 7);
   vq::LayerCache cache(config, vq::LayerShape{H, D, 0, 0, 1});
+  vq::engine::give_random_key_filters(cache, 7);  // qfilters: no model to calibrate
   // Prefill `context` tokens in one chunk, then time single-token steps.
   std::vector<float> k(static_cast<std::size_t>(H * context * D)), v(k.size());
   for (std::int64_t h = 0; h < H; ++h) {

@@ -18,6 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // 2 layers, 2 KV heads, head_dim 8, 4 query heads; 48 tokens fed as a prefill of 16 then
     // single steps: enough to pass every small budget and trigger evictions and merges.
     vq::ModelCache caches = vq::KVCacheBuilder::for_model(config, vq::ModelShape{2, 2, 8, 4});
+    if (caches.needs_key_filters()) {  // qfilters: one axis per (layer, KV head)
+      std::vector<float> f(2 * 2 * 8, 0.0f);
+      for (std::size_t i = 0; i < 4; ++i) f[i * 8 + i] = 1.0f;
+      caches.set_key_filters(f.data(), static_cast<std::int64_t>(f.size()));
+    }
     std::vector<float> k(2 * 16 * 8), v(2 * 16 * 8);
     std::uint32_t x = 12345;
     auto next = [&] {

@@ -50,6 +50,7 @@ TEST(Cache, PositionsAreTrueUniqueAndInRange) {
     CacheConfig config(id);
     if (has_token_budget(config)) config = with_token_budget(config, 48);
     LayerCache c(config, LayerShape{3, 8, 0, 0, 1});
+    test::give_key_filters(c, 3, 8);
     KV kv(2, 3, 100, 8, 11);
     test::feed(c, kv, 7);
     for (std::int64_t b = 0; b < 2; ++b) {

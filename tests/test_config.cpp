@@ -255,6 +255,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"lagkv", evicts},
       {"leverage", evicts},
       {"duoattention", {"merge", "source", "demote", "quantize", "common"}},
+      {"qfilters", evicts},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());

@@ -20,16 +20,21 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     if (has_token_budget(c)) c = with_token_budget(c, budget);
     return c;
   }
-  LayerCache cache(std::int64_t budget, const std::string& extra = "") const {
-    return LayerCache(config(budget, extra), LayerShape{0, 0, 0, 0, 1});
+  // The shape comes with the first step; a method that needs key filters (qfilters) gets
+  // test::give_key_filters' for the KV it is fed.
+  LayerCache cache(std::int64_t budget, const std::string& extra, const KV& kv) const {
+    LayerCache c(config(budget, extra), LayerShape{0, 0, 0, 0, 1});
+    test::give_key_filters(c, kv.H, kv.D);
+    return c;
   }
+  LayerCache cache(std::int64_t budget, const KV& kv) const { return cache(budget, "", kv); }
 };
 
 TEST_P(Conformance, BudgetHeldAfterEveryUpdate) {
   const MethodInfo& m = find_method(GetParam());
   for (std::int64_t chunk : {1, 7, 64}) {
     KV kv(2, 3, 160, 16, 100 + chunk);
-    LayerCache c = cache(40);
+    LayerCache c = cache(40, kv);
     const std::int64_t budget = c.budget();
     std::int64_t expected = 0;  // for prefill-only methods: budget after chunks, growth after singles
     for (std::int64_t t = 0; t < kv.S; t += chunk) {
@@ -165,7 +170,7 @@ TEST_P(Conformance, SinksKeptBitExact) {
   const CacheConfig probe(GetParam());
   if (!probe.has("n_sink")) GTEST_SKIP() << GetParam() << " has no sinks";
   KV kv(1, 2, 120, 8, 7);
-  LayerCache c = cache(48);
+  LayerCache c = cache(48, kv);
   const std::int64_t n_sink = c.config().get_int("n_sink");
   ASSERT_GT(n_sink, 0);
   test::feed(c, kv, 3);
@@ -184,7 +189,7 @@ TEST_P(Conformance, SinksKeptBitExact) {
 TEST_P(Conformance, BudgetCoveringEveryTokenEqualsFull) {
   KV kv(2, 2, 50, 8, 8);
   for (std::int64_t chunk : {1, 50}) {
-    LayerCache c = cache(64), full = test::make_cache("full");
+    LayerCache c = cache(64, kv), full = test::make_cache("full");
     test::feed(c, kv, chunk);
     test::feed(full, kv, chunk);
     EXPECT_TRUE(test::snapshot(c, 2, 2) == test::snapshot(full, 2, 2)) << "chunk " << chunk;
@@ -195,13 +200,13 @@ TEST_P(Conformance, BudgetCoveringEveryTokenEqualsFull) {
 TEST_P(Conformance, DeterministicAndChunkingInvariant) {
   KV kv(1, 3, 150, 16, 9);
   for (std::int64_t chunk : {1, 13}) {
-    LayerCache a = cache(48), b = cache(48);
+    LayerCache a = cache(48, kv), b = cache(48, kv);
     test::feed(a, kv, chunk);
     test::feed(b, kv, chunk);
     EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(b, 1, 3)) << "same inputs, different state";
   }
   if (find_method(GetParam()).prefill_only) return;  // decides per chunk by design
-  LayerCache a = cache(48), c = cache(48);
+  LayerCache a = cache(48, kv), c = cache(48, kv);
   test::feed(a, kv, 1);
   test::feed(c, kv, 13);
   EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3))
@@ -215,7 +220,7 @@ TEST_P(Conformance, MergingVariantsAreDeterministicToo) {
   for (const char* extra : {"target=nearest,merge=sim_weighted",
                             "target=nearest,merge=mean,merge_gate=false,merge_keys=true",
                             "target=window,merge=mean,merge_m=4"}) {
-    LayerCache a = cache(48, extra), b = cache(48, extra), c = cache(48, extra);
+    LayerCache a = cache(48, extra, kv), b = cache(48, extra, kv), c = cache(48, extra, kv);
     test::feed(a, kv, 3);
     test::feed(b, kv, 3);
     EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << extra;
@@ -227,7 +232,7 @@ TEST_P(Conformance, MergingVariantsAreDeterministicToo) {
 
 TEST_P(Conformance, ResetForgetsEverything) {
   KV kv(1, 2, 120, 8, 11), other(1, 2, 120, 8, 12);
-  LayerCache fresh = cache(48), reused = cache(48);
+  LayerCache fresh = cache(48, kv), reused = cache(48, kv);
   test::feed(reused, other, 4);
   reused.reset();
   EXPECT_EQ(reused.tokens_seen(), 0);
@@ -239,7 +244,7 @@ TEST_P(Conformance, ResetForgetsEverything) {
 
 TEST_P(Conformance, DeferredEvictionOnEveryStep) {
   KV kv(1, 2, 120, 8, 13);
-  LayerCache c = cache(48);
+  LayerCache c = cache(48, kv);
   for (std::int64_t t = 0; t < kv.S; t += 5) {
     const test::Snapshot before = test::snapshot(c, 1, 2);
     const KVRows rows = c.update(kv.keys(t, 5), kv.values(t, 5));
@@ -317,7 +322,7 @@ TEST_P(Conformance, HeadTypesKeepEveryRowOrSinksAndWindow) {
 
 TEST_P(Conformance, StatsAreConsistent) {
   KV kv(1, 2, 100, 8, 14);
-  LayerCache c = cache(48);
+  LayerCache c = cache(48, kv);
   test::feed(c, kv, 10);
   const CacheStats s = c.stats();
   EXPECT_EQ(s.tokens_seen, 100);
@@ -340,7 +345,7 @@ TEST_P(Conformance, DemoteKeepsTheContracts) {
   if (probe.has("merge") && probe.get_enum("merge") != "drop") extra += ",merge=drop";
   KV kv(1, 3, 150, 16, 15);
   for (std::int64_t chunk : {1, 13}) {
-    LayerCache c = cache(48, extra);
+    LayerCache c = cache(48, extra, kv);
     const std::int64_t budget = c.budget();
     for (std::int64_t t = 0; t < kv.S; t += chunk) {
       const test::Snapshot before = test::snapshot(c, 1, 3);
@@ -398,7 +403,7 @@ TEST_P(Conformance, DemoteKeepsTheContracts) {
       EXPECT_LT(pos.back(), kv.S);
     }
   }
-  LayerCache a = cache(48, extra), b = cache(48, extra), c = cache(48, extra);
+  LayerCache a = cache(48, extra, kv), b = cache(48, extra, kv), c = cache(48, extra, kv);
   test::feed(a, kv, 1);
   test::feed(b, kv, 1);
   EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(b, 1, 3)) << "not deterministic";
@@ -423,9 +428,9 @@ TEST_P(Conformance, DemoteLeavesTheMethodsRowsAsWithout) {
       probe.has("merge") && probe.get_enum("merge") != "drop" ? "merge=drop" : "";
   KV kv(1, 2, 130, 8, 16);
   for (std::int64_t chunk : {1, 9}) {
-    LayerCache plain = cache(40, drop);
+    LayerCache plain = cache(40, drop, kv);
     LayerCache mixed = cache(40, drop.empty() ? "demote=kivi4,demote_budget=16"
-                                              : drop + ",demote=kivi4,demote_budget=16");
+                                              : drop + ",demote=kivi4,demote_budget=16", kv);
     test::feed(plain, kv, chunk);
     test::feed(mixed, kv, chunk);
     const std::int64_t demoted = mixed.stats().demoted_rows / 2;
@@ -469,6 +474,7 @@ ModelRun drive(const std::string& spec, std::int64_t prefill, std::int64_t total
   const bool attention = config.has("source") && config.get_enum("source") == "attention";
   const std::int64_t n_sink = config.get_int("n_sink");
   ModelCache m(config, ModelShape{L, H, D, Hq});
+  test::give_key_filters(m);
   std::vector<KV> kv;
   std::vector<std::vector<float>> q;
   for (std::int64_t l = 0; l < L; ++l) {

@@ -67,6 +67,7 @@ std::string run_config(const CacheConfig& config) {
     const bool needs_probs = config.has("source") && config.get_enum("source") == "attention";
     if (!needs_probs) {
       LayerCache a(config, LayerShape{H, D, 0, 0, 1});
+      test::give_key_filters(a, H, D);
       test::feed(a, kv, 16, 0, 16);
       test::feed(a, kv, 1, 16, S);
       for (std::int64_t h = 0; h < H; ++h) (void)a.stored(0, h);
@@ -74,6 +75,7 @@ std::string run_config(const CacheConfig& config) {
     }
 
     LayerCache b(config, LayerShape{H, D, 0, 0, 1});
+    test::give_key_filters(b, H, D);
     std::vector<float> probs;
     for (std::int64_t t = 0; t < S;) {
       const std::int64_t n = t == 0 ? 16 : 1;

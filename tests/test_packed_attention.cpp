@@ -505,6 +505,7 @@ TEST(BlockStore, EveryMethodWithGgmlTypes) {
       if (has_token_budget(config)) config = with_token_budget(config, 40);
       auto run = [&]() {
         LayerCache c(config, LayerShape{H, D, Hq, 0, 1});
+        test::give_key_filters(c, H, D);
         test::feed_attention(c, kv, q, Hq, 30, 0, 30);
         test::feed_attention(c, kv, q, Hq, 7, 30, S);
         return c;

@@ -258,6 +258,7 @@ void check_model(const Model& m, std::int64_t chunk, std::int64_t n_prompt, std:
     // The reference, single-threaded.
     engine::set_threads(1);
     ModelCache ref_cache = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+    test::give_key_filters(ref_cache);
     ReferenceForward ref(m, chunk);
     std::vector<std::vector<float>> want;
     for (std::int64_t t = 0; t < n_prompt + n_decode;) {
@@ -270,6 +271,7 @@ void check_model(const Model& m, std::int64_t chunk, std::int64_t n_prompt, std:
       SCOPED_TRACE("threads " + std::to_string(threads));
       engine::set_threads(threads);
       ModelCache cache = KVCacheBuilder::for_model(CacheConfig::parse(spec), shape);
+      test::give_key_filters(cache);
       engine::Transformer tf(m, chunk);
       std::size_t step = 0;
       for (std::int64_t t = 0; t < n_prompt + n_decode; ++step) {
@@ -327,6 +329,7 @@ TEST(PrefillAttention, NoProbabilityBufferForMethodsThatReadNone) {
   for (const CacheConfig& config : configs) {
     const std::string spec = config.spec();
     ModelCache cache = KVCacheBuilder::for_model(config, engine::model_shape(c));
+    test::give_key_filters(cache);
     const bool reads = cache.layer(0).reads_attention();
     engine::Transformer tf(m, 64);
     tf.forward(ids.data(), 64, cache);
@@ -359,6 +362,7 @@ bool decisions_follow_attention(const CacheConfig& config) {
   for (int run = 0; run < 2; ++run) {
     const std::vector<float> q = test::randn(sz(B * Hq * S * D), 40 + static_cast<unsigned>(run));
     LayerCache cache(config, LayerShape{H, D, Hq, 0, 1});
+    test::give_key_filters(cache, H, D);
     test::feed_attention(cache, kv, q, Hq, 8);
     for (std::int64_t h = 0; h < H; ++h) {
       const HeadRows hr = cache.stored(0, h);

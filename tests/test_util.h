@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -108,9 +109,40 @@ void expect_error(Fn&& fn, ErrorCode code, const std::vector<std::string>& fragm
   }
 }
 
+// A method that scores keys against calibrated filters (qfilters) needs them before its first
+// step (LayerCache::set_key_filters); the generic harnesses give it fixed ones for the shape they
+// feed: head h's filter is the unit vector along (cos(0.7 (i + 1) + h))_i. Nothing for methods
+// that need none.
+inline std::vector<float> fixed_key_filters(std::int64_t heads, std::int64_t D) {
+  std::vector<float> f(static_cast<std::size_t>(heads * D));
+  for (std::int64_t h = 0; h < heads; ++h) {
+    double n2 = 0;
+    for (std::int64_t i = 0; i < D; ++i) n2 += std::pow(std::cos(0.7 * double(i + 1) + double(h)), 2);
+    for (std::int64_t i = 0; i < D; ++i) {
+      f[static_cast<std::size_t>(h * D + i)] =
+          static_cast<float>(std::cos(0.7 * double(i + 1) + double(h)) / std::sqrt(n2));
+    }
+  }
+  return f;
+}
+inline void give_key_filters(LayerCache& c, std::int64_t H, std::int64_t D) {
+  if (!c.needs_key_filters()) return;
+  const std::vector<float> f = fixed_key_filters(H, D);
+  c.set_key_filters(f.data(), H * D);
+}
+inline void give_key_filters(ModelCache& m) {
+  if (!m.needs_key_filters()) return;
+  const ModelShape& s = m.shape();
+  const std::vector<float> f = fixed_key_filters(s.n_layers * s.n_kv_heads, s.head_dim);
+  m.set_key_filters(f.data(), static_cast<std::int64_t>(f.size()));
+}
+
+// With H and D given, a method that needs key filters gets give_key_filters'.
 inline LayerCache make_cache(const std::string& spec, std::int64_t H = 0, std::int64_t D = 0,
                              std::int64_t layer = 0, std::int64_t n_layers = 1) {
-  return LayerCache(CacheConfig::parse(spec), LayerShape{H, D, 0, layer, n_layers});
+  LayerCache c(CacheConfig::parse(spec), LayerShape{H, D, 0, layer, n_layers});
+  if (H > 0 && D > 0) give_key_filters(c, H, D);
+  return c;
 }
 
 }  // namespace vq::test

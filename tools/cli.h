@@ -21,6 +21,7 @@ void add_eval_command(CLI::App& app);
 void add_make_model_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);  // Q-Filters' key filters (cmd_calibrate.cpp)
 
 // `eval --task` (cmd_eval_task.cpp): its own flags, and the ones it shares with `eval`.
 struct TaskCliOptions {

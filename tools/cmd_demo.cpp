@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "eval/perturb/perturb.h"
 #include "eval/perturb/perturb_bench.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/run/resources.h"
 #include "eval/perturb/synthetic.h"
 #include "policies/spec_budget.h"
@@ -96,6 +97,7 @@ void run_demo(const DemoOptions& o) {
       continue;
     }
     LayerCache cache(config, LayerShape{o.heads, o.head_dim, 0, 0, 1});
+    engine::give_random_key_filters(cache, o.seed);  // qfilters: no model to calibrate
     TensorRef k = all_k, v = TensorRef::f32(kv.values.data(), 1, o.heads, o.seq, o.head_dim);
     k.shape[2] = v.shape[2] = 1;
     const auto t0 = std::chrono::steady_clock::now();

@@ -119,6 +119,7 @@ void run_eval(EvalCliOptions& o) {
   // Inputs are named first, so an output naming one is refused now (base/input_file.h).
   name_input("--model", o.eval.model);
   name_input("--tokenizer", o.eval.tokenizer);
+  name_input("--qfilters", o.eval.qfilters);
   for (const std::string& t : o.texts) name_input("--text", t);
   name_input("--select-from", o.eval.select_from);
   name_input("--duo-pattern", o.eval.head_pattern);
@@ -171,6 +172,10 @@ void add_input_options(CLI::App& cmd, EvalCliOptions& o) {
                  "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
                  "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
                  "or a GGUF model's own")
+      ->check(non_empty_path());
+  cmd.add_option("--qfilters", o.eval.qfilters,
+                 "Key-filter file of method qfilters (default: <model>.qfilters, made by "
+                 "`veloxquant calibrate`)")
       ->check(non_empty_path());
   cmd.add_option("--text", o.texts,
                  "UTF-8 text file to read (at most 64 MiB); with --windows, repeatable (every "

@@ -17,6 +17,7 @@ namespace {
 
 struct GenerateCliOptions {
   std::string model, tokenizer, prompt, method = "full";
+  std::string qfilters;  // --qfilters ("" = <model>.qfilters)
   std::int64_t steps = 256;
   float temperature = 0.0f, top_p = 0.9f;
   std::uint64_t seed = 42;
@@ -35,7 +36,8 @@ void run_generate(const GenerateCliOptions& o) {
   g.top_p = o.top_p;
   g.seed = o.seed;
   set_activity("loading the model '" + o.model + "'");
-  const engine::Model model = engine::Model::load(o.model);
+  engine::Model model = engine::Model::load(o.model);
+  if (!o.qfilters.empty()) model.set_qfilters_path(o.qfilters);
   set_activity("loading the tokenizer");
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   if (!o.head_pattern.empty()) {
@@ -94,6 +96,10 @@ void add_generate_command(CLI::App& app) {
                   "tokenizer.bin (llama2.c), tokenizer.json (HF) or a .gguf file's vocabulary; "
                   "default: next to the model (tok<vocab>.bin or tokenizer.bin; tokenizer.json), "
                   "or a GGUF model's own")
+      ->check(non_empty_path());
+  cmd->add_option("--qfilters", o->qfilters,
+                  "Key-filter file of method qfilters (default: <model>.qfilters, made by "
+                  "`veloxquant calibrate`)")
       ->check(non_empty_path());
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
   cmd->add_option("--steps", o->steps,

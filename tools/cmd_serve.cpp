@@ -18,6 +18,10 @@ void add_model_options(CLI::App& cmd, serve::ServeOptions& o) {
       ->check(non_empty_path());
   cmd.add_option("--tokenizer", o.tokenizer, "Tokenizer (default: next to the model)")
       ->check(non_empty_path());
+  cmd.add_option("--qfilters", o.qfilters,
+                 "Key-filter file of method qfilters (default: <model>.qfilters, made by "
+                 "`veloxquant calibrate`)")
+      ->check(non_empty_path());
   cmd.add_option("--method", o.method,
                  "Default KV-cache method spec (a request may choose another with "
                  "\"veloxquant\": {\"method\": SPEC})")

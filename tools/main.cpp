@@ -233,6 +233,7 @@ int main(int argc, char** argv) {
   vq::cli::add_make_model_command(app);
   vq::cli::add_convert_command(app);
   vq::cli::add_serve_command(app);
+  vq::cli::add_calibrate_command(app);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

@@ -59,6 +59,13 @@ class VQ_API ModelCache {
   // Error(kInvalidArgument) when pattern has other than n_layers rows, or a layer's row is
   // refused (its message names the layer), before any layer changes.
   void set_head_pattern(const HeadPattern& pattern);
+  // LayerCache::set_key_filters on every layer: `filters` holds n = n_layers x n_kv_heads x
+  // head_dim floats, layer-major ([n_layers][Hkv][D]; the layout of a `veloxquant calibrate`
+  // file). Throws Error(kInvalidArgument) for another n (naming both), a null `filters` or a
+  // non-finite value, before any layer changes.
+  void set_key_filters(const float* filters, std::int64_t n);
+  // Whether the method needs them (LayerCache::needs_key_filters).
+  bool needs_key_filters() const noexcept;
 
  private:
   CacheConfig config_;

@@ -170,6 +170,19 @@ class VQ_API LayerCache {
   const CacheConfig& config() const noexcept;
   const LayerShape& shape() const noexcept;
 
+  // Per-head key filters, for methods that score keys against a calibrated direction (qfilters:
+  // a key's score is its projection on its KV head's filter; `veloxquant calibrate` makes them
+  // from a model's queries, docs/methods.md). `filters` holds n = n_kv_heads x head_dim floats,
+  // head-major ([Hkv][D]), copied. Throws Error(kInvalidArgument) for a null `filters` with
+  // n > 0, a non-finite value, or (when the shape given at construction has n_kv_heads and
+  // head_dim) n != n_kv_heads x head_dim; a cache whose shape is fixed by its first step checks
+  // n there. Kept across reset(); a later call replaces them (in force from the next step).
+  // Other methods ignore them. A method that needs them (needs_key_filters()) throws
+  // Error(kInvalidState) naming this setter at the first step with new rows when none were set.
+  void set_key_filters(const float* filters, std::int64_t n);
+  // Whether the method scores keys with filters set by set_key_filters (qfilters).
+  bool needs_key_filters() const noexcept;
+
  private:
   friend class ModelCache;
   // Used by ModelCache: the layers of one model share a group (per-layer budgets that depend

@@ -297,6 +297,14 @@ VQ_C_API vq_status vq_layer_set_head_pattern(vq_layer_cache* layer, const float*
  * (may be NULL) to B * Hkv (0 before the first step). */
 VQ_C_API vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, size_t n,
                                        size_t* n_heads);
+/* Key filters [n_kv_heads][head_dim] for a method that scores keys against them (qfilters;
+ * LayerCache::set_key_filters in cache.h): n = n_kv_heads x head_dim floats, copied.
+ * VQ_ERR_INVALID_ARGUMENT for another n, a NULL `filters` with n > 0 or a non-finite value. A
+ * qfilters cache with none set fails its first step with VQ_ERR_INVALID_STATE naming this
+ * setter. */
+VQ_C_API vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n);
+/* 1 when the layer's method needs key filters (qfilters), else 0. */
+VQ_C_API int vq_layer_needs_key_filters(const vq_layer_cache* layer);
 
 /* ---- Model caches ---------------------------------------------------------------------- */
 
@@ -332,6 +340,10 @@ VQ_C_API vq_status vq_model_cache_set_head_pattern(vq_model_cache* cache, const 
  * layer, one tab-separated score per KV head; cache.h, load_head_pattern) with the cache's
  * shape and sets it. VQ_ERR_FILE naming the file, line, what was expected and found. */
 VQ_C_API vq_status vq_model_cache_load_head_pattern(vq_model_cache* cache, const char* path);
+/* vq_layer_set_key_filters on every layer: n = n_layers x n_kv_heads x head_dim floats,
+ * layer-major (the layout of a `veloxquant calibrate` file, docs/methods.md). */
+VQ_C_API vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* filters,
+                                                  size_t n);
 
 #ifdef __cplusplus
 }

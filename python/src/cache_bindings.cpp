@@ -368,6 +368,19 @@ void bind_cache(py::module_& m) {
              l.cache->reset();
              ++l.step;
            })
+      .def(
+          "set_key_filters",
+          [](LayerHandle& l, const py::object& filters) {
+            // Any float array, flattened: n_kv_heads x head_dim values (LayerCache checks n).
+            const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(filters);
+            if (!f) throw Error(ErrorCode::kInvalidArgument, "[python] LayerCache.set_key_filters: "
+                                                             "filters must be a float array");
+            l.cache->set_key_filters(f.data(), static_cast<std::int64_t>(f.size()));
+          },
+          py::arg("filters"),
+          "Key filters [n_kv_heads, head_dim] of method qfilters (veloxquant calibrate makes them)")
+      .def_property_readonly("needs_key_filters",
+                             [](const LayerHandle& l) { return l.cache->needs_key_filters(); })
       .def("stats", [](const LayerHandle& l) { return stats_dict(l.cache->stats()); })
       .def(
           "head_types", [](const LayerHandle& l) { return l.cache->head_types(); },
@@ -424,6 +437,19 @@ void bind_cache(py::module_& m) {
       .def(
           "stats", [](const ModelHandle& h) { return stats_dict(h.cache.stats()); },
           "Sums over layers (tokens_seen and tokens_kept are layer 0's)")
+      .def(
+          "set_key_filters",
+          [](ModelHandle& h, const py::object& filters) {
+            const auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(filters);
+            if (!f) throw Error(ErrorCode::kInvalidArgument, "[python] ModelCache.set_key_filters: "
+                                                             "filters must be a float array");
+            h.cache.set_key_filters(f.data(), static_cast<std::int64_t>(f.size()));
+          },
+          py::arg("filters"),
+          "Key filters [n_layers, n_kv_heads, head_dim] of method qfilters (the layout of a "
+          "`veloxquant calibrate` file)")
+      .def_property_readonly("needs_key_filters",
+                             [](const ModelHandle& h) { return h.cache.needs_key_filters(); })
       .def("layer_budgets", [](const ModelHandle& h) { return h.cache.layer_budgets(); })
       .def(
           "load_head_pattern",

@@ -238,3 +238,25 @@ def test_duoattention_head_pattern_file(tmp_path):
     bad.write_text("0.2\tx\n0.9\t0.1\n")
     with pytest.raises(Exception, match="line 1: field 2: expected a number"):
         vq.ModelCache(vq.CacheConfig.parse("duoattention"), 2, H, D).load_head_pattern(str(bad))
+
+
+def test_qfilters_needs_key_filters_and_keeps_the_hand_derived_rows():
+    # The case of tests/test_qfilters.cpp (KeepsTheHandDerivedRows), head 0: filter (0.6, 0.8),
+    # keys (1,0) (0,1) (1,1) (-1,0) (0,-1) (2,0) (0,.5) (.5,.5) scored .6 .8 1.4 -.6 -.8 1.2 .4 .7;
+    # budget 4, one sink, the newest row protected: positions 3, 4, 1 then 6 leave.
+    cache = vq.LayerCache(vq.CacheConfig.parse("qfilters:budget=4,n_sink=1,grace=1,kv_dtype=f32"),
+                          n_kv_heads=1, head_dim=2)
+    assert cache.needs_key_filters
+    keys = np.array([[1, 0], [0, 1], [1, 1], [-1, 0], [0, -1], [2, 0], [0, .5], [.5, .5]], np.float32)
+    with pytest.raises(vq.Error, match="set_key_filters"):
+        cache.update(keys[None, None, :1], keys[None, None, :1])
+    assert cache.tokens_seen == 0
+    with pytest.raises(vq.Error, match="got 3"):
+        cache.set_key_filters(np.zeros(3, np.float32))
+    cache.set_key_filters(np.array([[0.6, 0.8]]))
+    for t in range(8):
+        cache.update(keys[None, None, t:t + 1], keys[None, None, t:t + 1])
+    assert list(cache.stored(0, 0)[2]) == [0, 2, 5, 7]
+    model = vq.ModelCache(vq.CacheConfig.parse("qfilters"), 2, 1, 2)
+    assert model.needs_key_filters
+    model.set_key_filters(np.ones((2, 1, 2), np.float32))

@@ -151,6 +151,35 @@ void ModelCache::reset() {
   std::fill(group_->external_count.begin(), group_->external_count.end(), 0);
 }
 
+void ModelCache::set_key_filters(const float* filters, std::int64_t n) {
+  const std::int64_t per_layer = shape_.n_kv_heads * shape_.head_dim;
+  const std::int64_t want = n_layers() * per_layer;
+  if (n != want) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[builder] set_key_filters: n must be n_layers x n_kv_heads x head_dim = " +
+                    std::to_string(n_layers()) + " x " + std::to_string(shape_.n_kv_heads) +
+                    " x " + std::to_string(shape_.head_dim) + " = " + std::to_string(want) +
+                    ", got " + std::to_string(n));
+  }
+  if (filters == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "[builder] set_key_filters: filters must not be null");
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(filters[i])) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[builder] set_key_filters: value " + std::to_string(i) + " (layer " +
+                      std::to_string(i / per_layer) + ") is not finite");
+    }
+  }
+  for (std::int64_t l = 0; l < n_layers(); ++l) {
+    layers_[static_cast<std::size_t>(l)].set_key_filters(filters + l * per_layer, per_layer);
+  }
+}
+
+bool ModelCache::needs_key_filters() const noexcept {
+  return !layers_.empty() && layers_.front().needs_key_filters();
+}
+
 void ModelCache::observe_layer_similarity(std::int64_t layer, double cosine) {
   if (layer < 0 || layer >= n_layers()) {
     throw Error(ErrorCode::kInvalidArgument, "[builder] layer must be in [0, " +

@@ -674,4 +674,27 @@ HeadPattern load_head_pattern(const std::string& path, std::int64_t n_layers,
   return out;
 }
 
+void LayerCache::set_key_filters(const float* filters, std::int64_t n) {
+  const LayerShape& sh = state_->shape;
+  auto bad = [&](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[cache] set_key_filters: " + msg);
+  };
+  if (n < 0) bad("n must be >= 0, got " + std::to_string(n));
+  if (filters == nullptr && n > 0) bad("filters must not be null when n > 0");
+  if (sh.n_kv_heads > 0 && sh.head_dim > 0 && n != sh.n_kv_heads * sh.head_dim) {
+    bad("n must be n_kv_heads x head_dim = " + std::to_string(sh.n_kv_heads) + " x " +
+        std::to_string(sh.head_dim) + " = " + std::to_string(sh.n_kv_heads * sh.head_dim) +
+        ", got " + std::to_string(n));
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(filters[i])) {
+      bad("value " + std::to_string(i) + " (head " +
+          std::to_string(sh.head_dim > 0 ? i / sh.head_dim : 0) + ") is not finite");
+    }
+  }
+  state_->key_filters.assign(filters, filters + n);
+}
+
+bool LayerCache::needs_key_filters() const noexcept { return policy_->needs_key_filters(); }
+
 }  // namespace vq

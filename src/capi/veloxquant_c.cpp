@@ -671,6 +671,17 @@ vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, size_t n, s
   });
 }
 
+vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n) {
+  VQ_LAYER_CALL(layer, {
+    if (n > static_cast<size_t>(INT64_MAX)) throw bad_argument("n is too large");
+    l.cache->set_key_filters(filters, static_cast<int64_t>(n));
+  });
+}
+
+int vq_layer_needs_key_filters(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->needs_key_filters() ? 1 : 0;
+}
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------
@@ -766,6 +777,13 @@ vq_status vq_model_cache_load_head_pattern(vq_model_cache* cache, const char* pa
     if (path == nullptr) throw bad_argument("path must not be NULL");
     m.cache->set_head_pattern(
         vq::load_head_pattern(path, m.cache->n_layers(), m.cache->shape().n_kv_heads));
+  });
+}
+
+vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* filters, size_t n) {
+  VQ_MODEL_CALL(cache, {
+    if (n > static_cast<size_t>(INT64_MAX)) throw bad_argument("n is too large");
+    m.cache->set_key_filters(filters, static_cast<int64_t>(n));
   });
 }
 

@@ -68,6 +68,8 @@ struct LayerState {
   // LayerCache::expect_positions: the most rows a head is expected to hold (0: unknown), handed
   // to every store as a growth ceiling (RowStore::expect_rows).
   std::int64_t expected_rows = 0;
+  // LayerCache::set_key_filters: [n_kv_heads][head_dim] (qfilters); empty when none were set.
+  std::vector<float> key_filters;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

@@ -73,6 +73,8 @@ class Policy {
   virtual void resolve_source(bool /*attention*/) {}
   // Back to unresolved after reset() (the configured source is auto).
   virtual void reset_source() {}
+  // Whether the method scores keys with LayerState::key_filters (LayerCache::set_key_filters).
+  virtual bool needs_key_filters() const noexcept { return false; }
   // "none" (the method uses no attention), "proxy", "attention" or "auto" (not yet resolved).
   virtual const char* source_name() const noexcept { return "none"; }
   // Head types (DuoAttention): whether the method takes a per-KV-head score pattern

@@ -29,6 +29,7 @@
   X(lagkv)            \
   X(leverage)         \
   X(duoattention)     \
+  X(qfilters)         \
   X(random)
 
 namespace vq {

@@ -17,6 +17,17 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
                   std::int64_t chunk, std::int64_t limit, NextStep next_step) {
   ModelCache cache = KVCacheBuilder::for_model(method, shape);
   cache.expect_positions(max_positions);  // as a session's cache (scheduler.cpp)
+  // qfilters: the filters' values change no byte the cache holds; unit filters stand in for the
+  // model's (the session's cache loads the real ones, engine/run/qfilters_file.h).
+  if (cache.needs_key_filters()) {
+    std::vector<float> unit(static_cast<std::size_t>(shape.n_layers * shape.n_kv_heads *
+                                                     shape.head_dim),
+                            0.0f);
+    for (std::size_t i = 0; i < unit.size(); i += static_cast<std::size_t>(shape.head_dim)) {
+      unit[i] = 1.0f;
+    }
+    cache.set_key_filters(unit.data(), static_cast<std::int64_t>(unit.size()));
+  }
   const std::int64_t Hkv = shape.n_kv_heads, D = shape.head_dim, Hq = shape.n_query_heads;
   std::vector<float> k(static_cast<std::size_t>(chunk * Hkv * D));
   std::vector<float> v(k.size());

@@ -10,6 +10,7 @@
 
 #include "engine/model/transformer.h"
 #include "engine/model/weights_check.h"
+#include "engine/run/qfilters_file.h"
 #include "serve/footprint.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
@@ -555,8 +556,7 @@ bool Scheduler::make_room_locked(std::int64_t need) {
 Scheduler::Session* Scheduler::new_session_locked(const GenRequest& r, const std::string& spec,
                                                   std::int64_t need) {
   auto s = std::make_unique<Session>(Session{std::to_string(next_session_++), r.method, spec,
-                                             KVCacheBuilder::for_model(
-                                                 r.method, engine::model_shape(model_->config())),
+                                             engine::make_model_cache(r.method, *model_),
                                              r.chat, {}, {}, false, need, 0, 0, false,
                                              Clock::now()});
   s->id = "s" + s->id;

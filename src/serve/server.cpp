@@ -658,7 +658,8 @@ int run_server(const ServeOptions& o) {
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
   const CacheConfig method = CacheConfig::parse(o.method);
-  const engine::Model model = engine::Model::load(o.model);
+  engine::Model model = engine::Model::load(o.model);
+  if (!o.qfilters.empty()) model.set_qfilters_path(o.qfilters);
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   const engine::ModelConfig& mc = model.config();
   const TemplateKind kind =

@@ -27,6 +27,7 @@ namespace vq::serve {
 
 struct ServeOptions {
   std::string model, tokenizer, method = "full", chat_template;  // "" = from the model
+  std::string qfilters;  // qfilters' key-filter file ("" = <model>.qfilters)
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (the one chosen is printed)
   std::string api_key;

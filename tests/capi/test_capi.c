@@ -726,6 +726,54 @@ static void test_head_pattern(void) {
   vq_model_cache_free(m);
 }
 
+/* qfilters' key filters (docs/methods.md): the setters check n against the shape, a cache
+ * without filters fails its first step naming the setter (and rolls it back), and a layer's
+ * filter is what scores its keys: key (1, 0, 0, 0) against filter (20, 21, 22, 23) scores 20. */
+static void test_key_filters(void) {
+  vq_config* c = NULL;
+  vq_model_cache* mc = NULL;
+  vq_layer_cache* l2 = NULL;
+  const vq_model_shape ms = {3, 2, 4, 4};
+  float all[24], k[8] = {0, 0, 0, 0, 1, 0, 0, 0}, v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  vq_tensor tk, tv;
+  vq_step_view view;
+  vq_head_rows rows;
+  int i;
+  for (i = 0; i < 24; ++i) all[i] = (float)i;
+  CHECK_EQ_I64(vq_config_parse("qfilters", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_create(c, &ms, &mc, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_layer(mc, 2, &l2), VQ_OK);
+  CHECK_EQ_I64(vq_layer_needs_key_filters(l2), 1);
+  memset(&tk, 0, sizeof tk);
+  tk.data = k;
+  tk.dtype = VQ_DTYPE_F32;
+  tk.shape[0] = 1;
+  tk.shape[1] = 2;
+  tk.shape[2] = 1;
+  tk.shape[3] = 4;
+  tk.stride[0] = 8;
+  tk.stride[1] = 4;
+  tk.stride[2] = 4;
+  tk.stride[3] = 1;
+  tv = tk;
+  tv.data = v;
+  CHECK_EQ_I64(vq_layer_begin_step(l2, &tk, &tv, &view), VQ_OK);
+  CHECK_EQ_I64(vq_layer_end_step(l2, NULL), VQ_ERR_INVALID_STATE);
+  CHECK(strstr(vq_layer_last_error(l2), "set_key_filters") != NULL);
+  CHECK_EQ_I64(vq_layer_step_open(l2), 0);
+  CHECK_EQ_I64(vq_model_cache_set_key_filters(mc, all, 16), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_model_cache_last_error(mc), "got 16") != NULL);
+  CHECK_EQ_I64(vq_layer_set_key_filters(l2, all, 7), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_model_cache_set_key_filters(mc, all, 24), VQ_OK);
+  CHECK_EQ_I64(vq_layer_begin_step(l2, &tk, &tv, &view), VQ_OK);
+  CHECK_EQ_I64(vq_layer_end_step(l2, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_stored(l2, 0, 1, &rows), VQ_OK);
+  CHECK_EQ_I64(rows.n_rows, 1);
+  CHECK_EQ_I64(vq_layer_set_key_filters(l2, all, 8), VQ_OK);
+  vq_model_cache_free(mc);
+  vq_config_free(c);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -737,6 +785,7 @@ int main(void) {
   test_misuse();
   test_shape_limits();
   test_head_pattern();
+  test_key_filters();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -107,6 +107,14 @@ class Model {
   // model.safetensors.index.json) and the directory (for HF, of config.json).
   const std::string& path() const noexcept { return path_; }
   const std::string& directory() const noexcept { return directory_; }
+  // The key-filter file of method qfilters (engine/run/qfilters_file.h): the one set by
+  // set_qfilters_path (the --qfilters flag), else path() + ".qfilters" (what `veloxquant
+  // calibrate` writes by default); "" for a model without a file (a named random shape).
+  void set_qfilters_path(std::string file) { qfilters_path_ = std::move(file); }
+  std::string qfilters_path() const {
+    if (!qfilters_path_.empty()) return qfilters_path_;
+    return path_.empty() || config_.format == "random" ? "" : path_ + ".qfilters";
+  }
   // Bytes of buffers this Model owns (converted norms, copied or generated tensors); 0 when
   // every weight is mapped in place.
   std::int64_t owned_bytes() const noexcept;
@@ -126,6 +134,7 @@ class Model {
   ModelConfig config_;
   Weights weights_;
   std::string path_, directory_;
+  std::string qfilters_path_;  // set_qfilters_path
   std::vector<std::unique_ptr<MappedFile>> files_;  // every mapping the weights point into
   std::vector<std::unique_ptr<std::uint8_t[]>> owned_;
   std::vector<std::int64_t> owned_sizes_;

@@ -433,6 +433,7 @@ void Transformer::forward(std::span<const BatchItem> items) {
       apply_rope(s_.k.data() + row0_[i] * kvd, items[i].n, c.n_kv_heads, c.head_dim, pos0_[i],
                  c.rope, s_);
     }
+    if (query_tap_) query_tap_(l, s_.q.data(), T);  // calibration (set_query_tap)
     laps.mark(times_.attention);
     std::int64_t att_at = 0;
     for (std::size_t i = 0; i < B; ++i) {

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -186,6 +187,11 @@ class Transformer {
   const StepTimes& times() const noexcept { return times_; }
   void reset_times() noexcept { times_ = StepTimes{}; }
   const Model& model() const noexcept { return *model_; }
+  // Calibration (`veloxquant calibrate`, engine/run/qfilters_file.h): when set, called once per
+  // layer of every step with the step's queries after RoPE, q = [T][Hq * D] (T: the step's
+  // tokens stacked over its sequences), before the attention reads them. Results do not change.
+  using QueryTap = std::function<void(std::int64_t layer, const float* q, std::int64_t T)>;
+  void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
 
  private:
   // The checks of forward(items), before any cache step; fills row0_ and pos0_ and returns the
@@ -210,6 +216,7 @@ class Transformer {
   std::int64_t max_tokens_;
   bool timing_ = false;
   StepTimes times_;
+  QueryTap query_tap_;
   // Per item of the current step (grown, never shrunk: no allocation once a batch size was
   // seen): its first stacked row, its first position, its probabilities' offset in s_.att (-1:
   // none), the ref its cache gets, its first logits row (-1: none).

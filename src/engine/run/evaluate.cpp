@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/model/transformer.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/model/weights_check.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
@@ -80,7 +81,7 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
   if (o.keep_logits) run.logits.resize(static_cast<std::size_t>(P * V));
 
   Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
-  ModelCache cache = KVCacheBuilder::for_model(method, model_shape(c));
+  ModelCache cache = make_model_cache(method, model);  // loads qfilters' key filters
   if (o.head_pattern != nullptr && method.info().head_types) cache.set_head_pattern(*o.head_pattern);
   cache.expect_positions(T);  // memory only: the stores grow no further than the run's rows
   double kept_weighted = 0.0;

@@ -6,6 +6,7 @@
 #include "base/validate.h"
 #include "engine/run/sampler.h"
 #include "engine/model/transformer.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/model/weights_check.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/errors.h"
@@ -34,7 +35,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   }
   const std::int32_t stop = c.format == "llama2c" ? 1 : c.eos_id;
   Sampler sampler(c.vocab_size, o.temperature, o.top_p, o.seed);
-  ModelCache cache = KVCacheBuilder::for_model(o.method, model_shape(c));
+  ModelCache cache = make_model_cache(o.method, model);  // loads qfilters' key filters
   if (!o.head_pattern.empty() && o.method.info().head_types) cache.set_head_pattern(o.head_pattern);
   cache.expect_positions(steps);  // memory only: the stores grow no further than the run's rows
 

@@ -15,6 +15,7 @@
 
 #include "base/cpu.h"
 #include "base/validate.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/compute/matmul.h"
 #include "engine/model/model.h"
 #include "engine/compute/parallel.h"
@@ -290,6 +291,16 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   r.cache = std::make_unique<ModelCache>(r.cfg, engine::model_shape(c));
   if (!o.head_pattern.empty() && r.cfg.info().head_types) {
     r.cache->set_head_pattern(load_head_pattern(o.head_pattern, c.n_layers, c.n_kv_heads));
+  }
+  if (r.cache->needs_key_filters()) {
+    if (!model.qfilters_path().empty()) {
+      engine::attach_key_filters(*r.cache, model);  // --model: its calibrated file
+    } else {
+      // A named shape has random weights and no file to calibrate: qfilters gets one random unit
+      // direction per (layer, KV head) from the bench's seed. Its step cost (one dot product per
+      // new key, the same eviction loop) does not depend on the filters' values.
+      engine::give_random_key_filters(*r.cache, o.seed);
+    }
   }
   // Memory only: the prompt, the warm-up and the timed steps are every position the cache gets,
   // so the stores grow no further than that (a full cache holds exactly its rows).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -16,11 +17,13 @@
 #include "engine/formats/json_limits.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "eval/model/model_eval_internal.h"
 #include "eval/model/ratio_solver.h"
 #include "eval/task_pool.h"
 #include "policies/spec_budget.h"
+#include "veloxquant/cache.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -145,6 +148,36 @@ std::vector<Planned> plan_budget_runs(const CacheConfig& reference,
     }
   }
   return plan;
+}
+
+// Every registered method (no --method): a method that needs key filters (qfilters) is skipped,
+// with the reason, when the model has no filter file, so a model nobody calibrated still runs
+// the rest. Named with --method, such a method fails instead (engine/run/qfilters_file.h).
+void skip_without_key_filters(const engine::Model& model, std::vector<CacheConfig>& methods,
+                              std::vector<bool>& budget_written, std::vector<Planned>& plan,
+                              std::vector<ModelEvalSkip>& skipped) {
+  const std::string file = model.qfilters_path();
+  std::error_code ec;
+  if (!file.empty() && std::filesystem::exists(file, ec)) return;
+  auto needs = [](const CacheConfig& c) {
+    return LayerCache(c, LayerShape{1, 1, 0, 0, 1}).needs_key_filters();
+  };
+  const std::string why = "no key-filter file" + (file.empty() ? std::string() : " '" + file + "'") +
+                          " for this model: make it with `veloxquant calibrate`";
+  for (auto it = plan.begin(); it != plan.end();) {
+    if (!it->is_reference && needs(it->config)) {
+      skipped.push_back({it->config.spec(), has_token_budget(it->config) ? token_budget(it->config) : 0, why});
+      it = plan.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (std::size_t k = methods.size(); k-- > 0;) {
+    if (!needs(methods[k])) continue;
+    if (plan.empty()) skipped.push_back({methods[k].spec(), 0, why});  // equal-memory mode
+    methods.erase(methods.begin() + static_cast<std::ptrdiff_t>(k));
+    budget_written.erase(budget_written.begin() + static_cast<std::ptrdiff_t>(k));
+  }
 }
 
 nlohmann::json model_config_json(const engine::ModelConfig& mc) {
@@ -597,12 +630,21 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
   // Plan every run before loading anything, so bad specs fail fast.
   const CacheConfig reference = CacheConfig::parse(o.reference);
   std::vector<bool> budget_written;
-  const std::vector<CacheConfig> methods = parse_methods(o, budget_written);
+  std::vector<CacheConfig> methods = parse_methods(o, budget_written);
   std::vector<Planned> plan;
   if (o.ratios.empty()) plan = plan_budget_runs(reference, methods, budget_written, o, res.skipped);
   if (!o.select_from.empty()) read_selection(o, res);
 
-  const engine::Model model = engine::Model::load(o.model);
+  engine::Model model = engine::Model::load(o.model);
+  if (!o.qfilters.empty()) model.set_qfilters_path(o.qfilters);
+  if (o.methods.empty()) skip_without_key_filters(model, methods, budget_written, plan, res.skipped);
+  // A method named with --method that needs key filters fails now, before the runs, when the
+  // model's filter file is missing or made for another model.
+  for (const CacheConfig& m : methods) {
+    if (!LayerCache(m, LayerShape{1, 1, 0, 0, 1}).needs_key_filters()) continue;
+    (void)engine::make_model_cache(m, model);
+    break;
+  }
   const auto tokenizer = engine::load_tokenizer(o.tokenizer, model);
   const engine::ModelConfig& mc = model.config();
   res.model_format = mc.format;

@@ -34,6 +34,7 @@ inline constexpr std::int64_t kMaxEvalTokens = std::int64_t{1} << 20;
 
 struct ModelEvalOptions {
   std::string model, tokenizer, text;  // paths (tokenizer "" = next to the model)
+  std::string qfilters;  // qfilters' key-filter file ("" = <model>.qfilters, Model::qfilters_path)
   std::vector<std::string> more_texts;  // windows mode: further texts (--text repeated)
   std::int64_t tokens = 512;           // the text's first N tokens (BOS included); with
                                        // windows, the tokens of each window

@@ -9,6 +9,7 @@
 #include <memory>
 #include <utility>
 
+#include "engine/run/qfilters_file.h"
 #include "eval/perturb/perturb.h"
 #include "veloxquant/cache.h"
 
@@ -157,6 +158,7 @@ PerturbMeasure measure_in(const PerturbOptions& o, SeqData& seq_data, const Pert
     const SyntheticKV& kv = seq_data.data(seed);
     const auto& ref = seq_data.reference(seed, c.config.kv_dtype());
     LayerCache cache(c.config, LayerShape{o.heads, o.head_dim, 0, 0, 1});
+    engine::give_random_key_filters(cache, static_cast<std::uint64_t>(seed));  // qfilters
     us.push_back(feed(cache, kv, o, c.seq) * 1e6 / static_cast<double>(c.seq));
     const SeedMeasure s = measure_heads(cache, kv, ref, o);
     m.perturbation.push_back(s.perturbation);

@@ -18,6 +18,7 @@
 #include "engine/compute/parallel.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/transformer.h"
+#include "engine/run/qfilters_file.h"
 #include "engine/run/chat_template.h"
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
@@ -206,7 +207,7 @@ class SampleRunner {
     const engine::ModelConfig& c = model_.config();
     const auto S = static_cast<std::int64_t>(s.ids.size());
     const std::int64_t max_new = std::min<std::int64_t>(spec.tokens_to_generate, c.seq_len - S + 1);
-    ModelCache cache = KVCacheBuilder::for_model(config, engine::model_shape(c));
+    ModelCache cache = engine::make_model_cache(config, model_);  // qfilters' key filters
     cache.expect_positions(S + max_new - 1);
     engine::Transformer tf(model_, S, S + max_new - 1);
     engine::Sampler sampler(c.vocab_size, 0.0f, 0.9f, 1);
