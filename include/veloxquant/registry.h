@@ -74,6 +74,10 @@ struct MethodInfo {
   // Whether the method evicts only on multi-token steps (prefill; snapkv): single-token steps
   // append without eviction, and a chunk is not equivalent to its tokens fed one at a time.
   bool prefill_only = false;
+  // Whether each layer keeps either every row or only a window: the budget_offset field's
+  // leading rows and the newest (budget - offset) rows (simlayerkv: lazy layers keep the window,
+  // the others every row).
+  bool all_or_window = false;
   // Makes the per-layer policy (methods of the library). Called by LayerCache with a config
   // that was validated where it entered (CacheConfig::parse / validate).
   std::unique_ptr<detail::Policy> (*make_policy)(const detail::PolicyContext& context) = nullptr;

@@ -139,6 +139,7 @@ bool* flag_of(MethodInfo& m, const std::string& key) {
       {"exact budget", &MethodInfo::exact_budget}, {"prefill only", &MethodInfo::prefill_only},
       {"attention", &MethodInfo::scores_attention},
       {"quantizes rows", &MethodInfo::quantizes_rows},
+      {"all or window", &MethodInfo::all_or_window},
   };
   for (const auto& [name, member] : kKeys) {
     if (key == name) return &(m.*member);

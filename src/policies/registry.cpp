@@ -28,6 +28,7 @@
   X(keydiff)          \
   X(lagkv)            \
   X(leverage)         \
+  X(simlayerkv)       \
   X(random)
 
 namespace vq {
