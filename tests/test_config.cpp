@@ -254,6 +254,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"keydiff", evicts},
       {"lagkv", evicts},
       {"leverage", evicts},
+      {"simlayerkv", {"merge", "source", "demote", "quantize", "common"}},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
