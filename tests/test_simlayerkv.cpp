@@ -222,6 +222,9 @@ TEST(SimLayerKV, BudgetSetsTheRecentWindow) {
   EXPECT_THROW(CacheConfig::parse("simlayerkv:threshold=1.5"), Error);
   EXPECT_THROW(CacheConfig::parse("simlayerkv:n_last=0"), Error);
   EXPECT_FALSE(CacheConfig("simlayerkv").has("headwise"));
+  // The mass averages every query head: folding a KV head's query heads has no effect.
+  EXPECT_THROW(CacheConfig::parse("simlayerkv:source=attention,gqa_reduce=max"), Error);
+  EXPECT_NO_THROW(CacheConfig::parse("simlayerkv:source=attention,gqa_reduce=mean"));
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 //     query) of sum over the window rows of p;
 //   source=proxy: the last q = min(sim_n_last, R) rows, each row r's key standing in for its
 //     query over rows 0..r (causal): softmax_i(k_r . k_i / sqrt(d)), every KV head.
+// gqa_reduce does not enter (every query head counts alike): a value other than mean is an
+// error (no effect).
 // The layer is lazy when mass > sim_threshold (strictly, as kvpress; a mass equal to the
 // threshold is not lazy). A lazy layer keeps the first n_initial rows and the n_recent newest
 // from that step on (StreamingLLM: over W rows the oldest non-initial row leaves, at the
@@ -78,6 +80,14 @@ attention: yes
 )";
 
 namespace {
+
+// The mass averages every query head alike: a fold of a KV head's query heads has no effect.
+void check(const CacheConfig& c) {
+  if (c.get_enum("gqa_reduce") != "mean") {
+    config_error(c, "gqa_reduce=" + c.get_enum("gqa_reduce") +
+                        " has no effect on simlayerkv (the layer's mass averages every query head)");
+  }
+}
 
 class SimLayerPolicy final : public TokenPolicy {
  public:
@@ -219,7 +229,7 @@ class SimLayerPolicy final : public TokenPolicy {
 }  // namespace
 
 MethodInfo simlayerkv_method() {
-  return method_card(kSimLayerCard, nullptr, &make_policy_of<SimLayerPolicy>);
+  return method_card(kSimLayerCard, &check, &make_policy_of<SimLayerPolicy>);
 }
 
 }  // namespace vq::detail
