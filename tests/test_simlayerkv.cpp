@@ -214,6 +214,23 @@ TEST(SimLayerKV, ProxyTokenByTokenMatchesTheNumpyReference) {
   }
 }
 
+// A busy layer (threshold 1: a mass never exceeds it while rows outside the window get some
+// attention) stores exactly what `full` stores, plain or KIVI-quantized, fed in any chunks:
+// after its decision it appends rows as `full` does.
+TEST(SimLayerKV, BusyLayerStoresAsFull) {
+  test::KV kv(1, 2, 150, 16, 77);
+  for (const std::string extra : {"", ",quantize=kivi2"}) {
+    for (std::int64_t chunk : {1, 13, 100}) {
+      LayerCache sim = test::make_cache("simlayerkv:threshold=1,budget=64" + extra);
+      LayerCache full = test::make_cache(extra.empty() ? "full" : "full:" + extra.substr(1));
+      test::feed(sim, kv, chunk);
+      test::feed(full, kv, chunk);
+      EXPECT_TRUE(test::snapshot(sim, 1, 2) == test::snapshot(full, 1, 2)) << extra << " " << chunk;
+      EXPECT_EQ(sim.kept_bytes(), full.kept_bytes()) << extra << " " << chunk;
+    }
+  }
+}
+
 TEST(SimLayerKV, BudgetSetsTheRecentWindow) {
   const CacheConfig c = with_token_budget(CacheConfig::parse("simlayerkv:n_initial=4"), 64);
   EXPECT_EQ(c.get_int("sim_n_recent"), 60);

@@ -22,6 +22,9 @@
 // from that step on (StreamingLLM: over W rows the oldest non-initial row leaves, at the
 // deciding step and at every later one); a busy layer keeps every row. The decision holds until
 // reset(). Before it (the layer holds at most W rows) nothing is evicted.
+// The probabilities are read until the decision only (reads_attention() turns false after it,
+// so an engine stops computing them), unless a lazy layer's merge gate compares the current
+// query's attention.
 // Row scores (LayerCache::row_scores): the attention each row received at the decision (averaged
 // like the mass, per batch element), 0 for rows that came later; with a merge rule and the gate
 // on, the cumulative proxy attention mass instead (streaming_llm's gate score).
@@ -98,6 +101,37 @@ class SimLayerPolicy final : public TokenPolicy {
         n_last_(ctx.config.get_int("sim_n_last")),
         n_recent_(ctx.config.get_int("sim_n_recent")),
         track_mass_(merge_.mode != MergeRule::Mode::kDrop && merge_.gate) {}
+
+  // A busy layer keeps every row from its decision on: it appends the step's rows as `full`
+  // does (a quantizing store settles them with kKeepAll), without the eviction loop's per-step
+  // pass over every row. The deciding step and lazy layers run the loop.
+  void end_step(LayerState& st, const AttentionRef* attention) override {
+    if (state_ != State::kBusy || track_mass_) {
+      TokenPolicy::end_step(st, attention);
+      return;
+    }
+    for (std::size_t i = 0; i < st.heads.size(); ++i) {
+      HeadState& hs = st.heads[i];
+      const auto n = static_cast<std::size_t>(st.step_new);
+      hs.score.resize(hs.score.size() + n, 0.0f);
+      hs.aux.resize(hs.aux.size() + n, 0.0f);
+      hs.hist.resize(hs.hist.size() + n * static_cast<std::size_t>(hs.hist_stride), 0.0f);
+      if (!hs.store()->quantizing()) continue;
+      Decision d;
+      d.kind = Decision::Kind::kKeepAll;
+      d.head = static_cast<std::int64_t>(i);
+      st.apply(d);
+    }
+  }
+
+  // The probabilities are read only for the decision (and, once lazy, by a merge gate that
+  // compares the current query's attention): a decided layer asks the engine for none.
+  bool needs_attention() const noexcept override {
+    return source_.attention() &&
+           (state_ == State::kUndecided ||
+            (state_ == State::kLazy && merge_.mode != MergeRule::Mode::kDrop && merge_.gate &&
+             merge_.gate_score == MergeRule::GateScore::kCurrent));
+  }
 
   void on_reset(LayerState& /*st*/) override {
     state_ = State::kUndecided;
