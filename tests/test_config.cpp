@@ -256,6 +256,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"leverage", evicts},
       {"duoattention", {"merge", "source", "demote", "quantize", "common"}},
       {"qfilters", evicts},
+      {"simlayerkv", {"merge", "source", "demote", "quantize", "common"}},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());

@@ -53,6 +53,8 @@ TEST_P(Conformance, BudgetHeldAfterEveryUpdate) {
           break;  // checked above
         } else if (budget < 0) {
           EXPECT_EQ(kept, c.tokens_seen());
+        } else if (m.all_or_window) {  // every row, or the window (LayerKeepsAllOrItsWindow)
+          EXPECT_TRUE(kept == c.tokens_seen() || kept == budget) << "chunk " << chunk << " t " << t;
         } else if (m.prefill_only) {
           EXPECT_EQ(kept, expected) << "chunk " << chunk << " t " << t;
         } else if (m.exact_budget) {
@@ -205,7 +207,9 @@ TEST_P(Conformance, DeterministicAndChunkingInvariant) {
     test::feed(b, kv, chunk);
     EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(b, 1, 3)) << "same inputs, different state";
   }
-  if (find_method(GetParam()).prefill_only) return;  // decides per chunk by design
+  // Decides per chunk by design (prefill-only), or at the step that crosses the window with that
+  // step's queries (all-or-window: the deciding step depends on the chunking).
+  if (find_method(GetParam()).prefill_only || find_method(GetParam()).all_or_window) return;
   LayerCache a = cache(48, kv), c = cache(48, kv);
   test::feed(a, kv, 1);
   test::feed(c, kv, 13);
@@ -224,7 +228,7 @@ TEST_P(Conformance, MergingVariantsAreDeterministicToo) {
     test::feed(a, kv, 3);
     test::feed(b, kv, 3);
     EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(b, 1, 2)) << extra;
-    if (find_method(GetParam()).prefill_only) continue;
+    if (find_method(GetParam()).prefill_only || find_method(GetParam()).all_or_window) continue;
     test::feed(c, kv, 1);
     EXPECT_TRUE(test::snapshot(a, 1, 2) == test::snapshot(c, 1, 2)) << extra;
   }
@@ -408,7 +412,7 @@ TEST_P(Conformance, DemoteKeepsTheContracts) {
   test::feed(b, kv, 1);
   EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(b, 1, 3)) << "not deterministic";
   test::feed(c, kv, 13);
-  if (!m.prefill_only) {
+  if (!m.prefill_only && !m.all_or_window) {
     EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3)) << "chunk of 13 differs";
   }
   c.reset();
@@ -416,6 +420,56 @@ TEST_P(Conformance, DemoteKeepsTheContracts) {
   EXPECT_EQ(c.kept_bytes(), 0);
   test::feed(c, kv, 1);
   EXPECT_TRUE(test::snapshot(a, 1, 3) == test::snapshot(c, 1, 3)) << "reset left state behind";
+}
+
+// All-or-window methods (simlayerkv): after every step each layer holds every position seen, or
+// exactly its window, the first `offset` positions (budget_offset's field) and the newest
+// budget - offset; every head of the layer (every batch element) alike; once a window, always a
+// window (until reset()); with the proxy (update()) and with engine-like attention, any chunking.
+TEST_P(Conformance, LayerKeepsAllOrItsWindow) {
+  const MethodInfo& m = find_method(GetParam());
+  if (!m.all_or_window) GTEST_SKIP() << GetParam() << " is not an all-or-window method";
+  constexpr std::int64_t B = 2, H = 3, Hq = 6, D = 16, S = 160;
+  KV kv(B, H, S, D, 530);
+  const std::vector<float> q = test::randn(static_cast<std::size_t>(B * Hq * S * D), 531);
+  for (const char* source : {"proxy", "attention"}) {
+    for (std::int64_t chunk : {1, 7, 64}) {
+      LayerCache c(config(40, std::string("source=") + source), LayerShape{H, D, Hq, 0, 1});
+      const std::int64_t budget = c.budget();
+      const std::int64_t offset = c.config().get_int(m.budget_offset);
+      ASSERT_GT(budget, offset);
+      bool window = false;
+      for (std::int64_t t = 0; t < S;) {
+        const std::int64_t n = std::min(chunk, S - t);
+        if (std::string(source) == "attention") {
+          test::feed_attention(c, kv, q, Hq, n, t, t + n);
+        } else {
+          c.update(kv.keys(t, n), kv.values(t, n));
+        }
+        t += n;
+        std::vector<std::int32_t> all(static_cast<std::size_t>(t)), win;
+        std::iota(all.begin(), all.end(), 0);
+        for (std::int32_t p = 0; p < t; ++p) {
+          if (p < offset || p >= t - (budget - offset)) win.push_back(p);
+        }
+        const bool was_window = window;
+        for (std::int64_t i = 0; i < B * H; ++i) {
+          const HeadRows r = c.stored(i / H, i % H);
+          const std::vector<std::int32_t> pos(r.positions, r.positions + r.n_rows);
+          const bool is_all = pos == all, is_window = pos == win;
+          ASSERT_TRUE(is_all || is_window) << GetParam() << " " << source << " chunk " << chunk
+                                           << " t " << t << " head " << i;
+          if (t > budget) {
+            if (i == 0) window = is_window;
+            EXPECT_EQ(is_window, window) << "the heads of a layer disagree, head " << i;
+          }
+        }
+        if (was_window) {
+          EXPECT_TRUE(window) << GetParam() << " " << source << ": a window grew back, t " << t;
+        }
+      }
+    }
+  }
 }
 
 // The method's own rows do not change with demote=: with the proxy (update()), the rows a method

@@ -77,6 +77,10 @@ struct MethodInfo {
   // Whether the method types its KV heads (duoattention): some heads keep every row (retrieval
   // heads), the others the token budget; LayerCache::head_types() and CacheStats report them.
   bool head_types = false;
+  // Whether each layer keeps either every row or only a window: the budget_offset field's
+  // leading rows and the newest (budget - offset) rows (simlayerkv: lazy layers keep the window,
+  // the others every row).
+  bool all_or_window = false;
   // Makes the per-layer policy (methods of the library). Called by LayerCache with a config
   // that was validated where it entered (CacheConfig::parse / validate).
   std::unique_ptr<detail::Policy> (*make_policy)(const detail::PolicyContext& context) = nullptr;

@@ -140,6 +140,7 @@ bool* flag_of(MethodInfo& m, const std::string& key) {
       {"attention", &MethodInfo::scores_attention},
       {"quantizes rows", &MethodInfo::quantizes_rows},
       {"head types", &MethodInfo::head_types},
+      {"all or window", &MethodInfo::all_or_window},
   };
   for (const auto& [name, member] : kKeys) {
     if (key == name) return &(m.*member);

@@ -30,6 +30,7 @@
   X(leverage)         \
   X(duoattention)     \
   X(qfilters)         \
+  X(simlayerkv)       \
   X(random)
 
 namespace vq {
