@@ -173,6 +173,11 @@ struct CacheStats {
   // The score source that ran: "none" (the method uses no attention), "proxy", "attention",
   // "auto" (source=auto, no step yet); a ModelCache whose layers differ: "mixed".
   const char* score_source = "none";
+  // The value norm of a method that weighs values by the output projection (criticalkv):
+  // "projected" (||W_o^g v||_2 from LayerCache::set_output_gram), "plain" (||v||_2: no Gram
+  // matrices were given), "none" (the method reads none); a ModelCache whose layers differ:
+  // "mixed".
+  const char* value_norm = "none";
 };
 
 }  // namespace vq

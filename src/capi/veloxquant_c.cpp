@@ -655,6 +655,15 @@ vq_status vq_layer_reset(vq_layer_cache* layer) {
   });
 }
 
+vq_status vq_layer_set_output_gram(vq_layer_cache* layer, const float* gram,
+                                   int64_t n_query_heads, int64_t head_dim) {
+  VQ_LAYER_CALL(layer, l.cache->set_output_gram(gram, n_query_heads, head_dim););
+}
+
+int vq_layer_reads_output_gram(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->reads_output_gram() ? 1 : 0;
+}
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------
