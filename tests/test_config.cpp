@@ -254,6 +254,8 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"keydiff", evicts},
       {"lagkv", evicts},
       {"leverage", evicts},
+      {"criticalkv", attention},
+      {"criticaladakv", attention},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());

@@ -28,6 +28,8 @@
   X(keydiff)          \
   X(lagkv)            \
   X(leverage)         \
+  X(criticalkv)       \
+  X(criticaladakv)    \
   X(random)
 
 namespace vq {
