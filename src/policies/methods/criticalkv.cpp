@@ -72,14 +72,14 @@ constexpr std::string_view kCriticalCard = R"(
 id: criticalkv
 prefix: crit
 summary: CriticalKV: at prefill, keep half the chosen rows by SnapKV's window attention, the
-  rest by attention x ||W_o v|| (output perturbation); decode appends
+  rest by attention x the norm of W_o v (output perturbation); decode appends
 paper: Feng et al., Identify Critical KV Cache in LLM Inference from an Output Perturbation
   Perspective, 2025
 disposition: drop (merge optional)
 score: window attention, then attention x projected value norm
 budget: uniform at prefill (decode grows)
-deviations: L2 norm of W_o v from W_o's Gram matrices (paper: L1); ||v|| without them; the
-  stage-1 ratio splits the rows after sinks and window; SnapKV's proxy without attention
+deviations: L2 norm of W_o v from W_o's Gram matrices (paper: L1); the norm of v without them;
+  the stage-1 ratio splits the rows after sinks and window; SnapKV's proxy without attention
 paper config: `criticalkv:n_sink=0,source=attention` (SnapKV window 32, max pooling, stage
   ratio 0.5, epsilon 1e-4)
 prefill only: yes
