@@ -257,6 +257,8 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"duoattention", {"merge", "source", "demote", "quantize", "common"}},
       {"qfilters", evicts},
       {"simlayerkv", {"merge", "source", "demote", "quantize", "common"}},
+      {"criticalkv", attention},
+      {"criticaladakv", attention},
       {"random", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());

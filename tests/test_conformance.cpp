@@ -14,9 +14,13 @@ using test::KV;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
-  // The method with budget `budget` (when it has one) and its other defaults.
+  // The method with budget `budget` (when it has one) and its other defaults. The contracts of
+  // uniform budgets run with headwise=false (a method whose default is head-wise,
+  // criticaladakv, included); the head-wise ones (HeadwiseKeepsTheLayerTotalExact, ...) ask for
+  // headwise=true.
   CacheConfig config(std::int64_t budget, const std::string& extra = "") const {
     CacheConfig c = extra.empty() ? CacheConfig(GetParam()) : CacheConfig::parse(GetParam() + ":" + extra);
+    if (c.has("headwise") && extra.find("headwise") == std::string::npos) c.set("headwise", false);
     if (has_token_budget(c)) c = with_token_budget(c, budget);
     return c;
   }

@@ -109,6 +109,28 @@ class ReferenceForward {
     const std::int64_t dim = c.dim, hid = c.hidden_dim, D = c.head_dim, Hq = c.n_heads,
                        Hkv = c.n_kv_heads, G = Hq / Hkv, qd = c.q_dim();
     const std::int64_t pos0 = cache.layer(0).tokens_seen();
+    // A method that weighs values by the output projection (criticalkv) gets each layer's
+    // G_g = W_o^g^T W_o^g, summed here in double over W_o's rows in order (exact products, so
+    // the same bits as the engine's).
+    if (cache.reads_output_gram() && !cache.has_output_gram()) {
+      std::vector<float> row(sz(qd));
+      for (std::int64_t l = 0; l < c.n_layers; ++l) {
+        std::vector<double> g(sz(Hq * D * D), 0.0);
+        for (std::int64_t r = 0; r < dim; ++r) {
+          engine::dequantize_row(w.layers[sz(l)].wo, r, row.data());
+          for (std::int64_t h = 0; h < Hq; ++h) {
+            for (std::int64_t a = 0; a < D; ++a) {
+              for (std::int64_t b = 0; b < D; ++b) {
+                g[sz((h * D + a) * D + b)] +=
+                    static_cast<double>(row[sz(h * D + a)]) * row[sz(h * D + b)];
+              }
+            }
+          }
+        }
+        const std::vector<float> gf(g.begin(), g.end());
+        cache.set_output_gram(l, gf.data(), Hq, D);
+      }
+    }
     s_.fit_tokens(c, S);  // the per-token buffers start with one token's room
     float* x = s_.x.data();
     float* xb = s_.xb.data();

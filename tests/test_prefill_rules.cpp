@@ -258,7 +258,11 @@ TEST(PrefillRules, EveryAttentionMethodHoldsItsBudgetAfterAPrefillDecision) {
     const CacheConfig probe(id);
     if (!probe.has("source") || !has_token_budget(probe)) continue;
     if (probe.has("score") && probe.get_enum("score") == "key_norm") continue;
-    const CacheConfig config = with_token_budget(CacheConfig::parse(id + ":source=attention"), 40);
+    // Uniform budgets (criticaladakv's head-wise default off: test_conformance's head-wise
+    // contracts cover it).
+    const std::string uniform = probe.has("headwise") ? ",headwise=false" : "";
+    const CacheConfig config =
+        with_token_budget(CacheConfig::parse(id + ":source=attention" + uniform), 40);
     const MethodInfo& m = find_method(id);
     LayerCache a(config, LayerShape{2, 8, 4, 0, 1}), b(config, LayerShape{2, 8, 4, 0, 1});
     test::feed_attention(a, kv, q, 4, 60, 0, 60);

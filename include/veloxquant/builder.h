@@ -66,6 +66,16 @@ class VQ_API ModelCache {
   void set_key_filters(const float* filters, std::int64_t n);
   // Whether the method needs them (LayerCache::needs_key_filters).
   bool needs_key_filters() const noexcept;
+  // LayerCache::set_output_gram on layer `layer` (gram: [n_query_heads][head_dim][head_dim] of
+  // that layer's output projection); the engine calls it for every layer when
+  // reads_output_gram() is true. Throws Error(kInvalidArgument) for a bad layer index, and as
+  // LayerCache::set_output_gram.
+  void set_output_gram(std::int64_t layer, const float* gram, std::int64_t n_query_heads,
+                       std::int64_t head_dim);
+  // Whether the method reads the output projection's Gram matrices (any layer), and whether
+  // every layer holds them.
+  bool reads_output_gram() const noexcept;
+  bool has_output_gram() const noexcept;
 
  private:
   CacheConfig config_;

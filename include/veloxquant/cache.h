@@ -127,6 +127,23 @@ class VQ_API LayerCache {
   // reset(). Throws Error(kInvalidArgument) for n < 0.
   void expect_positions(std::int64_t n);
 
+  // The layer's output projection, for methods that weigh a value by what it adds to the
+  // attention output (criticalkv, criticaladakv: ||W_o^g v||_2). `gram` holds, per query head g,
+  // the D x D Gram matrix G_g = W_o^g^T W_o^g of W_o^g, the dim x D slice of the output
+  // projection that head g's attention output goes through (row-major, [n_query_heads][D][D],
+  // fp32; query head g is served by KV head g / (n_query_heads / Hkv)); the cache copies it.
+  // Only a method that reads it keeps it (reads_output_gram()); for the others it is checked and
+  // ignored. Kept across reset(); a later call replaces it. Without it such a method weighs by
+  // ||v||_2 (CacheStats::value_norm "plain"). Throws Error(kInvalidArgument) naming
+  // set_output_gram for a null gram, counts < 1 or past the limits of types.h, a non-finite
+  // entry, or counts that differ from the cache's shape (n_query_heads, head_dim, a multiple of
+  // n_kv_heads) where it is known; kInvalidState while a step is open. A first step whose shape
+  // differs from the counts throws Error(kShapeMismatch) naming set_output_gram.
+  void set_output_gram(const float* gram, std::int64_t n_query_heads, std::int64_t head_dim);
+  // Whether the method reads set_output_gram's matrices, and whether it holds them.
+  bool reads_output_gram() const noexcept;
+  bool has_output_gram() const noexcept;
+
   // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
   // unresolved again. A head pattern (set_head_pattern) is kept.
   void reset();

@@ -180,6 +180,11 @@ struct CacheStats {
   std::int64_t retrieval_bytes = 0;
   std::int64_t streaming_heads = 0;
   std::int64_t streaming_bytes = 0;
+  // The value norm of a method that weighs values by the output projection (criticalkv):
+  // "projected" (||W_o^g v||_2 from LayerCache::set_output_gram), "plain" (||v||_2: no Gram
+  // matrices were given), "none" (the method reads none); a ModelCache whose layers differ:
+  // "mixed".
+  const char* value_norm = "none";
 };
 
 }  // namespace vq

@@ -305,6 +305,18 @@ VQ_C_API vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, si
 VQ_C_API vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n);
 /* 1 when the layer's method needs key filters (qfilters), else 0. */
 VQ_C_API int vq_layer_needs_key_filters(const vq_layer_cache* layer);
+/* The layer's output projection for methods that weigh values by it (criticalkv,
+ * criticaladakv): gram holds per query head g the head_dim x head_dim Gram matrix
+ * G_g = W_o^g^T W_o^g of the slice W_o^g (dim x head_dim) of the output projection that query
+ * head g's attention output goes through, row-major [n_query_heads][head_dim][head_dim], fp32;
+ * copied. Methods that do not read it check it and ignore it. Without it such a method weighs by
+ * ||v||_2. VQ_ERR_INVALID_ARGUMENT (naming set_output_gram) for NULL, counts out of range or
+ * unlike the cache's shape, a non-finite entry; VQ_ERR_INVALID_STATE during a step. Layers of a
+ * model cache: through vq_model_cache_layer. */
+VQ_C_API vq_status vq_layer_set_output_gram(vq_layer_cache* layer, const float* gram,
+                                            int64_t n_query_heads, int64_t head_dim);
+/* 1 when the layer's method reads vq_layer_set_output_gram's matrices. */
+VQ_C_API int vq_layer_reads_output_gram(const vq_layer_cache* layer);
 
 /* ---- Model caches ---------------------------------------------------------------------- */
 

@@ -96,6 +96,11 @@ CacheStats ModelCache::stats() const {
     } else if (std::string_view(s.score_source) != ls.score_source) {
       s.score_source = "mixed";
     }
+    if (&l == &layers_.front()) {
+      s.value_norm = ls.value_norm;
+    } else if (std::string_view(s.value_norm) != ls.value_norm) {
+      s.value_norm = "mixed";
+    }
   }
   s.compression_ratio =
       s.kept_bytes == 0 ? 1.0 : static_cast<double>(s.full_bytes) / static_cast<double>(s.kept_bytes);
@@ -195,6 +200,21 @@ void ModelCache::observe_layer_similarity(std::int64_t layer, double cosine) {
   }
   group_->external[static_cast<std::size_t>(layer)] += cosine;
   ++group_->external_count[static_cast<std::size_t>(layer)];
+}
+
+void ModelCache::set_output_gram(std::int64_t layer, const float* gram,
+                                 std::int64_t n_query_heads, std::int64_t head_dim) {
+  this->layer(layer).set_output_gram(gram, n_query_heads, head_dim);
+}
+
+bool ModelCache::reads_output_gram() const noexcept {
+  return std::any_of(layers_.begin(), layers_.end(),
+                     [](const LayerCache& l) { return l.reads_output_gram(); });
+}
+
+bool ModelCache::has_output_gram() const noexcept {
+  return std::all_of(layers_.begin(), layers_.end(),
+                     [](const LayerCache& l) { return l.has_output_gram(); });
 }
 
 }  // namespace vq

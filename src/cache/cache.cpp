@@ -255,6 +255,15 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
   if (S > 0 && st.tokens_seen + S > std::numeric_limits<std::int32_t>::max()) {
     shape_error("positions would exceed 2^31 - 1 tokens");
   }
+  if (S > 0 && !st.output_gram.empty()) {
+    const std::int64_t hq = ls.n_query_heads > 0 ? ls.n_query_heads : H;
+    if (st.output_gram_dim != D || st.output_gram_heads != hq || hq % H != 0) {
+      shape_error("keys/values " + shape_text(keys) + " (n_query_heads " + std::to_string(hq) +
+                  ") do not match the output projection given to set_output_gram (" +
+                  std::to_string(st.output_gram_heads) + " query heads of head_dim " +
+                  std::to_string(st.output_gram_dim) + ")");
+    }
+  }
   if (S > 0 && !st.shaped) {
     st.batch = B;
     st.shape.n_kv_heads = H;
@@ -461,6 +470,55 @@ void LayerCache::expect_positions(std::int64_t n) {
   for (HeadState& hs : st.heads) StoreAccess::of(hs).expect_rows(n);
 }
 
+void LayerCache::set_output_gram(const float* gram, std::int64_t n_query_heads,
+                                 std::int64_t head_dim) {
+  LayerState& st = *state_;
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[cache] set_output_gram: " + msg);
+  };
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] set_output_gram called while a step is open; call end_step() first");
+  }
+  if (n_query_heads < 1 || n_query_heads > kMaxHeads) {
+    bad("n_query_heads must be in [1, " + std::to_string(kMaxHeads) + "], got " +
+        std::to_string(n_query_heads));
+  }
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    bad("head_dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+        std::to_string(head_dim));
+  }
+  if (gram == nullptr) bad("gram is null");
+  const LayerShape& ls = st.shape;
+  if (ls.n_query_heads > 0 && n_query_heads != ls.n_query_heads) {
+    bad("n_query_heads " + std::to_string(n_query_heads) + " differs from this cache's " +
+        std::to_string(ls.n_query_heads));
+  }
+  if (ls.n_kv_heads > 0 && n_query_heads % ls.n_kv_heads != 0) {
+    bad("n_query_heads " + std::to_string(n_query_heads) + " must be a multiple of n_kv_heads (" +
+        std::to_string(ls.n_kv_heads) + ")");
+  }
+  if (ls.head_dim > 0 && head_dim != ls.head_dim) {
+    bad("head_dim " + std::to_string(head_dim) + " differs from this cache's " +
+        std::to_string(ls.head_dim));
+  }
+  const std::size_t n = static_cast<std::size_t>(n_query_heads * head_dim) *
+                        static_cast<std::size_t>(head_dim);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(gram[i])) {
+      bad("entry " + std::to_string(i) + " of the Gram matrices is not finite");
+    }
+  }
+  if (!policy_->reads_output_gram()) return;
+  st.output_gram.assign(gram, gram + n);
+  st.output_gram_heads = n_query_heads;
+  st.output_gram_dim = head_dim;
+}
+
+bool LayerCache::reads_output_gram() const noexcept { return policy_->reads_output_gram(); }
+
+bool LayerCache::has_output_gram() const noexcept { return !state_->output_gram.empty(); }
+
 void LayerCache::reset() {
   LayerState& st = *state_;
   for (HeadState& hs : st.heads) {
@@ -563,6 +621,10 @@ CacheStats LayerCache::stats() const {
       s.streaming_bytes += bytes;
     }
   }
+  s.value_norm = !policy_->reads_output_gram()    ? "none"
+                 : state_->output_gram.empty() ? "plain"
+                                               : "projected";
+  s.resident_bytes += capacity_bytes(state_->output_gram);
   return s;
 }
 

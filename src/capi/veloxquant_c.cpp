@@ -682,6 +682,15 @@ int vq_layer_needs_key_filters(const vq_layer_cache* layer) {
   return layer != nullptr && layer->cache->needs_key_filters() ? 1 : 0;
 }
 
+vq_status vq_layer_set_output_gram(vq_layer_cache* layer, const float* gram,
+                                   int64_t n_query_heads, int64_t head_dim) {
+  VQ_LAYER_CALL(layer, l.cache->set_output_gram(gram, n_query_heads, head_dim););
+}
+
+int vq_layer_reads_output_gram(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->reads_output_gram() ? 1 : 0;
+}
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------

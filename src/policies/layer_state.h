@@ -70,6 +70,13 @@ struct LayerState {
   std::int64_t expected_rows = 0;
   // LayerCache::set_key_filters: [n_kv_heads][head_dim] (qfilters); empty when none were set.
   std::vector<float> key_filters;
+  // LayerCache::set_output_gram: per query head g the Gram matrix G_g = W_o^g^T W_o^g of the
+  // layer's output projection slice ([output_gram_heads][D][D], row-major), kept only for a
+  // policy that reads it (Policy::reads_output_gram); empty when none was given. Kept across
+  // reset().
+  std::vector<float> output_gram;
+  std::int64_t output_gram_heads = 0;
+  std::int64_t output_gram_dim = 0;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

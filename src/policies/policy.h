@@ -84,6 +84,9 @@ class Policy {
   virtual bool takes_head_pattern() const noexcept { return false; }
   virtual void set_head_pattern(std::vector<float> /*scores*/) {}
   virtual std::int32_t head_type(std::int64_t /*index*/) const noexcept { return 0; }
+  // Whether the policy reads the output projection's Gram matrices (LayerState::output_gram,
+  // LayerCache::set_output_gram): criticalkv's projected value norms.
+  virtual bool reads_output_gram() const noexcept { return false; }
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).
@@ -244,7 +247,9 @@ class TokenPolicy : public Policy {
   // Head-wise cut of the open step's live rows: for each batch element, every head's
   // eviction_scores() ranking goes to headwise_losers() with `keep` as the per-head budget, the
   // losers leave by the merge rule, and each store settles (only that when keep < 0).
-  void headwise_cut(LayerState& st, std::int64_t keep);
+  // Virtual: a method whose head-wise cut is more than one ranking (criticaladakv's two stages
+  // on the budgets this allocation gives) replaces it.
+  virtual void headwise_cut(LayerState& st, std::int64_t keep);
   static void push_row(HeadState& hs, std::int64_t row, float score, float aux = 0.0f);
   // The attention of new token j (query j of the step) of head h's KV head over the step's R
   // physical rows, folded over its query heads by gqa_reduce. Valid until the next call.

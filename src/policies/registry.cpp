@@ -31,6 +31,8 @@
   X(duoattention)     \
   X(qfilters)         \
   X(simlayerkv)       \
+  X(criticalkv)       \
+  X(criticaladakv)    \
   X(random)
 
 namespace vq {

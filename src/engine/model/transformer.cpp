@@ -387,11 +387,54 @@ std::int64_t Transformer::check_step(std::span<const BatchItem> items) {
   return T;
 }
 
+void Transformer::provide_output_gram(ModelCache& cache) {
+  const ModelConfig& c = model_->config();
+  const std::int64_t dim = c.dim, qd = c.q_dim(), D = c.head_dim, Hq = c.n_heads;
+  if (wo_gram_.empty()) {
+    std::vector<std::vector<float>> grams(sz(c.n_layers));
+    std::vector<float> wo(sz(dim * qd));
+    for (std::int64_t l = 0; l < c.n_layers; ++l) {
+      const WeightMatrix& m = model_->weights().layers[sz(l)].wo;  // [dim][q_dim]
+      for (std::int64_t r = 0; r < dim; ++r) dequantize_row(m, r, wo.data() + r * qd);
+      std::vector<float>& g = grams[sz(l)];
+      g.resize(sz(Hq * D * D));
+      parallel_for(Hq, threads(), [&](std::int64_t h0, std::int64_t h1) {
+        std::vector<double> acc(sz(D * D));
+        for (std::int64_t h = h0; h < h1; ++h) {
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (std::int64_t r = 0; r < dim; ++r) {
+            const float* row = wo.data() + r * qd + h * D;
+            for (std::int64_t a = 0; a < D; ++a) {
+              const double x = row[a];
+              for (std::int64_t b = 0; b <= a; ++b) acc[sz(a * D + b)] += x * row[b];
+            }
+          }
+          float* out = g.data() + h * D * D;
+          for (std::int64_t a = 0; a < D; ++a) {
+            for (std::int64_t b = 0; b <= a; ++b) {
+              out[a * D + b] = out[b * D + a] = static_cast<float>(acc[sz(a * D + b)]);
+            }
+          }
+        }
+      });
+    }
+    wo_gram_ = std::move(grams);
+  }
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    cache.set_output_gram(l, wo_gram_[sz(l)].data(), Hq, D);
+  }
+}
+
 void Transformer::forward(std::span<const BatchItem> items) {
   const ModelConfig& c = model_->config();
   const Weights& w = model_->weights();
   n_items_ = 0;  // no logits to read until this step has run
   const std::int64_t T = check_step(items);  // before any cache begins a step
+  for (const BatchItem& item : items) {
+    if (item.cache->reads_output_gram() && !item.cache->has_output_gram()) {
+      provide_output_gram(*item.cache);
+    }
+  }
   const std::size_t B = items.size();
   s_.fit_tokens(c, T);
   Laps laps(timing_);

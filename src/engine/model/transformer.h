@@ -204,6 +204,12 @@ class Transformer {
   // points it into att once every sequence's block is in place).
   AttentionRef attention(std::int64_t layer, std::int64_t S, std::int64_t r0, std::int64_t pos0,
                          LayerCache& cache, std::int64_t& att_at);
+  // For a cache whose method reads the output projection (ModelCache::reads_output_gram:
+  // criticalkv) and holds none yet: every layer's Gram matrices per query head,
+  // G_g = W_o^g^T W_o^g with W_o^g the dim x D columns of wo that head g's output goes through
+  // (dequantized), computed once per Transformer (double sums in a fixed order, so the same for
+  // every thread count) and handed to the cache.
+  void provide_output_gram(ModelCache& cache);
   // One tile: tokens [t0, min(t0 + T, S)) of KV head g (rows hr) of one sequence whose queries
   // are q ([S][Hq * D]); outputs into out ([S][Hq * D]) and, when att is not null, the
   // probability rows into att ([Hq][S][R]).
@@ -223,6 +229,7 @@ class Transformer {
   std::vector<std::int64_t> row0_, pos0_, att_at_, logit_row_;
   std::vector<AttentionRef> refs_;
   std::size_t n_items_ = 0;  // items in the last step
+  std::vector<std::vector<float>> wo_gram_;  // [n_layers][Hq * D * D], empty until needed
 };
 
 }  // namespace vq::engine

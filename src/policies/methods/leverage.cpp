@@ -35,6 +35,7 @@
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
+#include "policies/prefill_only.h"
 
 namespace vq::detail {
 
@@ -68,23 +69,15 @@ void check(const CacheConfig& c) {
   require_sum_less(c, "leverage_n_sink", "leverage_grace", "leverage_budget");
 }
 
-class LeveragePolicy final : public TokenPolicy {
+// A prefill chunk (S > 1) is one decision on the leverage scores; a decode step appends
+// (policies/prefill_only.h).
+class LeveragePolicy final : public PrefillOnlyPolicy {
  public:
   explicit LeveragePolicy(const PolicyContext& ctx)
-      : TokenPolicy(ctx), grace_(ctx.config.get_int("leverage_grace")),
+      : PrefillOnlyPolicy(ctx), grace_(ctx.config.get_int("leverage_grace")),
         ridge_(ctx.config.get_float("leverage_ridge")) {}
 
  protected:
-  // A prefill chunk (S > 1) is one decision on the leverage scores; a decode step appends.
-  void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
-  bool decides_chunk_at_once() const noexcept override { return true; }
-  std::int64_t step_budget(const LayerState& st) const override {
-    return st.step_new > 1 ? budget_ : -1;
-  }
-  void cut_head(HeadCtx& h, std::int64_t keep) override {
-    if (h.n_live() > keep) select(h);
-  }
-  bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
 
   // The leverage scores, sinks and grace rows protected (+inf).
   void eviction_scores(HeadCtx& h, float* out) override {
@@ -164,31 +157,17 @@ class LeveragePolicy final : public TokenPolicy {
     }
   }
 
-  void select(HeadCtx& h) {
+  void select(HeadCtx& h, std::int64_t keep) override {
     const std::int64_t n = h.n_live();
     score(h);
     const std::int64_t g = std::min(grace_, n - n_sink_);
-    const std::int64_t m = n - g;  // candidates: [n_sink, m)
-    order_.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, m - n_sink_)));
-    std::iota(order_.begin(), order_.end(), n_sink_);
-    std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
-      const float pa = h.hs.score[static_cast<std::size_t>(a)];
-      const float pb = h.hs.score[static_cast<std::size_t>(b)];
-      if (std::isnan(pb)) return !std::isnan(pa);  // NaN never wins a keep
-      return pa > pb;
-    });
-    const std::size_t keep =
-        static_cast<std::size_t>(std::max<std::int64_t>(0, budget_ - n_sink_ - g));
-    losers_.assign(order_.begin() + static_cast<std::ptrdiff_t>(std::min(keep, order_.size())),
-                   order_.end());
-    std::sort(losers_.begin(), losers_.end());
-    evict_rows(h, losers_);
+    // Candidates [n_sink, n - g): the top (budget - n_sink - g) by score stay.
+    keep_top(h, h.hs.score.data(), n_sink_, n - g, keep - n_sink_ - g);
   }
 
   std::int64_t grace_;
   double ridge_;
   std::vector<double> x_, mean_, g_, y_;
-  std::vector<std::int64_t> order_, losers_;
 };
 
 }  // namespace

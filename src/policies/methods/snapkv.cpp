@@ -34,6 +34,7 @@
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
+#include "policies/prefill_only.h"
 
 namespace vq::detail {
 
@@ -72,100 +73,20 @@ void check(const CacheConfig& c) {
   }
 }
 
-class SnapKVPolicy final : public TokenPolicy {
+// SnapKV's window score and its prefill-only cut (policies/prefill_only.h, shared with
+// criticalkv); the selection keeps the top (budget - n_sink - w) pooled scores.
+class SnapKVPolicy final : public WindowScoredPolicy {
  public:
-  explicit SnapKVPolicy(const PolicyContext& ctx)
-      : TokenPolicy(ctx), window_(ctx.config.get_int("snap_obs_window")),
-        kernel_(ctx.config.get_int("snap_kernel")), avg_(ctx.config.get_enum("snap_pool") == "avg") {}
+  explicit SnapKVPolicy(const PolicyContext& ctx) : WindowScoredPolicy(ctx) {}
 
  protected:
-  // A prefill chunk (S > 1) is one decision with the window's scores; a decode step appends.
-  void on_token(HeadCtx& h, std::int64_t row) override { push_row(h.hs, row, 0.0f); }
-  bool decides_chunk_at_once() const noexcept override { return true; }
-  std::int64_t step_budget(const LayerState& st) const override {
-    return st.step_new > 1 ? budget_ : -1;
-  }
-  void cut_head(HeadCtx& h, std::int64_t keep) override {
-    if (h.n_live() > keep) select(h);
-  }
-  bool ties_evict_newer() const noexcept override { return true; }  // as select() keeps
-
-  // Head-wise ranking (headwise_cut): the pooled window mass of the candidates; the sinks and
-  // the window rows are protected (+inf), each head keeping its own window.
-  void eviction_scores(HeadCtx& h, float* out) override {
-    const std::int64_t n = h.n_live();
-    const std::int64_t m = pool(h);
-    const float inf = std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < n; ++j) {
-      out[j] = (j < n_sink_ || j >= m) ? inf : rank_of(pooled_[static_cast<std::size_t>(j)]);
-    }
-  }
-
- private:
-  // Scores the live rows of the open step: the window's attention mass of every row before the
-  // window (into hs.score, for the merge gate) and its pooled form (pooled_). Returns m, the
-  // number of rows before the window.
-  std::int64_t pool(HeadCtx& h) {
-    const std::int64_t n = h.n_live();
-    const std::int64_t w = std::min(window_, n);
-    const std::int64_t m = n - w;  // rows before the window
-    // Window attention mass of every earlier row.
-    mass_.assign(static_cast<std::size_t>(m), 0.0f);
-    if (source_.attention()) {
-      // The real queries of the window rows that are new in this step (queries exist only for
-      // the step's tokens: the physical rows from this head's prev on; with demote= the live
-      // rows are not the physical rows).
-      for (std::int64_t r = m; r < n; ++r) {
-        const std::int64_t query = h.hs.live[static_cast<std::size_t>(r)] - h.hs.prev;
-        if (query < 0) continue;
-        const float* a = attention_row(h, query);
-        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += a[h.hs.live[static_cast<std::size_t>(j)]];
-      }
-    } else {
-      weights_.resize(static_cast<std::size_t>(n));
-      for (std::int64_t r = m; r < n; ++r) {
-        proxy_weights(h, key_of(h, r), r + 1, weights_.data());
-        for (std::int64_t j = 0; j < m; ++j) mass_[static_cast<std::size_t>(j)] += weights_[static_cast<std::size_t>(j)];
-      }
-    }
-    // 1-D pooling along the sequence.
-    pooled_.resize(static_cast<std::size_t>(m));
-    const std::int64_t half = kernel_ / 2;
-    for (std::int64_t j = 0; j < m; ++j) {
-      const std::int64_t lo = std::max<std::int64_t>(0, j - half), hi = std::min(m - 1, j + half);
-      float acc = avg_ ? 0.0f : mass_[static_cast<std::size_t>(lo)];
-      for (std::int64_t i = lo; i <= hi; ++i) {
-        const float x = mass_[static_cast<std::size_t>(i)];
-        acc = avg_ ? acc + x : std::max(acc, x);
-      }
-      pooled_[static_cast<std::size_t>(j)] = avg_ ? acc / static_cast<float>(kernel_) : acc;
-    }
-    for (std::int64_t j = 0; j < m; ++j) h.hs.score[static_cast<std::size_t>(j)] = mass_[static_cast<std::size_t>(j)];
-    return m;
-  }
-
-  void select(HeadCtx& h) {
+  void select(HeadCtx& h, std::int64_t keep) override {
     const std::int64_t n = h.n_live();
     const std::int64_t m = pool(h);
     const std::int64_t w = n - m;
     // Keep the top (budget - n_sink - w) candidates by pooled score, ties to the lowest index.
-    order_.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, m - n_sink_)));
-    std::iota(order_.begin(), order_.end(), n_sink_);
-    std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
-      const float pa = pooled_[static_cast<std::size_t>(a)], pb = pooled_[static_cast<std::size_t>(b)];
-      if (std::isnan(pb)) return !std::isnan(pa);  // NaN never wins a keep
-      return pa > pb;
-    });
-    const std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, budget_ - n_sink_ - w));
-    losers_.assign(order_.begin() + static_cast<std::ptrdiff_t>(std::min(keep, order_.size())), order_.end());
-    std::sort(losers_.begin(), losers_.end());
-    evict_rows(h, losers_);
+    keep_top(h, pooled_.data(), n_sink_, m, keep - n_sink_ - w);
   }
-
-  std::int64_t window_, kernel_;
-  bool avg_;
-  std::vector<float> mass_, pooled_;
-  std::vector<std::int64_t> order_, losers_;
 };
 
 }  // namespace
