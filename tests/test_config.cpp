@@ -255,6 +255,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"lagkv", evicts},
       {"leverage", evicts},
       {"random", evicts},
+      {"expected_attention", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

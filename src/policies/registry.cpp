@@ -28,7 +28,8 @@
   X(keydiff)          \
   X(lagkv)            \
   X(leverage)         \
-  X(random)
+  X(random)           \
+  X(expected_attention)
 
 namespace vq {
 namespace detail {
