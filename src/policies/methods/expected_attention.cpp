@@ -35,8 +35,11 @@
 // ea_covariance=true, ea_vnorm=true, ea_epsilon=0; shared: merge=drop (+gate, keys; the gate
 // compares the expected-attention score), quantize/demote, seed, kv_dtype.
 // Guards: n_sink < budget.
-// Deviations from kvpress: the statistics come from the last n_window queries (kvpress: every
-// prompt query after the sinks; n_window=16777216 does that at a prefill chunk); decode has a
+// Deviations from kvpress: ea_n_future defaults to 16, not 512 (on stories260K, head_dim 8 and a
+// 512-token context, averaging the rotation over 64+ positions cancels the fast RoPE pairs and
+// perplexity collapses: docs/methods.md); the statistics come from the last n_window queries
+// (kvpress: every prompt query after the sinks; n_window=16777216 does that at a prefill
+// chunk); decode has a
 // rule (kvpress compresses the prompt only, or with its decoding wrapper every N steps down to a
 // target): rows are scored as they come and the budget holds after every step, the statistics
 // refreshed every ea_interval tokens; sinks are protected rather than scored (kvpress pads them
