@@ -67,7 +67,7 @@ paper: Devoto et al., Expected Attention: KV cache compression by estimating att
   future queries distribution, 2025 (kvpress ExpectedAttentionPress)
 disposition: drop (merge optional)
 score: softmax over keys of mubar.k / sqrt(d) + k^T Sigmabar k / (2d), mean over the group,
-  times ||v||
+  times the value norm
 budget: uniform (prefill: one cut with the chunk's queries; decode: exact, re-scored every
   interval tokens)
 deviations: 16 future positions by default (kvpress 512); statistics of the last n_window
