@@ -260,6 +260,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"criticalkv", attention},
       {"criticaladakv", attention},
       {"random", evicts},
+      {"expected_attention", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

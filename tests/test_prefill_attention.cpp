@@ -144,6 +144,19 @@ class ReferenceForward {
       engine::matmul(s_.q.data(), xb, lw.wq, S);
       engine::matmul(s_.k.data(), xb, lw.wk, S);
       engine::matmul(s_.v.data(), xb, lw.wv, S);
+      // A cache that reads the step's pre-RoPE queries (expected_attention) gets them, and the
+      // layer's RoPE, as the engine gives them.
+      LayerCache& lcq = cache.layer(l);
+      const bool reads_queries = lcq.reads_queries();
+      if (reads_queries) {
+        q_pre_.assign(s_.q.begin(), s_.q.begin() + S * qd);
+        if (!lcq.has_rope()) {
+          lcq.set_rope(RopeRef{s_.rope_inv_freq.data(), D / 2,
+                               c.rope == engine::RopeStyle::kInterleaved
+                                   ? RopePairing::kInterleaved
+                                   : RopePairing::kHalfSplit});
+        }
+      }
       rope(s_.q.data(), S, Hq, D, pos0, c.rope, s_);
       rope(s_.k.data(), S, Hkv, D, pos0, c.rope, s_);
       TensorRef kref = TensorRef::f32(s_.k.data(), 1, Hkv, S, D);
@@ -196,7 +209,11 @@ class ReferenceForward {
         std::memcpy(xt, yt, sz(dim) * sizeof(float));
       }
       cache.observe_layer_similarity(l, cos_sum / static_cast<double>(S));
-      lc.end_step(&probs);
+      TensorRef qref = TensorRef::f32(q_pre_.data(), 1, Hq, S, D);
+      qref.stride[0] = S * qd;
+      qref.stride[1] = D;
+      qref.stride[2] = qd;
+      lc.end_step(&probs, reads_queries ? &qref : nullptr);
       for (std::int64_t t = 0; t < S; ++t)
         ops::rmsnorm(xb + t * dim, x + t * dim, lw.ffn_norm, dim, c.norm_eps);
       engine::matmul(s_.hb.data(), xb, lw.w_gate, S);
@@ -216,6 +233,7 @@ class ReferenceForward {
   const Model* m_;
   RunState s_;
   std::vector<float> att_;
+  std::vector<float> q_pre_;  // the step's queries before RoPE, for a cache that reads them
 };
 
 // Every stored row (keys, values as fp32, positions) and the row scores of every layer and head.

@@ -108,6 +108,33 @@ class VQ_API LayerCache {
   // fixed.
   void end_step(const AttentionRef* attention = nullptr);
 
+  // end_step with the step's queries as a second score source (docs/api.md, "Queries"):
+  // `queries` (optional) holds the layer's pre-RoPE queries of the step's tokens, [B, Hq, S, D]
+  // (fp32 or fp16, D contiguous, other strides free, as TensorRef), query head q belonging to
+  // KV head q / (Hq / Hkv). Methods that do not read queries (reads_queries() false) check the
+  // shape and ignore them. A method that reads them (expected_attention) resolves its source at
+  // the first step with new rows, as source=auto does: queries passed -> the method's rule on
+  // the queries, none -> its documented fallback (the step's keys stand in for the queries),
+  // fixed until reset(); a later step that passes the other way throws Error(kInvalidArgument)
+  // naming `queries`, the step left open. Queries need the layer's RoPE (set_rope, once before
+  // the first step that passes them): without it end_step throws Error(kInvalidArgument)
+  // naming set_rope, the step left open. Throws Error(kShapeMismatch) for queries whose shape
+  // is not [B, Hq, S, D] of the step (or with no data), the step left open.
+  void end_step(const AttentionRef* attention, const TensorRef* queries);
+
+  // Whether end_step reads the step's queries (a method scored from the queries,
+  // expected_attention, whose source is not resolved to keys); an engine materialises the
+  // pre-RoPE queries only when it is true.
+  bool reads_queries() const noexcept;
+
+  // The layer's rotary embedding (RopeRef), copied; set once before the first step that passes
+  // queries (a later call replaces it, for the next steps). Throws Error(kInvalidArgument) for
+  // n_pairs < 0, n_pairs > 0 with a null inv_freq, a frequency that is not finite or < 0, or
+  // n_pairs other than 0 or head_dim / 2 when head_dim is known (else checked by the first step
+  // that uses it).
+  void set_rope(const RopeRef& rope);
+  bool has_rope() const noexcept;
+
   // Whether end_step of a step with new rows reads the probabilities it is passed: true for a
   // method scored by attention with source=attention, or source=auto not yet resolved (passing
   // probabilities resolves it to attention); false for methods that score without attention

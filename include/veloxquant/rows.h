@@ -132,6 +132,21 @@ struct AttentionRef {
   std::int64_t batch = 0, n_query_heads = 0, n_queries = 0, n_rows = 0;
 };
 
+// The layer's rotary position embedding, as a cache needs it to move a query to another
+// position (LayerCache::set_rope; expected_attention rotates its query statistics to the
+// future positions): pair i of a head (i < head_dim / 2) turns by the angle pos x inv_freq[i],
+// inv_freq as the engine applies it (theta^(-2i/D) after any scaling: Llama 3's frequency
+// factors, linear scaling). `pairing` says which two elements form pair i: (2i, 2i + 1)
+// (interleaved: llama2.c, GGUF) or (i, i + D/2) (half-split: Hugging Face, NeoX). Pair i maps
+// (a, b) to (a cos - b sin, a sin + b cos). n_pairs = 0 (inv_freq null) says the layer applies
+// no rotary embedding. Copied by set_rope.
+enum class RopePairing : std::uint8_t { kInterleaved, kHalfSplit };
+struct RopeRef {
+  const float* inv_freq = nullptr;  // [n_pairs], finite and >= 0
+  std::int64_t n_pairs = 0;         // head_dim / 2, or 0: no rotary embedding
+  RopePairing pairing = RopePairing::kInterleaved;
+};
+
 // An owning fp32 copy of a step's rows: keys/values [B, Hkv, R, D], positions [B, Hkv, R],
 // R = the view's n_rows(). A head with fewer rows (head-wise budgets) has zero keys and values
 // and position -1 beyond its own rows.

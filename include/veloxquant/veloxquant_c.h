@@ -269,6 +269,34 @@ VQ_C_API vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t 
  * (registry.h, RowScorer) gives VQ_ERR_INVALID_ARGUMENT with the scorer's message, and the step
  * is rolled back: closed, its rows forgotten, the cache as before vq_layer_begin_step. */
 VQ_C_API vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention);
+/* Phase 2 with the step's pre-RoPE queries as a second score source (docs/api.md, "Queries"):
+ * queries [B, Hq, S, D] (fp32 or fp16, stride[3] = 1; NULL: none), every element finite
+ * (VQ_ERR_INVALID_ARGUMENT naming it otherwise). Read by methods scored from the queries
+ * (expected_attention; vq_layer_reads_queries), ignored (shape checked) by the others. Such a
+ * method fixes at its first step whether queries come (then every step must pass them, and
+ * vq_layer_set_rope must have been called) or not (its fallback: the keys stand in for them);
+ * VQ_ERR_INVALID_ARGUMENT naming the input otherwise, the step left open.
+ * VQ_ERR_SHAPE_MISMATCH for queries not shaped [B, Hq, S, D] of the step. */
+VQ_C_API vq_status vq_layer_end_step_queries(vq_layer_cache* layer, const vq_attention* attention,
+                                             const vq_tensor* queries);
+/* 1 when vq_layer_end_step_queries reads the queries it is passed (0: an engine may skip
+ * computing them), 0 for a NULL layer. */
+VQ_C_API int vq_layer_reads_queries(const vq_layer_cache* layer);
+
+/* The layer's rotary embedding, for methods that rotate queries to future positions: pair i
+ * (i < head_dim / 2) turns by pos x inv_freq[i] (after any frequency scaling); pairing
+ * VQ_ROPE_INTERLEAVED pairs elements (2i, 2i+1) (llama2.c, GGUF), VQ_ROPE_HALF_SPLIT pairs
+ * (i, i + head_dim/2) (Hugging Face, NeoX). n_pairs = 0: the layer has no rotary embedding. */
+enum { VQ_ROPE_INTERLEAVED = 0, VQ_ROPE_HALF_SPLIT = 1 };
+typedef struct vq_rope {
+  const float* inv_freq; /* [n_pairs], finite and >= 0 */
+  int64_t n_pairs;       /* head_dim / 2, or 0 */
+  int pairing;           /* VQ_ROPE_INTERLEAVED or VQ_ROPE_HALF_SPLIT */
+} vq_rope;
+/* Copies `rope` into the layer (set once, before the first step that passes queries).
+ * VQ_ERR_INVALID_ARGUMENT for a NULL rope, n_pairs < 0 or not head_dim / 2 (when known), a NULL
+ * inv_freq with n_pairs > 0, a frequency not finite or < 0, an unknown pairing. */
+VQ_C_API vq_status vq_layer_set_rope(vq_layer_cache* layer, const vq_rope* rope);
 /* The rows stored between steps for (b, h) (rows may differ per head); valid until the next
  * step or reset. */
 VQ_C_API vq_status vq_layer_stored(vq_layer_cache* layer, int64_t b, int64_t h, vq_head_rows* out);

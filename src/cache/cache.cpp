@@ -62,6 +62,19 @@ void check_tensor(const TensorRef& t, const char* name) {
   }
 }
 
+// The step's queries (end_step): [B, Hq, S, D] of the open step, with data.
+void check_queries(const LayerState& st, const TensorRef& q) {
+  check_tensor(q, "queries");
+  detail::check_step_input(q, "[cache] end_step", "queries");
+  if (q.data == nullptr || q.shape[0] != st.batch || q.shape[1] != st.shape.n_query_heads ||
+      q.shape[2] != st.step_new || q.shape[3] != st.shape.head_dim) {
+    shape_error("queries must be [B, Hq, S, D] = [" + std::to_string(st.batch) + ", " +
+                std::to_string(st.shape.n_query_heads) + ", " + std::to_string(st.step_new) +
+                ", " + std::to_string(st.shape.head_dim) + "], got " + shape_text(q) +
+                (q.data == nullptr ? " with no data" : ""));
+  }
+}
+
 template <typename T>
 std::int64_t capacity_bytes(const std::vector<T>& v) noexcept {
   return static_cast<std::int64_t>(v.capacity() * sizeof(T));
@@ -160,6 +173,7 @@ void roll_back_step(LayerState& st) {
   }
   st.tokens_seen -= st.step_new;
   st.attention = nullptr;
+  st.queries = nullptr;
   st.step_open = false;
   st.step_new = 0;
 }
@@ -317,11 +331,41 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
   return view;
 }
 
-void LayerCache::end_step(const AttentionRef* attention) {
+void LayerCache::end_step(const AttentionRef* attention) { end_step(attention, nullptr); }
+
+void LayerCache::end_step(const AttentionRef* attention, const TensorRef* queries) {
   FloatEnvGuard env;
   LayerState& st = *state_;
   if (!st.step_open) {
     throw Error(ErrorCode::kInvalidState, "[cache] end_step called without an open step");
+  }
+  if (queries != nullptr && st.step_new > 0) check_queries(st, *queries);
+  if (st.step_new > 0 && policy_->reads_queries()) {
+    const int given = queries != nullptr ? 1 : 0;
+    if (st.query_source >= 0 && st.query_source != given) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[" + st.config.method() + "] queries: this cache's first step " +
+                      (st.query_source == 1
+                           ? std::string("passed the step's queries, and this step passes none: "
+                                         "pass them every step (end_step(&probs, &queries))")
+                           : std::string("passed no queries (the keys stand in for them), and "
+                                         "this step passes them: pass none until reset()")) +
+                      "; the step stays open");
+    }
+    if (given == 1 && !st.rope_set) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[" + st.config.method() + "] queries need the layer's rotary embedding: call "
+                  "set_rope() (C: vq_layer_set_rope) once before the first step that passes "
+                  "them; the step stays open");
+    }
+    if (given == 1 && !st.rope_inv_freq.empty() &&
+        static_cast<std::int64_t>(st.rope_inv_freq.size()) * 2 != st.shape.head_dim) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[" + st.config.method() + "] set_rope gave " +
+                      std::to_string(st.rope_inv_freq.size()) + " pairs, but head_dim " +
+                      std::to_string(st.shape.head_dim) + " needs " +
+                      std::to_string(st.shape.head_dim / 2) + "; the step stays open");
+    }
   }
   if (attention != nullptr && st.step_new > 0) {
     const AttentionRef& a = *attention;
@@ -367,6 +411,11 @@ void LayerCache::end_step(const AttentionRef* attention) {
   const AttentionRef* given =
       attention != nullptr && attention->data != nullptr ? attention : nullptr;
   st.attention = given;
+  const bool resolves_queries =
+      st.step_new > 0 && policy_->reads_queries() && st.query_source < 0;
+  if (resolves_queries) st.query_source = queries != nullptr ? 1 : 0;
+  st.queries = st.step_new > 0 && policy_->reads_queries() && queries != nullptr ? queries
+                                                                                   : nullptr;
   if (st.step_new > 0) {
     auto& applier = static_cast<StoreApplier&>(*st.sink);
     applier.applied_ = 0;
@@ -385,6 +434,8 @@ void LayerCache::end_step(const AttentionRef* attention) {
         policy_->reset_source();
         st.source_resolved = false;
       }
+      if (resolves_queries) st.query_source = -1;
+      st.queries = nullptr;
       try {
         throw;
       } catch (const Error& e) {
@@ -410,6 +461,43 @@ void LayerCache::end_step(const AttentionRef* attention) {
   st.step_open = false;
   st.step_new = 0;
 }
+
+bool LayerCache::reads_queries() const noexcept {
+  return policy_->reads_queries() && state_->query_source != 0;
+}
+
+void LayerCache::set_rope(const RopeRef& rope) {
+  LayerState& st = *state_;
+  auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "[cache] set_rope: " + msg);
+  };
+  if (rope.n_pairs < 0 || rope.n_pairs > kMaxHeadDim / 2) {
+    bad("n_pairs must be in [0, " + std::to_string(kMaxHeadDim / 2) + "], got " +
+        std::to_string(rope.n_pairs));
+  }
+  if (rope.n_pairs > 0 && rope.inv_freq == nullptr) bad("inv_freq is null with n_pairs > 0");
+  if (rope.pairing != RopePairing::kInterleaved && rope.pairing != RopePairing::kHalfSplit) {
+    bad("pairing must be interleaved or half-split");
+  }
+  if (rope.n_pairs > 0 && st.shape.head_dim > 0 && rope.n_pairs * 2 != st.shape.head_dim) {
+    bad("n_pairs must be head_dim / 2 = " + std::to_string(st.shape.head_dim / 2) +
+        " (or 0: no rotary embedding), got " + std::to_string(rope.n_pairs));
+  }
+  std::vector<double> freq(static_cast<std::size_t>(rope.n_pairs));
+  for (std::int64_t i = 0; i < rope.n_pairs; ++i) {
+    const float f = rope.inv_freq[i];
+    if (!std::isfinite(f) || f < 0.0f) {
+      bad("inv_freq[" + std::to_string(i) + "] must be finite and >= 0, got " +
+          std::to_string(f));
+    }
+    freq[static_cast<std::size_t>(i)] = f;
+  }
+  st.rope_inv_freq = std::move(freq);
+  st.rope_interleaved = rope.pairing == RopePairing::kInterleaved;
+  st.rope_set = true;
+}
+
+bool LayerCache::has_rope() const noexcept { return state_->rope_set; }
 
 bool LayerCache::reads_attention() const noexcept {
   return policy_->needs_attention() || policy_->source_unresolved();
@@ -535,6 +623,7 @@ void LayerCache::reset() {
   st.step_open = false;
   st.step_prev = st.step_new = 0;
   st.source_resolved = false;
+  st.query_source = -1;
   policy_->reset_source();
   policy_->on_reset(st);
 }

@@ -592,6 +592,63 @@ vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention
   });
 }
 
+vq_status vq_layer_end_step_queries(vq_layer_cache* layer, const vq_attention* attention,
+                                    const vq_tensor* queries) {
+  VQ_LAYER_CALL(layer, {
+    struct CloseView {
+      vq_layer_cache& l;
+      ~CloseView() {
+        if (!l.cache->step_open()) l.view.reset();
+      }
+    } close_view{l};
+    vq::TensorRef q;
+    if (queries != nullptr) {
+      q = tensor_of(*queries);
+      vq::detail::check_step_input(q, "[capi] vq_layer_end_step_queries", "queries");
+      // Scanned only when the shape is the one end_step accepts (else it reports the shape).
+      if (l.view && q.data != nullptr && q.batch() == l.view->batch() &&
+          q.tokens() == l.view->n_new() && q.heads() == l.cache->shape().n_query_heads &&
+          q.head_dim() == l.view->head_dim()) {
+        vq::detail::check_finite(q, "[capi] vq_layer_end_step_queries", "queries");
+      }
+    }
+    vq::AttentionRef a;
+    if (attention != nullptr) {
+      a.data = attention->data;
+      a.batch = attention->batch;
+      a.n_query_heads = attention->n_query_heads;
+      a.n_queries = attention->n_queries;
+      a.n_rows = attention->n_rows;
+      if (a.data == nullptr) throw bad_argument("attention->data must not be NULL");
+      if (l.view && a.batch == l.view->batch() && a.n_queries == l.view->n_new() &&
+          a.n_rows == l.view->n_rows() && a.n_query_heads == l.cache->shape().n_query_heads) {
+        vq::detail::check_finite(a, "[capi] vq_layer_end_step_queries");
+      }
+    }
+    l.cache->end_step(attention != nullptr ? &a : nullptr, queries != nullptr ? &q : nullptr);
+  });
+}
+
+int vq_layer_reads_queries(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->reads_queries() ? 1 : 0;
+}
+
+vq_status vq_layer_set_rope(vq_layer_cache* layer, const vq_rope* rope) {
+  VQ_LAYER_CALL(layer, {
+    need(rope, "rope");
+    if (rope->pairing != VQ_ROPE_INTERLEAVED && rope->pairing != VQ_ROPE_HALF_SPLIT) {
+      throw bad_argument("rope->pairing must be VQ_ROPE_INTERLEAVED (0) or VQ_ROPE_HALF_SPLIT "
+                         "(1), got " + std::to_string(rope->pairing));
+    }
+    vq::RopeRef r;
+    r.inv_freq = rope->inv_freq;
+    r.n_pairs = rope->n_pairs;
+    r.pairing = rope->pairing == VQ_ROPE_INTERLEAVED ? vq::RopePairing::kInterleaved
+                                                     : vq::RopePairing::kHalfSplit;
+    l.cache->set_rope(r);
+  });
+}
+
 vq_status vq_layer_stored(vq_layer_cache* layer, int64_t b, int64_t h, vq_head_rows* out) {
   VQ_LAYER_CALL(layer, {
     need(out, "out");

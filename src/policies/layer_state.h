@@ -63,6 +63,17 @@ struct LayerState {
   // The attention probabilities handed to end_step ([B, Hq, S, R], R = step_prev + step_new),
   // null when none were; valid only during end_step.
   const AttentionRef* attention = nullptr;
+  // The step's pre-RoPE queries handed to end_step ([B, Hq, S, D]), null when none were; valid
+  // only during end_step. query_source: for a method that reads queries, -1 until the first
+  // step with new rows, then 1 (that step passed queries) or 0 (it passed none: the method's
+  // fallback); reset() makes it -1 again.
+  const TensorRef* queries = nullptr;
+  int query_source = -1;
+  // The layer's rotary embedding (LayerCache::set_rope): per pair inverse frequencies, empty
+  // when the layer has none; rope_set says whether set_rope was called.
+  std::vector<double> rope_inv_freq;
+  bool rope_interleaved = true;
+  bool rope_set = false;
   // source=auto was resolved by a step of this cache (reset() clears it).
   bool source_resolved = false;
   // LayerCache::expect_positions: the most rows a head is expected to hold (0: unknown), handed

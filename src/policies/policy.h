@@ -64,6 +64,9 @@ class Policy {
   // Whether end_step needs the attention probabilities (source=attention, or auto resolved to
   // attention).
   virtual bool needs_attention() const noexcept { return false; }
+  // Whether end_step reads the step's pre-RoPE queries (LayerState::queries) when they are
+  // passed (expected_attention); the cache resolves LayerState::query_source for such methods.
+  virtual bool reads_queries() const noexcept { return false; }
   // Applies a decision of the layer group (LayerGroup::budgets) to this layer's stored rows,
   // outside any step. Called by the layer that completed the decision, on every layer.
   virtual void apply_group_decision(LayerState& /*st*/) {}

@@ -33,6 +33,7 @@
   X(simlayerkv)       \
   X(criticalkv)       \
   X(criticaladakv)    \
+  X(expected_attention) \
   X(random)
 
 namespace vq {

@@ -82,6 +82,8 @@ RunState::RunState(const ModelConfig& c, std::int64_t chunk, std::int64_t rows)
       rope_sin[sz(pos * half + i)] = sn;
     }
   }
+  // The same frequencies for a cache that rotates queries itself (LayerCache::set_rope).
+  rope_inv_freq = engine::rope_inv_freq(c);
 }
 
 void RunState::fit_tokens(const ModelConfig& c, std::int64_t T) {
@@ -116,6 +118,7 @@ void RunState::release_tokens(const ModelConfig& c) {
   one(hb, c.hidden_dim);
   one(hb2, c.hidden_dim);
   one(logits, c.vocab_size);
+  std::vector<float>().swap(q_pre);
   std::vector<float>().swap(att);
 }
 
@@ -151,6 +154,27 @@ class Laps {
 };
 
 }  // namespace
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const std::int64_t D = c.head_dim, half = D / 2;
+  const bool scaled = !c.rope_freq_factors.empty() || c.rope_freq_scale != 1.0;
+  std::vector<float> out(sz(half));
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double mul =
+        c.rope_freq_scale / (c.rope_freq_factors.empty() ? 1.0 : c.rope_freq_factors[sz(i)]);
+    if (c.rope == RopeStyle::kInterleaved) {  // as the tables: fp32 power, then the scaling
+      float freq = 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                   static_cast<float>(2 * i) / static_cast<float>(D));
+      if (scaled) freq = static_cast<float>(static_cast<double>(freq) * mul);
+      out[sz(i)] = freq;
+    } else {
+      double freq = std::pow(c.rope_theta, -static_cast<double>(2 * i) / static_cast<double>(D));
+      if (scaled) freq *= mul;
+      out[sz(i)] = static_cast<float>(freq);
+    }
+  }
+  return out;
+}
 
 void apply_rope(float* x, std::int64_t S, std::int64_t n_heads, std::int64_t D, std::int64_t pos0,
                 RopeStyle style, const RunState& s) {
@@ -337,6 +361,7 @@ std::int64_t Transformer::check_step(std::span<const BatchItem> items) {
     att_at_.resize(B);
     logit_row_.resize(B);
     refs_.resize(B);
+    qrefs_.resize(B);
   }
   std::int64_t T = 0;
   for (std::size_t i = 0; i < B; ++i) {
@@ -470,6 +495,29 @@ void Transformer::forward(std::span<const BatchItem> items) {
       }
     }
     laps.mark(times_.matmul);
+    // The pre-RoPE queries of the sequences whose cache reads them (expected_attention), with
+    // the layer's rotary embedding given once; no other method pays for them.
+    for (std::size_t i = 0; i < B; ++i) {
+      if (items[i].cache->layer(l).reads_queries() && s_.q_pre.size() < sz(T * qd)) {
+        s_.q_pre.resize(sz(T * qd));  // before any sequence points into it
+      }
+    }
+    for (std::size_t i = 0; i < B; ++i) {
+      LayerCache& lc = items[i].cache->layer(l);
+      qrefs_[i] = TensorRef{};
+      if (!lc.reads_queries()) continue;
+      if (!lc.has_rope()) {
+        lc.set_rope(RopeRef{s_.rope_inv_freq.data(), c.head_dim / 2,
+                            c.rope == RopeStyle::kInterleaved ? RopePairing::kInterleaved
+                                                              : RopePairing::kHalfSplit});
+      }
+      std::copy_n(s_.q.data() + row0_[i] * qd, items[i].n * qd, s_.q_pre.data() + row0_[i] * qd);
+      TensorRef& qr = qrefs_[i];
+      qr = TensorRef::f32(s_.q_pre.data() + row0_[i] * qd, 1, c.n_heads, items[i].n, c.head_dim);
+      qr.stride[0] = items[i].n * qd;
+      qr.stride[1] = c.head_dim;
+      qr.stride[2] = qd;
+    }
     for (std::size_t i = 0; i < B; ++i) {
       apply_rope(s_.q.data() + row0_[i] * qd, items[i].n, c.n_heads, c.head_dim, pos0_[i], c.rope,
                  s_);
@@ -509,7 +557,7 @@ void Transformer::forward(std::span<const BatchItem> items) {
       laps.mark(times_.other);
       ModelCache& cache = *items[i].cache;
       cache.observe_layer_similarity(l, cos_sum / static_cast<double>(items[i].n));
-      cache.layer(l).end_step(&refs_[i]);
+      cache.layer(l).end_step(&refs_[i], qrefs_[i].data != nullptr ? &qrefs_[i] : nullptr);
       laps.mark(times_.cache);
     }
     s_.layer_cosine[sz(l)] = static_cast<float>(cos_all / static_cast<double>(T));

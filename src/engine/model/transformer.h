@@ -95,6 +95,12 @@ struct RunState {
                                     // sequences; each cache gets the mean over its own)
   std::vector<float> rope_cos;      // [R][D / 2] cos(pos * theta^(-2i/D))
   std::vector<float> rope_sin;      // [R][D / 2] sin(pos * theta^(-2i/D))
+  std::vector<float> rope_inv_freq; // [D / 2] each pair's angle per position, as the tables use
+                                    // it (after any scaling; LayerCache::set_rope)
+  // The step's queries before RoPE ([T][Hq * D]), only for the sequences whose cache reads them
+  // (LayerCache::reads_queries(): expected_attention); empty until such a step (never shrunk but
+  // by release_tokens). Other methods never allocate it.
+  std::vector<float> q_pre;
 
   // Query tokens per attention tile for G query heads per KV head: T * G about 32 queries.
   static std::int64_t tile_tokens(std::int64_t G) noexcept {
@@ -112,6 +118,10 @@ struct RunState {
   // probabilities' (att) entirely; the next step grows what it needs again.
   void release_tokens(const ModelConfig& config);
 };
+
+// Each RoPE pair's angle per position (D / 2 values), as RunState's tables use it (after any
+// scaling): what LayerCache::set_rope takes.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
 
 // Rotates `n_heads` heads of each of S rows (row stride n_heads * D) at positions pos0 + t by
 // the state's RoPE tables (rope_cos/rope_sin, which must cover pos0 + S - 1). llama2.c pairs
@@ -228,6 +238,7 @@ class Transformer {
   // none), the ref its cache gets, its first logits row (-1: none).
   std::vector<std::int64_t> row0_, pos0_, att_at_, logit_row_;
   std::vector<AttentionRef> refs_;
+  std::vector<TensorRef> qrefs_;      // per sequence: its pre-RoPE queries (data null: none)
   std::size_t n_items_ = 0;  // items in the last step
   std::vector<std::vector<float>> wo_gram_;  // [n_layers][Hq * D * D], empty until needed
 };

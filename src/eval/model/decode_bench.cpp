@@ -72,7 +72,7 @@ CacheConfig method_config(const std::string& spec, const DecodeBenchOptions& o) 
 void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_t n,
                     std::int64_t chunk, std::uint64_t seed) {
   const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim, Hq = c.n_heads, G = Hq / Hkv;
-  std::vector<float> k(sz(Hkv * chunk * D)), v(k.size()), probs;
+  std::vector<float> k(sz(Hkv * chunk * D)), v(k.size()), probs, qbuf;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     LayerCache& lc = cache.layer(l);
     for (std::int64_t p0 = 0; p0 < n; p0 += chunk) {
@@ -93,10 +93,37 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
       const StepView view = lc.begin_step(TensorRef::f32(k.data(), 1, Hkv, S, D),
                                           TensorRef::f32(v.data(), 1, Hkv, S, D));
       const std::int64_t R = view.n_rows();
+      // A cache that reads queries (expected_attention) gets synthetic pre-RoPE queries and the
+      // model's RoPE, as the engine gives them, so the decode steps that follow run its query
+      // rule.
+      const TensorRef* queries = nullptr;
+      TensorRef qref;
+      if (lc.reads_queries()) {
+        if (!lc.has_rope()) {
+          const std::vector<float> freq = engine::rope_inv_freq(c);
+          lc.set_rope(RopeRef{freq.data(), D / 2,
+                              c.rope == engine::RopeStyle::kInterleaved
+                                  ? RopePairing::kInterleaved
+                                  : RopePairing::kHalfSplit});
+        }
+        qbuf.resize(sz(Hq * S * D));
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          for (std::int64_t t = 0; t < S; ++t) {
+            const std::uint64_t key = mix(~seed ^ mix((static_cast<std::uint64_t>(l) << 40) ^
+                                                      (static_cast<std::uint64_t>(p0 + t) << 8) ^
+                                                      static_cast<std::uint64_t>(h)));
+            for (std::int64_t d = 0; d < D; ++d) {
+              qbuf[sz((h * S + t) * D + d)] = unit(key + static_cast<std::uint64_t>(d));
+            }
+          }
+        }
+        qref = TensorRef::f32(qbuf.data(), 1, Hq, S, D);
+        queries = &qref;
+      }
       if (!lc.reads_attention()) {
         // A cache that reads no probabilities gets their shape alone, as the engine passes it.
         const AttentionRef shape_only{nullptr, 1, Hq, S, R};
-        lc.end_step(&shape_only);
+        lc.end_step(&shape_only, queries);
         continue;
       }
       probs.assign(sz(Hq * S * R), 0.0f);
@@ -111,7 +138,7 @@ void synthetic_fill(ModelCache& cache, const engine::ModelConfig& c, std::int64_
         }
       }
       const AttentionRef att{probs.data(), 1, Hq, S, R};
-      lc.end_step(&att);
+      lc.end_step(&att, queries);
     }
   }
 }
