@@ -6,6 +6,7 @@
 # intervals paired with the full cache. Prints the accuracy table and writes
 # results/tasks/<name>.json and .svg (the length x depth heatmaps).
 #   scripts/sweep_tasks.sh [extra `veloxquant eval` flags]
+# Flags after the script go to every `veloxquant eval` it runs (e.g. --method NAME, repeated).
 # Environment: MODEL (data/task-model.bin), TASKS (niah_single,niah_multikey), LENGTHS (512,768,1024 on the task model: niah_multikey needs at least 358 tokens),
 # SAMPLES (10 per task x length x depth), RATIOS (4,8,16), NAME (sweep), THREADS (all cores).
 # Installs what is missing (apt) and builds the CLI first, as scripts/main.sh does.
