@@ -71,11 +71,12 @@ DType dtype_of(const py::array& a, const char* name) {
 
 // The array as a TensorRef, reading it in place when the layout allows; `keep` receives the
 // contiguous copy otherwise.
-TensorRef tensor_of(const py::array& a, const char* name, py::array& keep) {
+TensorRef tensor_of(const py::array& a, const char* name, py::array& keep,
+                    const char* layout = "[B, Hkv, S, D]") {
   if (a.ndim() != 4) {
-    throw Error(ErrorCode::kShapeMismatch, std::string("[python] ") + name +
-                                               " must be 4-D [B, Hkv, S, D], got " +
-                                               std::to_string(a.ndim()) + "-D");
+    throw Error(ErrorCode::kShapeMismatch, std::string("[python] ") + name + " must be 4-D " +
+                                               layout + ", got " + std::to_string(a.ndim()) +
+                                               "-D");
   }
   const DType dtype = dtype_of(a, name);
   const py::ssize_t item = a.itemsize();
@@ -87,7 +88,10 @@ TensorRef tensor_of(const py::array& a, const char* name, py::array& keep) {
     shape_only.data = a.data();
     for (int i = 0; i < 4; ++i) shape_only.shape[i] = a.shape(i);
     shape_only.stride[3] = 1;
-    detail::check_step_shape(shape_only, "[python] LayerCache.begin_step", name);
+    detail::check_step_shape(shape_only, std::string("[python] LayerCache.") +
+                                             (std::string(name) == "queries" ? "end_step"
+                                                                             : "begin_step"),
+                             name);
   }
   const py::array& src = in_place ? a : (keep = py::array::ensure(a, py::array::c_style));
   TensorRef t;
@@ -203,9 +207,20 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
   return out;
 }
 
-void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
+void end_step(LayerHandle& l, const std::optional<py::array>& attention,
+              const std::optional<py::array>& queries) {
+  // The step's pre-RoPE queries [B, Hq, S, D] (expected_attention reads them; LayerCache checks
+  // the shape against the step), read in place where the layout allows, as keys are.
+  py::array keep_q;
+  TensorRef q;
+  if (queries) {
+    q = tensor_of(*queries, "queries", keep_q, "[B, Hq, S, D]");
+    detail::check_step_input(q, "[python] LayerCache.end_step", "queries");
+    detail::check_finite(q, "[python] LayerCache.end_step", "queries");
+  }
+  const TensorRef* qp = queries ? &q : nullptr;
   if (!attention) {
-    l.cache->end_step(nullptr);
+    l.cache->end_step(nullptr, qp);
   } else {
     auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
     if (!a) throw py::type_error("attention must be convertible to a float32 array");
@@ -216,9 +231,53 @@ void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
     AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
     // The array holds exactly these elements, so the scan is in bounds whatever the shape.
     detail::check_finite(ref, "[python] LayerCache.end_step");
-    l.cache->end_step(&ref);
+    l.cache->end_step(&ref, qp);
   }
   ++l.step;
+}
+
+// A float array of exactly `dims` (any float dtype, converted), for the setters below.
+py::array_t<float, py::array::c_style | py::array::forcecast> float_array(
+    const py::object& x, const std::string& name, const std::vector<py::ssize_t>& dims,
+    const char* layout) {
+  auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x);
+  if (!a) throw Error(ErrorCode::kInvalidArgument, name + " must be a float array");
+  bool same = a.ndim() == static_cast<py::ssize_t>(dims.size());
+  for (std::size_t i = 0; same && i < dims.size(); ++i) same = a.shape(i) == dims[i];
+  if (!same) {
+    std::string got = "[";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+    throw Error(ErrorCode::kShapeMismatch, name + " must be " + layout + ", got shape " + got + "]");
+  }
+  return a;
+}
+
+RopePairing pairing_arg(const std::string& pairing, const std::string& name) {
+  if (pairing == "interleaved") return RopePairing::kInterleaved;
+  if (pairing == "half_split") return RopePairing::kHalfSplit;
+  throw Error(ErrorCode::kInvalidArgument, name + "pairing must be \"interleaved\" (llama2.c, "
+                                                  "GGUF) or \"half_split\" (Hugging Face), got \"" +
+                                                  pairing + "\"");
+}
+
+void set_rope(LayerCache& c, const py::object& inv_freq, const std::string& pairing,
+              const std::string& name) {
+  auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(inv_freq);
+  if (!f || f.ndim() != 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                name + "inv_freq must be a 1-D float array [head_dim / 2] (empty: no RoPE)");
+  }
+  c.set_rope(RopeRef{f.size() ? f.data() : nullptr, static_cast<std::int64_t>(f.size()),
+                     pairing_arg(pairing, name)});
+}
+
+void set_output_gram(LayerCache& c, const py::object& gram, const std::string& name) {
+  auto g = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(gram);
+  if (!g || g.ndim() != 3 || g.shape(1) != g.shape(2)) {
+    throw Error(ErrorCode::kShapeMismatch,
+                name + "gram must be a float array [n_query_heads, head_dim, head_dim]");
+  }
+  c.set_output_gram(g.data(), g.shape(0), g.shape(1));
 }
 
 // The shape's sizes are any 64-bit ints here; LayerCache checks them.
@@ -325,16 +384,58 @@ void bind_cache(py::module_& m) {
       .def("begin_step", &begin_step, py::arg("keys"), py::arg("values"), py::keep_alive<0, 1>(),
            "Appends keys/values [B, Hkv, S, D] (float32 or float16) and returns the StepView")
       .def("end_step", &end_step, py::arg("attention") = py::none(),
+           py::arg("queries") = py::none(),
            "Closes the step: evicts/merges/quantizes to the budget. attention: the step's "
            "probabilities [B, Hq, S, R] (float32; other dtypes are converted), or None for the "
-           "proxy source")
+           "proxy source. queries: the step's pre-RoPE queries [B, Hq, S, D] (float32 or "
+           "float16), for a method that reads them (reads_queries: expected_attention; set_rope "
+           "first)")
+      .def(
+          "set_rope",
+          [](LayerHandle& l, const py::object& inv_freq, const std::string& pairing) {
+            set_rope(*l.cache, inv_freq, pairing, "[python] LayerCache.set_rope: ");
+          },
+          py::arg("inv_freq"), py::arg("pairing") = "interleaved",
+          "The layer's rotary embedding: inv_freq [head_dim / 2] as the engine applies it (after "
+          "any scaling), pairing \"interleaved\" (2i, 2i+1) or \"half_split\" (i, i+D/2)")
+      .def_property_readonly("has_rope", [](const LayerHandle& l) { return l.cache->has_rope(); })
+      .def_property_readonly("reads_queries",
+                             [](const LayerHandle& l) { return l.cache->reads_queries(); })
+      .def_property_readonly("reads_attention",
+                             [](const LayerHandle& l) { return l.cache->reads_attention(); })
+      .def(
+          "set_output_gram",
+          [](LayerHandle& l, const py::object& gram) {
+            set_output_gram(*l.cache, gram, "[python] LayerCache.set_output_gram: ");
+          },
+          py::arg("gram"),
+          "The output projection's Gram matrices [n_query_heads, head_dim, head_dim] (per query "
+          "head g: W_o^g^T W_o^g), for criticalkv and criticaladakv")
+      .def_property_readonly("reads_output_gram",
+                             [](const LayerHandle& l) { return l.cache->reads_output_gram(); })
+      .def_property_readonly("has_output_gram",
+                             [](const LayerHandle& l) { return l.cache->has_output_gram(); })
+      .def(
+          "set_head_pattern",
+          [](LayerHandle& l, const py::object& scores) {
+            auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(scores);
+            if (!s || s.ndim() != 1) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "[python] LayerCache.set_head_pattern: scores must be a 1-D float array "
+                          "[n_kv_heads] (empty: estimate from the prompt)");
+            }
+            l.cache->set_head_pattern(std::vector<float>(s.data(), s.data() + s.size()));
+          },
+          py::arg("scores"),
+          "DuoAttention's per-KV-head scores (the higher, the more a head needs the full context); "
+          "empty goes back to the estimate")
       .def(
           "update",
           [](const std::shared_ptr<LayerHandle>& l, const py::array& keys,
              const py::array& values) {
             PyStepView v = begin_step(l, keys, values);
             py::tuple out = stacked(v.view);
-            end_step(*l, std::nullopt);
+            end_step(*l, std::nullopt, std::nullopt);
             return out;
           },
           py::arg("keys"), py::arg("values"),
@@ -461,6 +562,37 @@ void bind_cache(py::module_& m) {
           "Reads a DuoAttention head pattern file (full_attention_heads.tsv: one line per layer, "
           "one tab-separated score per KV head) and sets it on every layer (duoattention), "
           "before the first step")
+      .def(
+          "set_head_pattern",
+          [](ModelHandle& h, const py::object& scores) {
+            const auto s = float_array(scores, "[python] ModelCache.set_head_pattern: scores",
+                                       {h.cache.n_layers(), h.cache.shape().n_kv_heads},
+                                       "[n_layers, n_kv_heads]");
+            HeadPattern p(static_cast<std::size_t>(s.shape(0)));
+            for (py::ssize_t i = 0; i < s.shape(0); ++i) {
+              p[static_cast<std::size_t>(i)].assign(s.data() + i * s.shape(1),
+                                                     s.data() + (i + 1) * s.shape(1));
+            }
+            h.cache.set_head_pattern(p);
+          },
+          py::arg("scores"), "DuoAttention's scores [n_layers, n_kv_heads], every layer at once")
+      .def(
+          "set_output_gram",
+          [](ModelHandle& h, const py::handle& layer, const py::object& gram) {
+            const std::string name = "[python] ModelCache.set_output_gram: ";
+            const std::int64_t i = index_arg(layer, name + "layer", h.cache.n_layers());
+            set_output_gram(h.cache.layer(i), gram, name);
+          },
+          py::arg("layer"), py::arg("gram"),
+          "Layer `layer`'s output-projection Gram matrices [n_query_heads, head_dim, head_dim]")
+      .def(
+          "set_rope",
+          [](ModelHandle& h, const py::object& inv_freq, const std::string& pairing) {
+            for (std::int64_t i = 0; i < h.cache.n_layers(); ++i)
+              set_rope(h.cache.layer(i), inv_freq, pairing, "[python] ModelCache.set_rope: ");
+          },
+          py::arg("inv_freq"), py::arg("pairing") = "interleaved",
+          "The rotary embedding of every layer (see LayerCache.set_rope)")
       .def("mean_budget", [](const ModelHandle& h) { return h.cache.mean_budget(); })
       .def(
           "observe_layer_similarity",

@@ -260,3 +260,113 @@ def test_qfilters_needs_key_filters_and_keeps_the_hand_derived_rows():
     model = vq.ModelCache(vq.CacheConfig.parse("qfilters"), 2, 1, 2)
     assert model.needs_key_filters
     model.set_key_filters(np.ones((2, 1, 2), np.float32))
+
+
+def test_head_pattern_arrays_type_the_heads_as_the_file_does():
+    """The case of test_duoattention_head_pattern_file, given as arrays: layer 0's scores 0.2,
+    0.8 make head 1 the retrieval head, layer 1's 0.9, 0.1 head 0."""
+    model = vq.ModelCache(vq.CacheConfig.parse("duoattention:n_sink=1,window=2"), 2, H, D)
+    with pytest.raises(vq.Error, match=r"\[n_layers, n_kv_heads\], got shape \[3\]"):
+        model.set_head_pattern(np.zeros(3))
+    model.set_head_pattern([[0.2, 0.8], [0.9, 0.1]])
+    single = vq.LayerCache(vq.CacheConfig.parse("duoattention:n_sink=1,window=2"), n_kv_heads=H, head_dim=D)
+    single.set_head_pattern(np.array([0.9, 0.1]))
+    for pos in range(6):
+        k, v = token(pos)
+        for layer in range(2):
+            model.layer(layer).update(k, v)
+        single.update(k, v)
+    assert model.layer(0).head_types() == [2, 1]
+    assert model.layer(1).head_types() == [1, 2]
+    assert single.head_types() == [1, 2]
+    assert model.layer(0).stored(0, 0)[2].tolist() == [0, 4, 5]
+    assert single.stored(0, 1)[2].tolist() == [0, 4, 5]
+    with pytest.raises(vq.Error, match="1-D"):
+        single.set_head_pattern(np.zeros((2, 2)))
+    with pytest.raises(vq.Error):
+        vq.LayerCache(vq.CacheConfig.parse("snapkv"), n_kv_heads=H, head_dim=D).set_head_pattern([1.0, 2.0])
+
+
+def test_criticalkv_output_gram_keeps_the_low_attention_row_with_a_large_projected_value():
+    """tests/test_criticalkv.cpp's hand case: one head, D = 2, budget 4, no sinks, the last
+    query's attention to rows 0..5 is .30 .25 .05 .20 .10 .10; v_2 = (0, 1), every other v =
+    (1, 0). W_o = diag(1, 10): G = diag(1, 100), ||W_o v_2|| = 10, the others 1. Stage 1
+    (floor(0.5 x 3) = 1 row) keeps row 0; stage 2 weighs (a + 1e-4) x N = .2501 .5010 .2001
+    .1001 over rows 1..4: rows 2 and 1. Without W_o every N = 1: rows 1 and 3 (SnapKV's)."""
+    def kept(gram):
+        c = vq.LayerCache(vq.CacheConfig.parse(
+            "criticalkv:budget=4,n_sink=0,obs_window=1,kernel=1,source=attention,kv_dtype=f32"),
+            n_kv_heads=1, head_dim=2, n_query_heads=1)
+        assert c.reads_output_gram
+        if gram is not None:
+            c.set_output_gram(gram)
+        assert c.has_output_gram == (gram is not None)
+        v = np.array([[1, 0], [1, 0], [0, 1], [1, 0], [1, 0], [1, 0]], np.float32)
+        c.begin_step(np.zeros((1, 1, 6, 2), np.float32), v[None, None])
+        att = np.zeros((6, 6), np.float32)
+        for q in range(5):
+            att[q, :q + 1] = 1.0 / (q + 1)
+        att[5] = [0.30, 0.25, 0.05, 0.20, 0.10, 0.10]
+        c.end_step(att[None, None])
+        return c.stored(0, 0)[2].tolist()
+
+    assert kept(np.diag([1.0, 100.0])[None]) == [0, 1, 2, 5]
+    assert kept(None) == [0, 1, 3, 5]
+    c = vq.LayerCache(vq.CacheConfig.parse("criticalkv"), n_kv_heads=1, head_dim=2, n_query_heads=1)
+    with pytest.raises(vq.Error, match=r"\[n_query_heads, head_dim, head_dim\]"):
+        c.set_output_gram(np.eye(2))
+    with pytest.raises(vq.Error, match="set_output_gram"):
+        c.set_output_gram(np.array([[[1.0, 0.0], [0.0, np.nan]]]))
+    model = vq.ModelCache(vq.CacheConfig.parse("criticalkv"), 2, 1, 2, 1)
+    model.set_output_gram(1, np.eye(2)[None])
+    assert not model.layer(0).has_output_gram and model.layer(1).has_output_gram
+    with pytest.raises(IndexError):
+        model.set_output_gram(2, np.eye(2)[None])
+
+
+def ea_inputs(S):
+    """tests/expected_attention_inputs.h's tokens 0..S-1 (exact in fp32): keys and values
+    [1, 2, S, 8], queries [1, 4, S, 8]."""
+    t = np.arange(S)[None, :, None]
+    c = np.arange(8)[None, None, :]
+    h2 = np.arange(2)[:, None, None]
+    h4 = np.arange(4)[:, None, None]
+    k = ((7 * t * t + 13 * t * c + 31 * h2 + 5 * c * c + 3) % 29 - 14) / 8.0
+    v = ((3 * t * t + 11 * t * c + 17 * h2 + 2 * c * c + 1) % 23 - 11) / 8.0
+    q = ((5 * t * t + 3 * t * c + 19 * h4 + 7 * c * c + 2) % 31 - 15) / 8.0
+    return [x.astype(np.float32)[None] for x in (k, v, q)]
+
+
+def test_expected_attention_reads_the_queries_and_keeps_the_numpy_reference_rows():
+    """The prefill case of tests/expected_attention_reference.py (NumPy from kvpress's rule):
+    24 tokens in one step, budget 10, 2 sinks; head 0 keeps 0 1 4 7 10 12 15 18 19 21."""
+    spec = "expected_attention:budget=10,n_sink=2,n_future=5,n_window=16,interval=3,kv_dtype=f32"
+    k, v, q = ea_inputs(24)
+    freq = (50.0 ** (-2.0 * np.arange(4) / 8)).astype(np.float32)
+    c = vq.LayerCache(vq.CacheConfig.parse(spec), n_kv_heads=2, head_dim=8, n_query_heads=4)
+    assert c.reads_queries and not c.has_rope
+    c.begin_step(k, v)
+    with pytest.raises(vq.Error, match="set_rope"):
+        c.end_step(queries=q)
+    with pytest.raises(vq.Error, match="pairing"):
+        c.set_rope(freq, pairing="neox")
+    with pytest.raises(vq.Error, match="1-D"):
+        c.set_rope(np.zeros((2, 2)))
+    c.set_rope(freq)
+    assert c.has_rope
+    bad = q.copy()
+    bad[0, 1, 3, 2] = np.inf
+    with pytest.raises(vq.Error, match="queries"):
+        c.end_step(queries=bad)
+    with pytest.raises(vq.Error, match=r"\[B, Hq, S, D\]"):
+        c.end_step(queries=q[0])
+    with pytest.raises(vq.Error, match="queries"):
+        c.end_step(queries=q[:, :2])
+    c.end_step(queries=q.astype(np.float16).astype(np.float32))  # exact in fp16 too
+    assert c.stored(0, 0)[2].tolist() == [0, 1, 4, 7, 10, 12, 15, 18, 19, 21]
+    # fp16 queries, read as fp16, give the same rows (the values are exact in fp16).
+    c16 = vq.LayerCache(vq.CacheConfig.parse(spec), n_kv_heads=2, head_dim=8, n_query_heads=4)
+    c16.set_rope(freq, pairing="interleaved")
+    c16.begin_step(k, v)
+    c16.end_step(queries=q.astype(np.float16))
+    assert c16.stored(0, 0)[2].tolist() == [0, 1, 4, 7, 10, 12, 15, 18, 19, 21]
