@@ -231,41 +231,48 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
 // every row), source for those that rank rows by attention (the H2O family, TOVA, SnapKV,
 // Keyformer, MorphKV, CaM; not StreamingLLM's positions or the key scorers), headwise for those
 // among them that evict row by row (ChunkKV evicts whole chunks), demote and quantize for every
-// method storing plain rows (KIVI stores its own quantized rows), seed and kv_dtype for all.
+// method storing plain rows (KIVI stores its own quantized rows), seed and kv_dtype for all;
+// schedule (compress_interval) for the methods that evict token by token on the shared loop
+// (not the prefill-time selections: SnapKV, leverage, CriticalKV, Expected Attention's prefill
+// cut; not DuoAttention's, SimLayerKV's or Q-Filters' own step rules).
 TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
   const std::vector<std::string> plain = {"demote", "quantize", "common"};
   const std::vector<std::string> evicts = {"merge", "demote", "quantize", "common"};
   const std::vector<std::string> attention = {"merge",  "source",   "headwise",
                                               "demote", "quantize", "common"};
+  const std::vector<std::string> loop = {"merge", "schedule", "demote", "quantize", "common"};
+  const std::vector<std::string> loop_attention = {"merge",  "schedule", "source", "headwise",
+                                                   "demote", "quantize", "common"};
   const std::map<std::string, std::vector<std::string>> expected = {
       {"full", plain},
-      {"streaming_llm", evicts},
-      {"h2o", attention},
-      {"tova", attention},
+      {"streaming_llm", loop},
+      {"h2o", loop_attention},
+      {"tova", loop_attention},
       {"snapkv", attention},
-      {"pyramidkv", attention},
-      {"squeeze", attention},
-      {"chunkkv", {"merge", "source", "demote", "quantize", "common"}},
-      {"keyformer", attention},
-      {"morphkv", attention},
-      {"cam", attention},
+      {"pyramidkv", loop_attention},
+      {"squeeze", loop_attention},
+      {"chunkkv", {"merge", "schedule", "source", "demote", "quantize", "common"}},
+      {"keyformer", loop_attention},
+      {"morphkv", loop_attention},
+      {"cam", loop_attention},
       {"kivi", {"common"}},
-      {"knorm", evicts},
-      {"keydiff", evicts},
-      {"lagkv", evicts},
+      {"knorm", loop},
+      {"keydiff", loop},
+      {"lagkv", loop},
       {"leverage", evicts},
       {"duoattention", {"merge", "source", "demote", "quantize", "common"}},
       {"qfilters", evicts},
       {"simlayerkv", {"merge", "source", "demote", "quantize", "common"}},
       {"criticalkv", attention},
       {"criticaladakv", attention},
-      {"random", evicts},
+      {"random", loop},
       {"expected_attention", evicts},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {
       {"merge",
        {"merge", "merge_gate", "merge_keys", "merge_target", "merge_m", "merge_attention"}},
+      {"schedule", {"compress_interval"}},
       {"source", {"source", "gqa_reduce"}},
       {"headwise", {"headwise", "headwise_floor"}},
       {"demote", {"demote", "demote_budget", "demote_group"}},

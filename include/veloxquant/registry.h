@@ -47,6 +47,7 @@ struct MethodInfo {
   //     row, so one ranking across heads can choose the rows);
   //   demote (demote, demote_budget, demote_group) and quantize (quantize, kivi_group_size,
   //     residual_length): unless quantizes_rows;
+  //   schedule (compress_interval): token_loop and a token budget;
   //   common (seed, kv_dtype): every method.
   std::vector<FieldSpec> fields;
   // Whether the method ranks rows by the attention the engine passes (or its proxy): it gets
@@ -77,6 +78,10 @@ struct MethodInfo {
   // Whether the method types its KV heads (duoattention): some heads keep every row (retrieval
   // heads), the others the token budget; LayerCache::head_types() and CacheStats report them.
   bool head_types = false;
+  // Whether the method decides on the shared token loop (the policies of this library that
+  // keep TokenPolicy::end_step, and every scored_method): it gets the schedule group,
+  // compress_interval (evict every N tokens instead of every token).
+  bool token_loop = false;
   // Whether each layer keeps either every row or only a window: the budget_offset field's
   // leading rows and the newest (budget - offset) rows (simlayerkv: lazy layers keep the window,
   // the others every row).

@@ -141,6 +141,7 @@ bool* flag_of(MethodInfo& m, const std::string& key) {
       {"quantizes rows", &MethodInfo::quantizes_rows},
       {"head types", &MethodInfo::head_types},
       {"all or window", &MethodInfo::all_or_window},
+      {"token loop", &MethodInfo::token_loop},
   };
   for (const auto& [name, member] : kKeys) {
     if (key == name) return &(m.*member);

@@ -157,8 +157,18 @@ void add_demote_fields(std::vector<FieldSpec>& fields) {
                        "one fp16 scale and zero per group)")});
 }
 
+void add_schedule_fields(std::vector<FieldSpec>& fields) {
+  add_group(fields, "schedule",
+            {int_field("compress_interval", 1, 1, kMaxTokens,
+                       "evict every N tokens instead of every token: a head holds up to budget "
+                       "+ N - 1 rows between evictions, and the token that brings it to budget "
+                       "+ N cuts it back to the budget in one decision (kvpress's decoding "
+                       "compression interval); 1: every token, the papers' rule")});
+}
+
 void add_shared_options(MethodInfo& m) {
   if (!m.budget_field.empty()) add_merge_fields(m.fields, m.prefix);
+  if (!m.budget_field.empty() && m.token_loop) add_schedule_fields(m.fields);
   if (m.scores_attention) {
     add_source_fields(m.fields);
     if (m.exact_budget) add_headwise_fields(m.fields);

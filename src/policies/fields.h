@@ -25,7 +25,7 @@ FieldSpec enum_field(std::string name, std::string def, std::vector<std::string>
 // the groups that apply to it (MethodInfo::fields says which), each field tagged with its
 // group (FieldSpec::group).
 //
-// Appends to m.fields, in this order, the groups that apply to m: merge, source, headwise,
+// Appends to m.fields, in this order, the groups that apply to m: merge, schedule, source, headwise,
 // demote and quantize, common; then sets the defaults m.shared_defaults names. Called for every
 // method when the registry takes it (the library's table and register_method). Throws
 // Error(kInvalidArgument) "register_method('id'): ..." when shared_defaults is malformed, names
@@ -40,6 +40,10 @@ void add_common_fields(std::vector<FieldSpec>& fields);
 // <prefix>_merge_keys, <prefix>_target, <prefix>_merge_m, <prefix>_merge_attention), and
 // merge_target answers to `target` too.
 void add_merge_fields(std::vector<FieldSpec>& fields, const std::string& prefix);
+
+// compress_interval (1: evict every token): methods on the shared token loop with a token
+// budget (MethodInfo::token_loop).
+void add_schedule_fields(std::vector<FieldSpec>& fields);
 
 // source (proxy | attention) and gqa_reduce (mean | max | sum): attention-scored methods.
 void add_source_fields(std::vector<FieldSpec>& fields);

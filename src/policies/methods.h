@@ -22,6 +22,8 @@ struct PolicyContext;
 //     budget field defaults to <prefix>_budget when the method has that int field);
 //   exact budget: no / prefill only: yes (MethodInfo::exact_budget, prefill_only);
 //   head types: yes (MethodInfo::head_types: retrieval heads keep every row, duoattention);
+//   token loop: yes (MethodInfo::token_loop: the policy keeps TokenPolicy::end_step, so the
+//     registry adds the schedule group, compress_interval);
 //   attention: yes (MethodInfo::scores_attention) / quantizes rows: yes (quantizes_rows): what
 //     decides, with the budget, which shared option groups the registry adds;
 //   shared defaults: KEY=VALUE,... (MethodInfo::shared_defaults: cam's merge rule);

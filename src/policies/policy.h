@@ -167,8 +167,9 @@ class TokenPolicy : public Policy {
               ScoreSource source = ScoreSource{})
       : budget_(budget), n_sink_(n_sink), merge_(merge), source_(source) {}
   // Read from the config of ctx's method, through its prefix p: budget (default: p_budget),
-  // p_n_sink, the merge rule (merge...), the score source (source, gqa_reduce) and head-wise
-  // budgets (headwise, headwise_floor), the last two where the method has those fields.
+  // p_n_sink, the merge rule (merge...), the score source (source, gqa_reduce), head-wise
+  // budgets (headwise, headwise_floor) and compress_interval, the last three where the method
+  // has those fields.
   explicit TokenPolicy(const PolicyContext& ctx);
   TokenPolicy(const PolicyContext& ctx, std::int64_t budget);
   std::int64_t budget() const noexcept override { return budget_; }
@@ -282,6 +283,9 @@ class TokenPolicy : public Policy {
   MergeRule merge_;
   ScoreSource source_;
   HeadwiseRule headwise_;
+  // compress_interval (the schedule group; 1 for a method without it): a head holds up to
+  // budget_ + interval_ - 1 rows between cuts (end_step).
+  std::int64_t interval_ = 1;
   std::vector<float> ranking_;  // [n_live] eviction_scores output
   std::vector<float> weights_;  // [n_live] softmax scratch
   std::vector<float> query_;    // [d]

@@ -332,6 +332,7 @@ MethodInfo scored_method(std::string id, std::string prefix, std::string summary
   m.check = &detail::check_sink_below_budget;
   m.make_scorer = std::move(make_scorer);
   m.make_policy = &detail::make_scored_policy;
+  m.token_loop = true;
   return m;
 }
 

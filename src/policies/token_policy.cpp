@@ -70,6 +70,7 @@ TokenPolicy::TokenPolicy(const PolicyContext& ctx, std::int64_t budget)
                   merge_rule_from(ctx.config),
                   score_source_from(ctx.config)) {
   set_headwise(headwise_rule_from(ctx.config));
+  if (ctx.config.has("compress_interval")) interval_ = ctx.config.get_int("compress_interval");
 }
 
 const char* TokenPolicy::source_name() const noexcept {
@@ -477,11 +478,39 @@ void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
   begin_step(st);
   const std::int64_t head_dim = st.shape.head_dim;
   const std::int64_t keep = step_budget(st);
+  // compress_interval N > 1: a head may hold keep + N - 1 rows; the token that brings it to
+  // keep + N cuts it back to keep in one decision. N = 1 is the per-token rule below.
+  const std::int64_t slack = interval_ - 1;
   // A multi-token step decided at once: every token is scored first, then one cut.
   const bool at_once = st.step_new > 1 && decides_chunk_at_once();
   // Otherwise each token is a decision: per head (argmin until the budget holds), or per layer
   // (head-wise budgets, rows shared by the heads) once every head has seen the token.
   const bool per_head = !at_once && !headwise_.on && !shares_rows();
+  // Whether the open step's live rows exceed keep + slack: any head, or with head-wise budgets
+  // any batch element's heads together (they share n_kv_heads x keep rows).
+  const auto over = [&]() {
+    if (keep < 0) return false;
+    const std::int64_t H = st.shape.n_kv_heads;
+    for (std::int64_t b = 0; b < st.batch; ++b) {
+      std::int64_t total = 0;
+      for (std::int64_t kv = 0; kv < H; ++kv) {
+        const std::int64_t n =
+            static_cast<std::int64_t>(st.heads[static_cast<std::size_t>(b * H + kv)].live.size());
+        if (!headwise_.on && n > keep + slack) return true;
+        total += n;
+      }
+      if (headwise_.on && total > H * (keep + slack)) return true;
+    }
+    return false;
+  };
+  // With an interval, a cut is made only when over(); else every head settles as it stands.
+  const auto cut_or_settle = [&]() {
+    if (slack == 0 || over()) {
+      cut(st, keep);
+    } else {
+      for (std::int64_t i = 0; i < st.n_heads_total(); ++i) settle(st, i);
+    }
+  };
   open_live(st);
   for (std::int64_t j = 0; j < st.step_new; ++j) {
     for (std::int64_t i = 0; i < st.n_heads_total(); ++i) {
@@ -489,16 +518,20 @@ void TokenPolicy::end_step(LayerState& st, const AttentionRef* /*attention*/) {
       HeadCtx h{st, hs, i, head_dim, st.rngs[static_cast<std::size_t>(st.kv_head_of(i))]};
       on_token(h, hs.prev + j);
       if (!per_head) continue;
-      while (keep >= 0 && h.n_live() > keep) {
-        const std::int64_t loser = pick_loser(h);
-        dispose(h, loser, nullptr);
-        remove_row(hs, loser);
+      if (slack == 0) {
+        while (keep >= 0 && h.n_live() > keep) {
+          const std::int64_t loser = pick_loser(h);
+          dispose(h, loser, nullptr);
+          remove_row(hs, loser);
+        }
+      } else if (keep >= 0 && h.n_live() > keep + slack) {
+        cut_head(h, keep);
       }
       settle(st, i);
     }
-    if (!per_head && !at_once) cut(st, keep);
+    if (!per_head && !at_once) cut_or_settle();
   }
-  if (at_once) cut(st, keep);
+  if (at_once) cut_or_settle();
   commit_live(st);
   finish_step(st);
 }

@@ -39,6 +39,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: cam
+token loop: yes
 prefix: cam
 summary: CaM: H2O's loser spread over the next kept rows behind a probabilistic gate
   (target=nearest: blended into its most similar survivor)

@@ -34,6 +34,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: chunkkv
+token loop: yes
 prefix: chunkkv
 summary: ChunkKV: evict whole contiguous chunks by mean score, the same chunks for every head of a
   layer

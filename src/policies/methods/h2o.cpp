@@ -34,6 +34,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: h2o
+token loop: yes
 prefix: h2o
 summary: H2O: evict the lowest cumulative attention mass (decayed), sinks and a grace window
   protected

@@ -29,6 +29,7 @@ namespace vq::detail {
 // show, the field tables and the shared field groups.
 constexpr std::string_view kKnormCard = R"(
 id: knorm
+token loop: yes
 prefix: knorm
 summary: KNorm: evict the key with the largest L2 norm; no attention needed
 paper: Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression,
@@ -47,6 +48,7 @@ paper config: - (the paper prunes the prompt once by key norm; a token-by-token 
 
 constexpr std::string_view kKeydiffCard = R"(
 id: keydiff
+token loop: yes
 prefix: keydiff
 summary: KeyDiff: evict the key most similar to the mean normalised key (keep distinctive keys);
   no attention needed

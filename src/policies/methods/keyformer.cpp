@@ -40,6 +40,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: keyformer
+token loop: yes
 prefix: keyformer
 summary: Keyformer: H2O mass plus frozen per-token Gumbel noise with a temperature schedule
 paper: Adnan et al., Keyformer: KV Cache Reduction through Key Tokens Selection for Efficient

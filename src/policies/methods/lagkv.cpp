@@ -38,6 +38,7 @@ namespace vq::detail {
 
 constexpr std::string_view kLagkvCard = R"(
 id: lagkv
+token loop: yes
 prefix: lagkv
 summary: LagKV: score each partition of keys and values against the next one (lag-relative
   spread), keep each partition's top rows; no attention needed

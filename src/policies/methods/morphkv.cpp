@@ -31,6 +31,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: morphkv
+token loop: yes
 prefix: morphkv
 summary: MorphKV: keep the rows a window of recent tokens attends to (recomputed each step)
 paper: Ghadia et al., Dialogue Without Limits: Constant-Sized KV Caches for Extended Responses in

@@ -29,6 +29,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: pyramidkv
+token loop: yes
 prefix: pyramid
 summary: PyramidKV: H2O with per-layer budgets tapering linearly from bottom to top
 paper: Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information

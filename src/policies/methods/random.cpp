@@ -22,6 +22,7 @@ namespace vq::detail {
 
 constexpr std::string_view kRandomCard = R"(
 id: random
+token loop: yes
 prefix: random
 summary: Random: evict a uniformly random row (seeded); the baseline every method should beat
 paper: - (a baseline; kvpress's RandomPress)

@@ -46,6 +46,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: squeeze
+token loop: yes
 prefix: squeeze
 summary: SqueezeAttention: H2O with per-layer budgets reallocated once from each layer's measured
   importance

@@ -10,6 +10,8 @@
 // kv_dtype. Budget = n_sink + window_size.
 // Deviations from the paper: none for the drop disposition (positions are the original ones,
 // not re-indexed within the cache; the engine masks by true position).
+#include <vector>
+
 #include "policies/fields.h"
 #include "policies/methods.h"
 #include "policies/policy.h"
@@ -20,6 +22,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: streaming_llm
+token loop: yes
 prefix: stream
 summary: StreamingLLM: attention sinks plus a sliding window of recent tokens
 paper: Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024
@@ -54,9 +57,19 @@ class StreamingPolicy final : public TokenPolicy {
     push_row(h.hs, row, track_mass_ && n == 0 ? 1.0f : 0.0f);
   }
   std::int64_t pick_loser(HeadCtx& /*h*/) override { return n_sink_; }
+  // compress_interval > 1: the window slides by n - keep rows at once, the oldest non-sink rows
+  // leaving (the default cut would rank by the merge gate's mass).
+  void cut_head(HeadCtx& h, std::int64_t keep) override {
+    const std::int64_t n = h.n_live();
+    if (keep < 0 || n <= keep) return;
+    losers_.clear();
+    for (std::int64_t i = n_sink_; i < n_sink_ + (n - keep); ++i) losers_.push_back(i);
+    evict_rows(h, losers_);
+  }
 
  private:
   bool track_mass_;
+  std::vector<std::int64_t> losers_;
 };
 
 }  // namespace

@@ -33,6 +33,7 @@ namespace vq::detail {
 // show, the field table and the shared field groups.
 constexpr std::string_view kCard = R"(
 id: tova
+token loop: yes
 prefix: tova
 summary: TOVA: evict the row the newest token attends to least
 paper: Oren et al., Transformers are Multi-State RNNs, EMNLP 2024
