@@ -37,6 +37,7 @@ budget: none (all tokens, fewer key channels)
 deviations: without queries the window's keys stand in for them; one channel set per cache
 paper config: `think:think=0.5,think_window=32` (kvpress's ThinKPress(0.5), window 32)
 shared defaults: think=0.5
+prefill only: yes
 )";
 
 MethodInfo think_method() { return method_card(kCard, nullptr, &make_keep_all_policy); }
