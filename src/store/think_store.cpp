@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/kernels.h"
+#include "store/growth.h"
 #include "store/store.h"
 #include "veloxquant/errors.h"
 
@@ -32,6 +33,8 @@ namespace {
 template <typename T>
 class PrunedKeyStore final : public RowStore, public PackedRows {
   static constexpr DType kDtype = std::is_same_v<T, float> ? DType::kF32 : DType::kF16;
+  // Kept channels up to which attend_scores gathers a query on the stack.
+  static constexpr std::int64_t kGather = 1024;
 
  public:
   explicit PrunedKeyStore(std::int64_t d) : d_(d) {}
@@ -43,9 +46,9 @@ class PrunedKeyStore final : public RowStore, public PackedRows {
               std::int32_t first_pos) override {
     const std::int64_t S = k.tokens();
     const std::size_t rows = static_cast<std::size_t>(n_ + S);
-    if (rows > pos_.capacity() && expected_rows_ > 0 &&
-        rows <= static_cast<std::size_t>(expected_rows_)) {
-      reserve_rows(static_cast<std::size_t>(expected_rows_));
+    // Bounded growth steps, capped by expect_rows (store/growth.h), as the plain rows.
+    if (rows > pos_.capacity()) {
+      reserve_rows(grown_rows(pos_.capacity(), rows, static_cast<std::size_t>(expected_rows_)));
     }
     const std::int64_t whole = n_ - n_pruned_;
     fk_.resize(static_cast<std::size_t>((whole + S) * d_));
@@ -219,30 +222,32 @@ class PrunedKeyStore final : public RowStore, public PackedRows {
     return elem(v_[static_cast<std::size_t>(row * d_ + d)]);
   }
 
-  // scores[j * ld + r] = q_j . key_r: over the kept channels of a pruned row (in increasing
-  // channel order, one fp32 sum), over all D channels of a whole row (kernels::dot's order);
-  // -inf where row r's position is > pos.
+  // scores[j * ld + r] = q_j . key_r: over the kept channels of a pruned row (the query's kept
+  // channels gathered, then kernels::dot's order over them; a scalar sum in channel order when
+  // more than kGather channels are kept), over all D channels of a whole row (kernels::dot's
+  // order); -inf where row r's position is > pos.
   void attend_scores(const float* q, std::int64_t n_q, std::int64_t pos, float* scores,
                      std::int64_t ld) const noexcept override {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const std::int64_t kd = n_kept();
+    float gathered[kGather];  // the query's kept channels (no allocation inside the forward)
     for (std::int64_t j = 0; j < n_q; ++j) {
       const float* qj = q + j * d_;
       float* s = scores + j * ld;
-      for (std::int64_t r = 0; r < n_pruned_; ++r) {
-        if (pos_[static_cast<std::size_t>(r)] > pos) {
-          s[r] = neg_inf;
-          continue;
+      if (n_pruned_ > 0 && kd <= kGather) {
+        for (std::int64_t c = 0; c < kd; ++c) gathered[c] = qj[chan_[static_cast<std::size_t>(c)]];
+        kernels::dot_rows(pk_.data(), kDtype, kd, gathered, kd, n_pruned_, s);
+      } else {
+        for (std::int64_t r = 0; r < n_pruned_; ++r) {
+          const T* k = pk_.data() + r * kd;
+          float acc = 0.0f;
+          for (std::int64_t c = 0; c < kd; ++c) acc += qj[chan_[static_cast<std::size_t>(c)]] * elem(k[c]);
+          s[r] = acc;
         }
-        const T* k = pk_.data() + r * kd;
-        float acc = 0.0f;
-        for (std::int64_t c = 0; c < kd; ++c) acc += qj[chan_[static_cast<std::size_t>(c)]] * elem(k[c]);
-        s[r] = acc;
       }
-      for (std::int64_t r = n_pruned_; r < n_; ++r) {
-        s[r] = pos_[static_cast<std::size_t>(r)] > pos
-                   ? neg_inf
-                   : kernels::dot_row(fk_.data() + (r - n_pruned_) * d_, kDtype, qj, d_);
+      kernels::dot_rows(fk_.data(), kDtype, d_, qj, d_, n_ - n_pruned_, s + n_pruned_);
+      for (std::int64_t r = 0; r < n_; ++r) {
+        if (pos_[static_cast<std::size_t>(r)] > pos) s[r] = neg_inf;
       }
     }
   }

@@ -544,7 +544,7 @@ class Solver {
                              v.config.spec());
       }
       cell.met = false;
-      cell.note = "nearest: the bit widths reach only " + reach;
+      cell.note = "nearest: the settings (bit widths, or think= shares) reach only " + reach;
     }
     return cell;
   }
