@@ -203,9 +203,20 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
   return out;
 }
 
-void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
+void end_step(LayerHandle& l, const std::optional<py::array>& attention,
+              const std::optional<py::array>& queries = std::nullopt) {
+  // The step's pre-RoPE queries [B, Hq, S, D] (LayerCache::end_step(&probs, &queries)): read by
+  // expected_attention and by think= until it has chosen its key channels.
+  py::array keep_q;
+  TensorRef q;
+  if (queries) {
+    q = tensor_of(*queries, "queries", keep_q);
+    detail::check_step_input(q, "[python] LayerCache.end_step", "queries");
+    detail::check_finite(q, "[python] LayerCache.end_step", "queries");
+  }
+  const TensorRef* qp = queries ? &q : nullptr;
   if (!attention) {
-    l.cache->end_step(nullptr);
+    l.cache->end_step(nullptr, qp);
   } else {
     auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
     if (!a) throw py::type_error("attention must be convertible to a float32 array");
@@ -216,7 +227,7 @@ void end_step(LayerHandle& l, const std::optional<py::array>& attention) {
     AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
     // The array holds exactly these elements, so the scan is in bounds whatever the shape.
     detail::check_finite(ref, "[python] LayerCache.end_step");
-    l.cache->end_step(&ref);
+    l.cache->end_step(&ref, qp);
   }
   ++l.step;
 }
@@ -325,9 +336,34 @@ void bind_cache(py::module_& m) {
       .def("begin_step", &begin_step, py::arg("keys"), py::arg("values"), py::keep_alive<0, 1>(),
            "Appends keys/values [B, Hkv, S, D] (float32 or float16) and returns the StepView")
       .def("end_step", &end_step, py::arg("attention") = py::none(),
+           py::arg("queries") = py::none(),
            "Closes the step: evicts/merges/quantizes to the budget. attention: the step's "
            "probabilities [B, Hq, S, R] (float32; other dtypes are converted), or None for the "
-           "proxy source")
+           "proxy source. queries: the step's pre-RoPE queries [B, Hq, S, D] (float32 or "
+           "float16), for a cache whose reads_queries() is true (set_rope first), or None")
+      .def(
+          "set_rope",
+          [](LayerHandle& l, const py::array& inv_freq, const std::string& pairing) {
+            auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(inv_freq);
+            if (!f || f.ndim() != 1) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "[python] LayerCache.set_rope: inv_freq must be a 1-D float array");
+            }
+            if (pairing != "interleaved" && pairing != "half_split") {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "[python] LayerCache.set_rope: pairing must be 'interleaved' or "
+                          "'half_split', got '" + pairing + "'");
+            }
+            l.cache->set_rope(RopeRef{f.data(), f.shape(0),
+                                      pairing == "interleaved" ? RopePairing::kInterleaved
+                                                               : RopePairing::kHalfSplit});
+          },
+          py::arg("inv_freq"), py::arg("pairing") = "interleaved",
+          "The layer's rotary embedding (head_dim / 2 inverse frequencies; pairing 'interleaved' "
+          "(2i, 2i+1) or 'half_split' (i, i + D/2)), for queries passed to end_step")
+      .def(
+          "reads_queries", [](const LayerHandle& l) { return l.cache->reads_queries(); },
+          "Whether end_step reads the queries it is passed")
       .def(
           "update",
           [](const std::shared_ptr<LayerHandle>& l, const py::array& keys,
