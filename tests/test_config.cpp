@@ -230,19 +230,21 @@ TEST(Registry, ListsTheMethodsInOrderWithCompleteEntries) {
 // the registry): merge for every method that evicts rows (a token budget; full and kivi keep
 // every row), source for those that rank rows by attention (the H2O family, TOVA, SnapKV,
 // Keyformer, MorphKV, CaM; not StreamingLLM's positions or the key scorers), headwise for those
-// among them that evict row by row (ChunkKV evicts whole chunks), demote and quantize for every
-// method storing plain rows (KIVI stores its own quantized rows), seed and kv_dtype for all;
-// schedule (compress_interval) for the methods that evict token by token on the shared loop
-// (not the prefill-time selections: SnapKV, leverage, CriticalKV, Expected Attention's prefill
-// cut; not DuoAttention's, SimLayerKV's or Q-Filters' own step rules).
+// among them that evict row by row (ChunkKV evicts whole chunks), demote, quantize and think
+// (ThinK's key-channel pruning) for every method storing plain rows (KIVI stores its own
+// quantized rows), seed and kv_dtype for all; schedule (compress_interval) for the methods that
+// evict token by token on the shared loop (not the prefill-time selections: SnapKV, leverage,
+// CriticalKV, Expected Attention's prefill cut; not DuoAttention's, SimLayerKV's or Q-Filters'
+// own step rules).
 TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
-  const std::vector<std::string> plain = {"demote", "quantize", "common"};
-  const std::vector<std::string> evicts = {"merge", "demote", "quantize", "common"};
+  const std::vector<std::string> plain = {"demote", "quantize", "think", "common"};
+  const std::vector<std::string> evicts = {"merge", "demote", "quantize", "think", "common"};
   const std::vector<std::string> attention = {"merge",  "source",   "headwise",
-                                              "demote", "quantize", "common"};
-  const std::vector<std::string> loop = {"merge", "schedule", "demote", "quantize", "common"};
+                                              "demote", "quantize", "think", "common"};
+  const std::vector<std::string> loop = {"merge", "schedule", "demote", "quantize", "think",
+                                         "common"};
   const std::vector<std::string> loop_attention = {"merge",  "schedule", "source", "headwise",
-                                                   "demote", "quantize", "common"};
+                                                   "demote", "quantize", "think",  "common"};
   const std::map<std::string, std::vector<std::string>> expected = {
       {"full", plain},
       {"streaming_llm", loop},
@@ -251,7 +253,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"snapkv", attention},
       {"pyramidkv", loop_attention},
       {"squeeze", loop_attention},
-      {"chunkkv", {"merge", "schedule", "source", "demote", "quantize", "common"}},
+      {"chunkkv", {"merge", "schedule", "source", "demote", "quantize", "think", "common"}},
       {"keyformer", loop_attention},
       {"morphkv", loop_attention},
       {"cam", loop_attention},
@@ -260,13 +262,14 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"keydiff", loop},
       {"lagkv", loop},
       {"leverage", evicts},
-      {"duoattention", {"merge", "source", "demote", "quantize", "common"}},
+      {"duoattention", {"merge", "source", "demote", "quantize", "think", "common"}},
       {"qfilters", evicts},
-      {"simlayerkv", {"merge", "source", "demote", "quantize", "common"}},
+      {"simlayerkv", {"merge", "source", "demote", "quantize", "think", "common"}},
       {"criticalkv", attention},
       {"criticaladakv", attention},
       {"random", loop},
       {"expected_attention", evicts},
+      {"think", plain},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {
@@ -277,6 +280,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"headwise", {"headwise", "headwise_floor"}},
       {"demote", {"demote", "demote_budget", "demote_group"}},
       {"quantize", {"quantize", "kivi_group_size", "residual_length"}},
+      {"think", {"think", "think_window"}},
       {"common", {"seed", "kv_dtype"}},
   };
   for (const auto& m : registry()) {

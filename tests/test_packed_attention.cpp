@@ -501,6 +501,12 @@ TEST(BlockStore, EveryMethodWithGgmlTypes) {
                            {std::string("kv_dtype=") + type + " and kivi are exclusive"});
         continue;
       }
+      // A method that prunes key channels by default (think) stores f16/f32 rows only.
+      if (const CacheConfig d(id); d.has("think") && d.get_float("think") > 0.0) {
+        test::expect_error([&] { CacheConfig::parse(spec); }, ErrorCode::kInvalidConfig,
+                           {std::string("and kv_dtype=") + type + " are exclusive"});
+        continue;
+      }
       CacheConfig config = CacheConfig::parse(spec);
       if (has_token_budget(config)) config = with_token_budget(config, 40);
       auto run = [&]() {

@@ -14,7 +14,7 @@
 namespace vq {
 namespace {
 
-const eval::KvShape kStories{5, 4, 8};
+const eval::KvShape kStories{5, 4, 8, 0};
 
 std::int64_t solved_budget(const std::string& spec, std::int64_t rows, double ratio,
                            std::int64_t offset = 0, std::int64_t below = 0) {
@@ -189,6 +189,26 @@ TEST(DataSplit, TinyStoriesDevAndTestCutAtAStoryBoundary) {
   // No story opens between the middle and the cut.
   const std::size_t earlier = whole.find("\n\nOnce upon a time", 32725 / 2);
   EXPECT_EQ(earlier + 2, 16613u);
+}
+
+TEST(RatioSolver, ThinkPrunesThePrefilledKeysByHand) {
+  // The stories model (5 layers, 4 KV heads, D = 8), 511 rows seen of which 400 were one
+  // prefill. think=0.5 keeps 8 - floor(4) = 4 key channels: the 400 prefilled rows hold 4 + 8
+  // fp16 elements (24 bytes), the 111 decoded rows 16 (32 bytes), and the channel set 4 x 2 bytes:
+  // 9600 + 3552 + 8 = 13160 bytes a store, x 20 stores = 263200. Full: 511 x 32 x 20 = 327040.
+  const eval::KvShape prefilled{5, 4, 8, 400};
+  const CacheConfig think = CacheConfig::parse("think");
+  EXPECT_EQ(eval::store_bytes(think, 8, 511, 400), 13160);
+  EXPECT_EQ(eval::predicted_kept_bytes(think, prefilled, 511), 263200);
+  // Without a prefill nothing is pruned: the full cache's bytes.
+  EXPECT_EQ(eval::predicted_kept_bytes(think, kStories, 511), 327040);
+  // Its variants are the pruning shares 0.25, 0.5, 0.75; think=0.75 keeps 2 channels: 400 x 20
+  // + 111 x 32 + 4 = 11556 a store, ratio 327040 / (20 x 11556) = 1.415.
+  const std::vector<eval::WidthChoice> v = eval::width_variants(think, prefilled, 511);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[2].config.spec(), "think:think=0.75");
+  EXPECT_NEAR(v[2].predicted_ratio, 327040.0 / (20.0 * 11556.0), 1e-12);
+  EXPECT_EQ(eval::nearest_width(v, 2.0).config.spec(), "think:think=0.75");
 }
 
 }  // namespace

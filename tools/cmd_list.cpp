@@ -35,6 +35,7 @@ std::string group_note(const std::string& group) {
   if (group == "headwise") return "every method scored by attention that evicts row by row";
   if (group == "demote") return "mixed precision; every method that stores plain rows";
   if (group == "quantize") return "every method that stores plain rows";
+  if (group == "think") return "ThinK's key-channel pruning; every method that stores plain rows";
   if (group == "common") return "every method";
   return "shared";
 }

@@ -122,8 +122,8 @@ class VQ_API LayerCache {
   // is not [B, Hq, S, D] of the step (or with no data), the step left open.
   void end_step(const AttentionRef* attention, const TensorRef* queries);
 
-  // Whether end_step reads the step's queries (a method scored from the queries,
-  // expected_attention, whose source is not resolved to keys); an engine materialises the
+  // Whether end_step reads the step's queries (expected_attention unless resolved to keys;
+  // think= until a step with S > 1 chose its key channels); an engine materialises the
   // pre-RoPE queries only when it is true.
   bool reads_queries() const noexcept;
 

@@ -209,8 +209,9 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
 
 void end_step(LayerHandle& l, const std::optional<py::array>& attention,
               const std::optional<py::array>& queries) {
-  // The step's pre-RoPE queries [B, Hq, S, D] (expected_attention reads them; LayerCache checks
-  // the shape against the step), read in place where the layout allows, as keys are.
+  // The step's pre-RoPE queries [B, Hq, S, D] (expected_attention reads them, and think= until
+  // it has chosen its key channels; LayerCache checks the shape against the step), read in
+  // place where the layout allows, as keys are.
   py::array keep_q;
   TensorRef q;
   if (queries) {

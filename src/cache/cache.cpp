@@ -15,6 +15,7 @@
 #include "policies/layer_state.h"
 #include "policies/policy.h"
 #include "policies/storage.h"
+#include "policies/think.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/registry.h"
 
@@ -111,6 +112,7 @@ class StoreApplier final : public detail::DecisionSink {
       case Decision::Kind::kSettle: store.settle(d.rows, d.n_rows); return;
       case Decision::Kind::kKeep: store.keep(d.rows, d.n_rows); return;
       case Decision::Kind::kKeepAll: store.settle_keep_all(); return;
+      case Decision::Kind::kPruneKeys: store.prune_keys(d.channels, d.n_rows, d.target); return;
     }
   }
 
@@ -219,7 +221,9 @@ LayerCache::LayerCache(const CacheConfig& config, const LayerShape& shape,
   state_->config = config;
   state_->shape = shape;
   state_->sink = std::make_unique<StoreApplier>(*state_);
-  policy_ = config.info().make_policy(detail::PolicyContext{config, shape, std::move(group)});
+  const detail::PolicyContext ctx{config, shape, std::move(group)};
+  // think= (ThinK's key-channel pruning) wraps whichever policy the method makes.
+  policy_ = detail::with_key_pruning(ctx, config.info().make_policy(ctx));
 }
 
 LayerCache::~LayerCache() = default;

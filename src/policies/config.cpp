@@ -281,6 +281,7 @@ void CacheConfig::validate() const {
   }
   detail::check_demote(*this);
   detail::check_kv_dtype(*this);
+  detail::check_think(*this);
   detail::check_no_effect(*this);
 }
 

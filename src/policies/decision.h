@@ -34,15 +34,20 @@ struct Decision {
     kKeep,
     // kSettle then kKeep with every row alive (a policy that keeps all rows), without a list.
     kKeepAll,
+    // After the step's kKeep (think=, ThinK): the store's first `target` rows keep only the
+    // n_rows key channels `channels` (strictly increasing indices; RowStore::prune_keys).
+    kPruneKeys,
   };
   Kind kind = Kind::kSettle;
   std::int64_t head = 0;    // b * n_kv_heads + kv head
-  std::int64_t target = -1;  // kBlend: the survivor; kDemote: the demoted row
+  std::int64_t target = -1;  // kBlend: the survivor; kDemote: the demoted row; kPruneKeys: the
+                             // number of leading rows pruned
   std::int64_t loser = -1;   // kBlend, kSpread: the evicted row
   float weight = 0.0f;       // kBlend
   bool keys = false;         // kBlend
   float score = 0.0f;        // kDemote
   const std::int64_t* rows = nullptr;  // kSpread, kSettle, kKeep (valid during apply only)
+  const std::int32_t* channels = nullptr;  // kPruneKeys (valid during apply only)
   std::int64_t n_rows = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "policies/fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -166,6 +167,52 @@ void add_schedule_fields(std::vector<FieldSpec>& fields) {
                        "compression interval); 1: every token, the papers' rule")});
 }
 
+void add_think_fields(std::vector<FieldSpec>& fields) {
+  add_group(fields, "think",
+            {float_field("think", 0.0, 0.0, 1.0,
+                         "ThinK: share of key channels pruned, per KV head, from the rows held "
+                         "after a prefill step (S > 1), ranked by |Q_window[:, c]| |K[:, c]|; "
+                         "those rows keep D - floor(think x D) channels (0: off)"),
+             int_field("think_window", 32, 1, kMaxTokens,
+                       "ThinK's observation window: the prefill step's last queries that rank "
+                       "the key channels (their keys without queries: end_step(&probs, "
+                       "&queries) passes them)")});
+}
+
+std::int64_t think_kept_channels(double ratio, std::int64_t head_dim) {
+  const auto pruned =
+      static_cast<std::int64_t>(std::floor(ratio * static_cast<double>(head_dim) + 1e-9));
+  return head_dim - std::min(pruned, head_dim);
+}
+
+void check_think(const CacheConfig& c) {
+  if (!c.has("think")) return;
+  const double r = c.get_float("think");
+  if (r == 0.0) {
+    if (c.is_set("think_window")) {
+      config_error(c, "think_window has no effect with think=0 (no key channel is pruned)");
+    }
+    return;
+  }
+  if (!(r < 1.0)) {
+    config_error(c, "think must be < 1 (a pruned key keeps at least one channel), got " +
+                        value_text(c.get("think")));
+  }
+  const std::string t = "think=" + value_text(c.get("think"));
+  for (const char* f : {"quantize", "demote"}) {
+    if (c.has(f) && c.get_enum(f) != "none") {
+      config_error(c, t + " and " + f + "=" + c.get_enum(f) +
+                          " are exclusive (both choose how rows are stored): give one");
+    }
+  }
+  const std::string& dt = c.get_enum("kv_dtype");
+  if (dt == "q8_0" || dt == "q4_0") {
+    config_error(c, t + " and kv_dtype=" + dt +
+                        " are exclusive (pruned keys are stored as f16 or f32 rows): give "
+                        "kv_dtype=f16 or f32");
+  }
+}
+
 void add_shared_options(MethodInfo& m) {
   if (!m.budget_field.empty()) add_merge_fields(m.fields, m.prefix);
   if (!m.budget_field.empty() && m.token_loop) add_schedule_fields(m.fields);
@@ -173,7 +220,10 @@ void add_shared_options(MethodInfo& m) {
     add_source_fields(m.fields);
     if (m.exact_budget) add_headwise_fields(m.fields);
   }
-  if (!m.quantizes_rows) add_quantize_fields(m.fields);
+  if (!m.quantizes_rows) {
+    add_quantize_fields(m.fields);
+    add_think_fields(m.fields);
+  }
   add_common_fields(m.fields);
   // shared_defaults: KEY=VALUE items, each naming a shared field (by name or alias).
   const auto bad = [&](const std::string& why) {

@@ -59,6 +59,16 @@ void add_demote_fields(std::vector<FieldSpec>& fields);
 // Guards: demote needs a token budget, excludes quantize= and a merge disposition; with
 // demote=none, demote_budget and demote_group have no effect. Called by CacheConfig::validate().
 void check_demote(const CacheConfig& config);
+// The think group (ThinK's key-channel pruning, every method whose rows are not packed by the
+// method itself): think (the share of key channels pruned at prefill) and think_window.
+void add_think_fields(std::vector<FieldSpec>& fields);
+// think > 0: exclusive with quantize=, demote= and kv_dtype=q8_0|q4_0 (each packs rows its own
+// way), think < 1 (a key keeps at least one channel); think_window set with think=0 has no
+// effect.
+void check_think(const CacheConfig& config);
+// Key channels kept of head_dim D at pruning share r: D - floor(r D) (floor taken with a 1e-9
+// slack, so 0.29 x 100 prunes 29 channels, not 28).
+std::int64_t think_kept_channels(double ratio, std::int64_t head_dim);
 // kv_dtype=q8_0|q4_0 packs every row itself: exclusive with kivi, quantize= and demote=.
 void check_kv_dtype(const CacheConfig& config);
 // The recent window (newest rows protected from eviction): <prefix>_<grace_name>, default -1 =

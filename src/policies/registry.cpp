@@ -34,6 +34,7 @@
   X(criticalkv)       \
   X(criticaladakv)    \
   X(expected_attention) \
+  X(think)            \
   X(random)
 
 namespace vq {

@@ -24,6 +24,10 @@ std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t hea
                             config.get_int("demote_group"), demote_cap(config), config.kv_dtype(),
                             head_dim);
   }
+  if (bits == 0 && config.has("think") && config.get_float("think") > 0.0) {
+    // think= is exclusive with the other packings (check_think): plain rows of kv_dtype.
+    return make_pruned_key_store(config.kv_dtype(), head_dim);
+  }
   if (bits == 0) {
     const std::string& t = config.get_enum("kv_dtype");
     if (t == "q8_0" || t == "q4_0") return make_block_store(t == "q4_0", head_dim);

@@ -15,7 +15,8 @@ namespace vq::detail {
 std::int64_t demote_cap(const CacheConfig& config);
 
 // KIVI when the method is kivi or quantize != none, mixed precision when demote != none, ggml's
-// blocks with kv_dtype=q8_0|q4_0, plain rows of kv_dtype otherwise.
+// blocks with kv_dtype=q8_0|q4_0, rows whose keys can be pruned when think > 0 (ThinK), plain
+// rows of kv_dtype otherwise.
 std::unique_ptr<RowStore> make_store(const CacheConfig& config, std::int64_t head_dim);
 
 }  // namespace vq::detail

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "veloxquant/rows.h"
 #include "veloxquant/types.h"
@@ -59,6 +60,19 @@ class RowStore {
   virtual float demoted_score(std::int64_t /*k*/) const noexcept { return 0.0f; }
   // Rows the store dropped on its own since clear() (a demoting store: its tier's overflow).
   virtual std::int64_t dropped() const noexcept { return 0; }
+  // Key-channel pruning (think=, ThinK; store/think_store.cpp). A pruning store can hold rows
+  // whose keys keep only some channels: prune_keys(channels, n_channels, n_rows) makes rows
+  // [0, n_rows) hold only `channels` (strictly increasing channel indices, one set per store,
+  // fixed by the first call; a later call gives the same set and extends the pruned rows, which
+  // always are the first rows held); a pruned key reads as the key with its other channels
+  // zero. Other stores do not prune (prune_keys is never called on them).
+  virtual bool prunes_keys() const noexcept { return false; }
+  virtual void prune_keys(const std::int32_t* /*channels*/, std::int64_t /*n_channels*/,
+                          std::int64_t /*n_rows*/) {}
+  // The rows whose keys are pruned (the first ones), and the store's kept channels (empty
+  // before any pruning).
+  virtual std::int64_t n_pruned_rows() const noexcept { return 0; }
+  virtual std::vector<std::int32_t> kept_channels() const { return {}; }
   // settle() then keep() with every row alive (a policy that keeps all rows). The default builds
   // the row list; a store may do it without one, so the step costs nothing per row held.
   virtual void settle_keep_all();
@@ -88,6 +102,11 @@ std::unique_ptr<RowStore> make_kivi_store(int bits, std::int64_t group_size,
 // mixed_store.cpp).
 std::unique_ptr<RowStore> make_mixed_store(int bits, std::int64_t group_size, std::int64_t cap,
                                            DType fp16_dtype, std::int64_t head_dim);
+
+// ThinK's pruned keys (think=): plain rows of `storage` dtype (fp16 or fp32) whose first rows may
+// hold only a set of key channels once pruned (RowStore::prune_keys; see think_store.cpp). Read
+// through PackedRows.
+std::unique_ptr<RowStore> make_pruned_key_store(DType storage, std::int64_t head_dim);
 
 // ggml's q8_0 / q4_0 KV types (kv_dtype=q8_0|q4_0): every row quantized per token in blocks of
 // 32 channels with an fp16 scale (see block_store.cpp). head_dim must be a multiple of 32

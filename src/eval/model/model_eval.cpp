@@ -544,7 +544,7 @@ class Solver {
                              v.config.spec());
       }
       cell.met = false;
-      cell.note = "nearest: the bit widths reach only " + reach;
+      cell.note = "nearest: the settings (bit widths, or think= shares) reach only " + reach;
     }
     return cell;
   }
@@ -563,7 +563,7 @@ void run_ratio_mode(const CacheConfig& reference, const std::vector<CacheConfig>
   const std::vector<WindowRun>& ref_runs = runner.reference_runs();
   res.rows.push_back(make_row(reference, short_spec(reference, false), true, ref_runs));
   runner.report(std::to_string(runner.next_count()), res.rows[0]);
-  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim};
+  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim, res.options.prefill};
   const std::int64_t rows_seen = res.n_tokens - 1;  // tokens fed: the last one is only a target
   const Solver solver(runner, shape, rows_seen, reference);
   std::vector<MethodSolve> solved(methods.size());

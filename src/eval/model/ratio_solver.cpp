@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "veloxquant/errors.h"
@@ -23,15 +24,28 @@ int kivi_bits(const CacheConfig& c) {
   return 0;
 }
 
+// Key channels ThinK keeps of head_dim d (policies/fields.h, think_kept_channels).
+std::int64_t think_kept(const CacheConfig& c, std::int64_t d) {
+  const double r = c.has("think") ? c.get_float("think") : 0.0;
+  const auto pruned = static_cast<std::int64_t>(std::floor(r * static_cast<double>(d) + 1e-9));
+  return d - std::min(pruned, d);
+}
+
 }  // namespace
 
 std::int64_t full_cache_bytes(const KvShape& s, std::int64_t rows) {
   return rows * s.n_layers * s.n_kv_heads * s.head_dim * 2 * 2;
 }
 
-std::int64_t store_bytes(const CacheConfig& c, std::int64_t d, std::int64_t rows) {
+std::int64_t store_bytes(const CacheConfig& c, std::int64_t d, std::int64_t rows,
+                         std::int64_t pruned_rows) {
   const auto row_size = static_cast<std::int64_t>(dtype_size(c.kv_dtype()));
   const int bits = kivi_bits(c);
+  const std::int64_t kept = think_kept(c, d);
+  if (bits == 0 && kept < d && pruned_rows > 0) {
+    return pruned_rows * (kept + d) * row_size + (rows - pruned_rows) * 2 * d * row_size +
+           2 * kept;
+  }
   if (bits == 0) return rows * 2 * d * row_size;
   const std::int64_t g = c.get_int("kivi_group_size");
   const std::int64_t r = c.get_int("residual_length");
@@ -54,7 +68,8 @@ std::int64_t demoted_row_bytes(const CacheConfig& c, std::int64_t head_dim) {
 
 std::int64_t predicted_kept_bytes(const CacheConfig& c, const KvShape& s, std::int64_t rows_seen) {
   const std::int64_t rows = has_token_budget(c) ? std::min(token_budget(c), rows_seen) : rows_seen;
-  std::int64_t per_head = store_bytes(c, s.head_dim, rows);
+  const std::int64_t pruned = s.prefill_rows >= 2 ? std::min(rows, s.prefill_rows) : 0;
+  std::int64_t per_head = store_bytes(c, s.head_dim, rows, pruned);
   if (const std::int64_t row = demoted_row_bytes(c, s.head_dim); row > 0) {
     const std::int64_t cap = c.get_int("demote_budget") < 0 ? token_budget(c) : c.get_int("demote_budget");
     per_head += row * std::min(cap, rows_seen - rows);
@@ -107,6 +122,8 @@ std::vector<WidthChoice> width_variants(const CacheConfig& config, const KvShape
   std::vector<std::pair<std::string, std::string>> sets;
   if (config.has("bit_width_inlier")) {
     sets = {{"bit_width_inlier", "2"}, {"bit_width_inlier", "4"}};
+  } else if (config.has("think") && config.get_float("think") > 0.0) {
+    sets = {{"think", "0.25"}, {"think", "0.5"}, {"think", "0.75"}};
   } else if (config.has("quantize")) {
     sets = {{"quantize", "none"}, {"quantize", "kivi2"}, {"quantize", "kivi4"}};
   }

@@ -30,6 +30,9 @@ namespace vq::eval {
 
 struct KvShape {
   std::int64_t n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  // Rows fed as one prefill step before decoding (eval --prefill; 0 or 1: none): think= prunes
+  // the keys of the rows a cache holds after it.
+  std::int64_t prefill_rows = 0;
 };
 
 // The fp16 cost of `rows` rows of K and V in every layer and KV head (LayerCache::full_bytes).
@@ -43,7 +46,11 @@ std::int64_t full_cache_bytes(const KvShape& shape, std::int64_t rows);
 // qv = max(0, rows - R) values are quantized; bytes = qk ceil(D b / 8) + (qk / G) D 4 (a key
 // group's fp16 scale and zero per channel) + (rows - qk) D s (the key tail) + qv ceil(D b / 8)
 // + qv ceil(D / G) 4 (a value row's fp16 scale and zero per group) + (rows - qv) D s.
-std::int64_t store_bytes(const CacheConfig& config, std::int64_t head_dim, std::int64_t rows);
+// With think > 0 (ThinK, plain rows only), `pruned_rows` of the rows keep only the
+// D - floor(think D) kept channels of their key, and the store holds its channel set (2 bytes a
+// channel) once it pruned any: bytes = pruned (kept + D) s + (rows - pruned) 2 D s + 2 kept.
+std::int64_t store_bytes(const CacheConfig& config, std::int64_t head_dim, std::int64_t rows,
+                         std::int64_t pruned_rows = 0);
 
 // The payload of one row in the low-bit tier of demote=kivi2|kivi4 (mixed_store.cpp): with
 // b = bits, D = head_dim, G = min(demote_group, D): K and V codes 2 ceil(D b / 8) plus an fp16
@@ -51,7 +58,9 @@ std::int64_t store_bytes(const CacheConfig& config, std::int64_t head_dim, std::
 std::int64_t demoted_row_bytes(const CacheConfig& config, std::int64_t head_dim);
 
 // Predicted kept_bytes at the end of a text whose cache has seen `rows_seen` rows: every layer
-// and KV head holds min(budget, rows_seen) rows (every row for a method without a budget), and
+// and KV head holds min(budget, rows_seen) rows (every row for a method without a budget), of
+// which min(those, shape.prefill_rows) have pruned keys with think > 0 (shape.prefill_rows >= 2),
+// and
 // with demote= also min(demote cap, rows_seen - those) demoted rows (the cap is demote_budget,
 // or the budget when that is -1).
 std::int64_t predicted_kept_bytes(const CacheConfig& config, const KvShape& shape,
@@ -72,8 +81,10 @@ std::optional<BudgetChoice> solve_budget(const CacheConfig& config, const KvShap
                                          std::int64_t below, std::string* why);
 
 // For a method without a budget: its variants by bit width (kivi: bit_width_inlier 2 and 4; a
-// method with a `quantize` field: none, kivi2, kivi4), each with its predicted ratio. Empty
-// when the method has neither (nothing to solve).
+// method with a `quantize` field: none, kivi2, kivi4) or, for one with think > 0 (the `think`
+// method), by its pruning share (think 0.25, 0.5, 0.75: ThinK prunes the prompt's keys only, so
+// its ratio is at most 2), each with its predicted ratio. Empty when the method has neither
+// (nothing to solve).
 struct WidthChoice {
   CacheConfig config;
   double predicted_ratio = 1;

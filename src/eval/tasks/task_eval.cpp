@@ -109,7 +109,7 @@ std::vector<TaskSetting> plan_settings(const TaskEvalOptions& o, const CacheConf
     methods.push_back(CacheConfig::parse(s));
     specs.push_back(s);
   }
-  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim};
+  const KvShape shape{mc.n_layers, mc.n_kv_heads, mc.head_dim, 0};
   for (std::size_t k_m = 0; k_m < methods.size(); ++k_m) {
     const CacheConfig& m = methods[k_m];
     if (m == reference) continue;
