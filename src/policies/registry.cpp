@@ -34,6 +34,7 @@
   X(criticalkv)       \
   X(criticaladakv)    \
   X(expected_attention) \
+  X(finch)            \
   X(random)
 
 namespace vq {
