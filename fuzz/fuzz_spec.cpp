@@ -23,6 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::size_t i = 0; i < 4; ++i) f[i * 8 + i] = 1.0f;
       caches.set_key_filters(f.data(), static_cast<std::int64_t>(f.size()));
     }
+    // finch: the prefill's last 5 tokens are its question (the other methods ignore it).
+    if (caches.reads_question()) caches.set_question_length(5);
     std::vector<float> k(2 * 16 * 8), v(2 * 16 * 8);
     std::uint32_t x = 12345;
     auto next = [&] {

@@ -191,6 +191,8 @@ check "generate bad seed" 2 "seed must be nonzero" -- "$bin" generate --model "$
 check "generate bad top-p" 2 "--top-p: must be in \[0, 1\], got 2" -- "$bin" generate --model "$data/stories260K.bin" --top-p 2
 check "generate bad method" 2 "unknown method 'nope'" -- "$bin" generate --model "$data/stories260K.bin" --method nope
 check "generate with a method" 0 "cache h2o:h2o_budget=32" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method h2o:budget=32 --prompt "Once upon a time"
+check "generate finch with a question" 0 "cache finch:finch_budget=8" -- "$bin" generate --model "$data/stories260K.bin" --steps 40 --method finch:budget=8,obs_window=2 --prompt "Once upon a time there was a little girl" --question " who liked cats"
+check "generate question past --steps" 2 "question would be cut off" -- "$bin" generate --model "$data/stories260K.bin" --steps 4 --method finch --prompt "Once upon a time there was" --question " a girl"
 
 # eval: table, JSON written whole, reproducible apart from timing; errors before any run.
 text="$data/tinystories_validation_excerpt.txt"

@@ -270,6 +270,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"random", loop},
       {"expected_attention", evicts},
       {"think", plain},
+      {"finch", attention},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

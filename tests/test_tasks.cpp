@@ -255,6 +255,31 @@ TEST(TaskGen, NiahSingleUsesTheSingularRewrite) {
   EXPECT_EQ(s.parts.values[0].size(), 7u);
 }
 
+// Finch's question (TaskSample::question_tokens): the prompt's tokens after the context. With
+// the question last they spell "\n" + the question + the answer prefix (a token spanning the
+// cut may add a few characters of the context before it); with the question first they spell
+// the "\nAnswer:" cue that follows the context.
+TEST(TaskGen, QuestionTokensAreThePromptAfterTheContext) {
+  for (const QuestionAt at : {QuestionAt::kLast, QuestionAt::kFirst}) {
+    const TaskSample s = generator().make(task_spec("niah_single"), Haystack::kNoise, at, 400, 50, 0);
+    const std::string after = s.text.plain().substr(s.text.context_end);
+    EXPECT_EQ(after.rfind(at == QuestionAt::kLast ? "\nWhat is the special magic number" : "\nAnswer:",
+                          0),
+              0u);
+    ASSERT_GT(s.question_tokens, 0);
+    ASSERT_LT(s.question_tokens, static_cast<std::int64_t>(s.ids.size()));
+    const std::vector<std::int32_t> tail(s.ids.end() - s.question_tokens, s.ids.end());
+    const std::string text = tok512().decode(tail);
+    ASSERT_GE(text.size(), after.size());
+    EXPECT_EQ(text.substr(text.size() - after.size()), after);
+    EXPECT_LE(text.size(), after.size() + 16);  // at most the token that spans the cut
+    // The tokens before the window are the context's own.
+    const std::vector<std::int32_t> head =
+        tok512().encode(s.text.user.substr(0, s.text.context_end), true);
+    EXPECT_TRUE(std::equal(s.ids.begin(), s.ids.end() - s.question_tokens, head.begin()));
+  }
+}
+
 TEST(TaskGen, EssayHaystackIsConsecutiveSentencesOfTheText) {
   const TaskGenerator g = generator();
   const std::vector<std::string> all = split_sentences(default_essay_text());

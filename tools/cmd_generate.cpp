@@ -16,7 +16,7 @@ namespace vq::cli {
 namespace {
 
 struct GenerateCliOptions {
-  std::string model, tokenizer, prompt, method = "full";
+  std::string model, tokenizer, prompt, question, method = "full";
   std::string qfilters;  // --qfilters ("" = <model>.qfilters)
   std::int64_t steps = 256;
   float temperature = 0.0f, top_p = 0.9f;
@@ -31,6 +31,7 @@ void run_generate(const GenerateCliOptions& o) {
   engine::GenerateOptions g;
   g.method = CacheConfig::parse(o.method);  // validate flags before loading anything
   g.prompt = o.prompt;
+  g.question = o.question;
   g.steps = o.steps;
   g.temperature = o.temperature;
   g.top_p = o.top_p;
@@ -48,7 +49,7 @@ void run_generate(const GenerateCliOptions& o) {
     const engine::ModelConfig& c = model.config();
     // --steps against the model's context, named before anything runs.
     const std::int64_t context = engine::generate_positions(c, o.steps, "--steps");
-    const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt, true).size());
+    const auto prompt = static_cast<std::int64_t>(tokenizer->encode(o.prompt + o.question, true).size());
     engine::check_memory(
         "generate",
         engine::engine_run_bytes(c, std::max<std::int64_t>(1, std::min(prompt, context)), context,
@@ -102,6 +103,10 @@ void add_generate_command(CLI::App& app) {
                   "`veloxquant calibrate`)")
       ->check(non_empty_path());
   cmd->add_option("--prompt", o->prompt, "Prompt text (default: empty, start from BOS)");
+  cmd->add_option("--question", o->question,
+                  "The prompt's question, appended to --prompt as is (start it with a space or "
+                  "newline): its tokens are what method finch scores the prompt with (default: "
+                  "none; finch then uses its fixed window)");
   cmd->add_option("--steps", o->steps,
                   "Positions to run, prompt included (0 = the model's context; at most the "
                   "model's context)")

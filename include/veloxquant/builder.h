@@ -66,6 +66,12 @@ class VQ_API ModelCache {
   void set_key_filters(const float* filters, std::int64_t n);
   // Whether the method needs them (LayerCache::needs_key_filters).
   bool needs_key_filters() const noexcept;
+  // LayerCache::set_question_length on every layer: the last n tokens of the next step are the
+  // prompt's question (finch). Throws as LayerCache::set_question_length, before any layer
+  // changes.
+  void set_question_length(std::int64_t n);
+  // Whether the method reads it (LayerCache::reads_question).
+  bool reads_question() const noexcept;
   // LayerCache::set_output_gram on layer `layer` (gram: [n_query_heads][head_dim][head_dim] of
   // that layer's output projection); the engine calls it for every layer when
   // reads_output_gram() is true. Throws Error(kInvalidArgument) for a bad layer index, and as

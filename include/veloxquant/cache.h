@@ -167,6 +167,20 @@ class VQ_API LayerCache {
   // n_kv_heads) where it is known; kInvalidState while a step is open. A first step whose shape
   // differs from the counts throws Error(kShapeMismatch) naming set_output_gram.
   void set_output_gram(const float* gram, std::int64_t n_query_heads, std::int64_t head_dim);
+  // The question of the next prompt (finch): the last `n` tokens of the next step with new
+  // rows are the prompt's question, whose queries score the rows before them (Finch's
+  // observation window; docs/methods.md, finch). Consumed by that step (a step rolled back gives
+  // it back); reset() forgets it; 0 (the default) says no question, and finch then uses its
+  // fixed window (finch_obs_window). Methods that do not read it (reads_question() false)
+  // ignore it, but every step checks it: begin_step throws Error(kInvalidArgument) naming
+  // set_question_length, the state untouched, when n exceeds the step's S > 0 new rows. Throws
+  // Error(kInvalidArgument) for n < 0 or n > 2^31 - 1, Error(kInvalidState) while a step is open.
+  void set_question_length(std::int64_t n);
+  // The question length waiting for the next step (0: none).
+  std::int64_t question_length() const noexcept;
+  // Whether the method reads the question length (finch).
+  bool reads_question() const noexcept;
+
   // Whether the method reads set_output_gram's matrices, and whether it holds them.
   bool reads_output_gram() const noexcept;
   bool has_output_gram() const noexcept;

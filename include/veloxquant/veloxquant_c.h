@@ -333,6 +333,14 @@ VQ_C_API vq_status vq_layer_head_types(vq_layer_cache* layer, int32_t* types, si
 VQ_C_API vq_status vq_layer_set_key_filters(vq_layer_cache* layer, const float* filters, size_t n);
 /* 1 when the layer's method needs key filters (qfilters), else 0. */
 VQ_C_API int vq_layer_needs_key_filters(const vq_layer_cache* layer);
+/* The prompt's question (finch; LayerCache::set_question_length in cache.h): the last n
+ * tokens of the layer's next step with new rows are the question, whose queries score the rows
+ * before them; 0 (the default): none. Consumed by that step. VQ_ERR_INVALID_ARGUMENT for
+ * n < 0 or n > 2^31 - 1 (and from vq_layer_begin_step, naming set_question_length, when n
+ * exceeds that step's new rows); VQ_ERR_INVALID_STATE during a step. */
+VQ_C_API vq_status vq_layer_set_question_length(vq_layer_cache* layer, int64_t n);
+/* 1 when the layer's method reads the question length (finch), else 0. */
+VQ_C_API int vq_layer_reads_question(const vq_layer_cache* layer);
 /* The layer's output projection for methods that weigh values by it (criticalkv,
  * criticaladakv): gram holds per query head g the head_dim x head_dim Gram matrix
  * G_g = W_o^g^T W_o^g of the slice W_o^g (dim x head_dim) of the output projection that query
@@ -384,6 +392,8 @@ VQ_C_API vq_status vq_model_cache_load_head_pattern(vq_model_cache* cache, const
  * layer-major (the layout of a `veloxquant calibrate` file, docs/methods.md). */
 VQ_C_API vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* filters,
                                                   size_t n);
+/* vq_layer_set_question_length on every layer (checked before any layer changes). */
+VQ_C_API vq_status vq_model_cache_set_question_length(vq_model_cache* cache, int64_t n);
 
 #ifdef __cplusplus
 }

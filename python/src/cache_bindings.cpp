@@ -483,6 +483,14 @@ void bind_cache(py::module_& m) {
           "Key filters [n_kv_heads, head_dim] of method qfilters (veloxquant calibrate makes them)")
       .def_property_readonly("needs_key_filters",
                              [](const LayerHandle& l) { return l.cache->needs_key_filters(); })
+      .def(
+          "set_question_length",
+          [](LayerHandle& l, std::int64_t n) { l.cache->set_question_length(n); }, py::arg("n"),
+          "The last n tokens of the next step are the prompt's question (method finch; 0: none)")
+      .def_property_readonly("question_length",
+                             [](const LayerHandle& l) { return l.cache->question_length(); })
+      .def_property_readonly("reads_question",
+                             [](const LayerHandle& l) { return l.cache->reads_question(); })
       .def("stats", [](const LayerHandle& l) { return stats_dict(l.cache->stats()); })
       .def(
           "head_types", [](const LayerHandle& l) { return l.cache->head_types(); },
@@ -552,6 +560,12 @@ void bind_cache(py::module_& m) {
           "`veloxquant calibrate` file)")
       .def_property_readonly("needs_key_filters",
                              [](const ModelHandle& h) { return h.cache.needs_key_filters(); })
+      .def(
+          "set_question_length",
+          [](ModelHandle& h, std::int64_t n) { h.cache.set_question_length(n); }, py::arg("n"),
+          "The last n tokens of the next step are the prompt's question, on every layer (finch)")
+      .def_property_readonly("reads_question",
+                             [](const ModelHandle& h) { return h.cache.reads_question(); })
       .def("layer_budgets", [](const ModelHandle& h) { return h.cache.layer_budgets(); })
       .def(
           "load_head_pattern",

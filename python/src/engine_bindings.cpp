@@ -111,11 +111,12 @@ void bind_engine(py::module_& m) {
       "generate",
       [](const Model& model, const py::object& tokenizer, const std::string& prompt,
          const py::handle& steps, const py::handle& temperature, const py::handle& top_p,
-         const py::handle& seed, const py::object& method) {
+         const py::handle& seed, const py::object& method, const std::string& question) {
         // The CLI's ranges (engine/run/generate.h), named as the arguments.
         const std::string name = "[python] generate: ";
         engine::GenerateOptions o;
         o.prompt = prompt;
+        o.question = question;
         o.steps = engine::generate_positions(
             model.config(), int_arg(steps, name + "steps", 0, engine::kMaxGenerateSteps),
             name + "steps");
@@ -143,9 +144,10 @@ void bind_engine(py::module_& m) {
       },
       py::arg("model"), py::arg("tokenizer") = py::none(), py::arg("prompt") = "",
       py::arg("steps") = 256, py::arg("temperature") = 0.0, py::arg("top_p") = 0.9,
-      py::arg("seed") = 42, py::arg("method") = "full",
+      py::arg("seed") = 42, py::arg("method") = "full", py::arg("question") = "",
       "Generates as `veloxquant generate` does; returns a dict (ids, text, n_prompt, n_decode, "
-      "stopped, timings, cache stats)");
+      "stopped, timings, cache stats). `question` is appended to the prompt and declared to the "
+      "cache as the prompt's question (method finch), as generate --question");
 
   m.def(
       "run_forced",

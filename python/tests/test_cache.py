@@ -409,3 +409,33 @@ def test_think_prunes_prompt_key_channels_from_the_queries():
     assert cache.stats()["kept_bytes"] == 720
     with pytest.raises(vq.Error, match="pairing"):
         cache.set_rope(np.ones(d // 2, np.float32), pairing="neox")
+
+
+def test_finch_question_length_sets_the_window():
+    # Eight equal keys: every window query's proxy weights are uniform over the rows before it,
+    # so every candidate ties and the lowest positions win. Budget 5, no sinks: with a question
+    # of 3 tokens the window is positions 5..7 and rows 0, 1 are kept; without one the window is
+    # obs_window = 1 row (7) and rows 0..3 are kept.
+    kv = np.zeros((1, 1, 8, 2), np.float32)
+    spec = "finch:budget=5,n_sink=0,obs_window=1,kv_dtype=f32"
+    cache = vq.LayerCache(vq.CacheConfig.parse(spec), n_kv_heads=1, head_dim=2)
+    assert cache.reads_question
+    with pytest.raises(vq.Error, match="set_question_length"):
+        cache.set_question_length(-1)
+    cache.set_question_length(3)
+    assert cache.question_length == 3
+    cache.update(kv, kv)
+    assert cache.question_length == 0
+    assert list(cache.stored(0, 0)[2]) == [0, 1, 5, 6, 7]
+    cache.reset()
+    cache.update(kv, kv)
+    assert list(cache.stored(0, 0)[2]) == [0, 1, 2, 3, 7]
+    cache.reset()
+    cache.set_question_length(9)  # longer than the step: refused, nothing appended
+    with pytest.raises(vq.Error, match="only 8 new rows"):
+        cache.update(kv, kv)
+    assert cache.tokens_seen == 0
+    model = vq.ModelCache(vq.CacheConfig.parse("finch"), 2, 1, 2)
+    assert model.reads_question
+    model.set_question_length(2)
+    assert not vq.ModelCache(vq.CacheConfig.parse("snapkv"), 2, 1, 2).reads_question

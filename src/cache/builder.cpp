@@ -185,6 +185,23 @@ bool ModelCache::needs_key_filters() const noexcept {
   return !layers_.empty() && layers_.front().needs_key_filters();
 }
 
+void ModelCache::set_question_length(std::int64_t n) {
+  // The first layer checks n (each layer would refuse alike) and every layer is checked for an
+  // open step before any changes.
+  for (const LayerCache& l : layers_) {
+    if (l.step_open()) {
+      throw Error(ErrorCode::kInvalidState,
+                  "[builder] set_question_length called while a layer's step is open; call it "
+                  "before the prompt's step");
+    }
+  }
+  for (LayerCache& l : layers_) l.set_question_length(n);
+}
+
+bool ModelCache::reads_question() const noexcept {
+  return !layers_.empty() && layers_.front().reads_question();
+}
+
 void ModelCache::observe_layer_similarity(std::int64_t layer, double cosine) {
   if (layer < 0 || layer >= n_layers()) {
     throw Error(ErrorCode::kInvalidArgument, "[builder] layer must be in [0, " +

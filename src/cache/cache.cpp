@@ -174,6 +174,8 @@ void roll_back_step(LayerState& st) {
     store.keep(idx.data(), kept);
   }
   st.tokens_seen -= st.step_new;
+  if (st.step_new > 0) st.question = st.step_question;
+  st.step_question = 0;
   st.attention = nullptr;
   st.queries = nullptr;
   st.step_open = false;
@@ -273,6 +275,12 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
   if (S > 0 && st.tokens_seen + S > std::numeric_limits<std::int32_t>::max()) {
     shape_error("positions would exceed 2^31 - 1 tokens");
   }
+  if (S > 0 && st.question > S) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[cache] set_question_length gave " + std::to_string(st.question) +
+                    " question tokens, but this step has only " + std::to_string(S) +
+                    " new rows: the question must be the step's last tokens");
+  }
   if (S > 0 && !st.output_gram.empty()) {
     const std::int64_t hq = ls.n_query_heads > 0 ? ls.n_query_heads : H;
     if (st.output_gram_dim != D || st.output_gram_heads != hq || hq % H != 0) {
@@ -312,6 +320,8 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
   }
   st.step_new = S;
   if (S > 0) {
+    st.step_question = st.question;
+    st.question = 0;
     const auto first = static_cast<std::int32_t>(st.tokens_seen);
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < H; ++h) {
@@ -464,6 +474,7 @@ void LayerCache::end_step(const AttentionRef* attention, const TensorRef* querie
   st.attention = nullptr;
   st.step_open = false;
   st.step_new = 0;
+  st.step_question = 0;
 }
 
 bool LayerCache::reads_queries() const noexcept {
@@ -607,6 +618,26 @@ void LayerCache::set_output_gram(const float* gram, std::int64_t n_query_heads,
   st.output_gram_dim = head_dim;
 }
 
+void LayerCache::set_question_length(std::int64_t n) {
+  LayerState& st = *state_;
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] set_question_length called while a step is open; call it before "
+                "begin_step of the prompt's step");
+  }
+  if (n < 0 || n > std::numeric_limits<std::int32_t>::max()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "[cache] set_question_length: n must be an integer in [0, 2147483647] (the "
+                "prompt's last n tokens are its question; 0: none), got " +
+                    std::to_string(n));
+  }
+  st.question = n;
+}
+
+std::int64_t LayerCache::question_length() const noexcept { return state_->question; }
+
+bool LayerCache::reads_question() const noexcept { return policy_->reads_question(); }
+
 bool LayerCache::reads_output_gram() const noexcept { return policy_->reads_output_gram(); }
 
 bool LayerCache::has_output_gram() const noexcept { return !state_->output_gram.empty(); }
@@ -628,6 +659,7 @@ void LayerCache::reset() {
   st.step_prev = st.step_new = 0;
   st.source_resolved = false;
   st.query_source = -1;
+  st.question = st.step_question = 0;
   policy_->reset_source();
   policy_->on_reset(st);
 }

@@ -739,6 +739,14 @@ int vq_layer_needs_key_filters(const vq_layer_cache* layer) {
   return layer != nullptr && layer->cache->needs_key_filters() ? 1 : 0;
 }
 
+vq_status vq_layer_set_question_length(vq_layer_cache* layer, int64_t n) {
+  VQ_LAYER_CALL(layer, l.cache->set_question_length(n););
+}
+
+int vq_layer_reads_question(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->reads_question() ? 1 : 0;
+}
+
 vq_status vq_layer_set_output_gram(vq_layer_cache* layer, const float* gram,
                                    int64_t n_query_heads, int64_t head_dim) {
   VQ_LAYER_CALL(layer, l.cache->set_output_gram(gram, n_query_heads, head_dim););
@@ -851,6 +859,10 @@ vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const float* fil
     if (n > static_cast<size_t>(INT64_MAX)) throw bad_argument("n is too large");
     m.cache->set_key_filters(filters, static_cast<int64_t>(n));
   });
+}
+
+vq_status vq_model_cache_set_question_length(vq_model_cache* cache, int64_t n) {
+  VQ_MODEL_CALL(cache, m.cache->set_question_length(n););
 }
 
 #undef VQ_MODEL_CALL

@@ -88,6 +88,11 @@ struct LayerState {
   std::vector<float> output_gram;
   std::int64_t output_gram_heads = 0;
   std::int64_t output_gram_dim = 0;
+  // LayerCache::set_question_length: the question length waiting for the next step with new
+  // rows (0: none), and the open step's (taken from `question` by begin_step; valid during
+  // end_step; 0 when the step has no question).
+  std::int64_t question = 0;
+  std::int64_t step_question = 0;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

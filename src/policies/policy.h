@@ -87,6 +87,9 @@ class Policy {
   virtual bool takes_head_pattern() const noexcept { return false; }
   virtual void set_head_pattern(std::vector<float> /*scores*/) {}
   virtual std::int32_t head_type(std::int64_t /*index*/) const noexcept { return 0; }
+  // Whether the policy reads the question length (LayerState::step_question,
+  // LayerCache::set_question_length): finch's observation window.
+  virtual bool reads_question() const noexcept { return false; }
   // Whether the policy reads the output projection's Gram matrices (LayerState::output_gram,
   // LayerCache::set_output_gram): criticalkv's projected value norms.
   virtual bool reads_output_gram() const noexcept { return false; }

@@ -35,6 +35,7 @@
   X(criticaladakv)    \
   X(expected_attention) \
   X(think)            \
+  X(finch)            \
   X(random)
 
 namespace vq {

@@ -25,7 +25,17 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   using clock = std::chrono::steady_clock;
   const ModelConfig& c = model.config();
   const std::int64_t steps = generate_positions(c, o.steps, "[generate] steps");
-  std::vector<std::int32_t> prompt = tokenizer.encode(o.prompt, true);
+  std::vector<std::int32_t> prompt = tokenizer.encode(o.prompt + o.question, true);
+  // The question's tokens: past the longest common prefix with the prompt's own.
+  std::int64_t question = 0;
+  if (!o.question.empty()) {
+    const std::vector<std::int32_t> head = tokenizer.encode(o.prompt, true);
+    std::size_t common = 0;
+    while (common < head.size() && common < prompt.size() && head[common] == prompt[common]) {
+      ++common;
+    }
+    question = static_cast<std::int64_t>(prompt.size() - common);
+  }
   if (prompt.empty()) {
     if (c.bos_id < 0) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -38,6 +48,15 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   ModelCache cache = make_model_cache(o.method, model);  // loads qfilters' key filters
   if (!o.head_pattern.empty() && o.method.info().head_types) cache.set_head_pattern(o.head_pattern);
   cache.expect_positions(steps);  // memory only: the stores grow no further than the run's rows
+  if (question > 0) {
+    if (static_cast<std::int64_t>(prompt.size()) > steps) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "[generate] the prompt and its question take " + std::to_string(prompt.size()) +
+                      " tokens, more than the " + std::to_string(steps) +
+                      " positions of the run (steps): the question would be cut off; raise steps");
+    }
+    cache.set_question_length(question);
+  }
 
   GenerateResult res;
   res.n_prompt = static_cast<std::int64_t>(prompt.size());

@@ -30,6 +30,11 @@ std::int64_t generate_positions(const ModelConfig& config, std::int64_t steps,
 
 struct GenerateOptions {
   std::string prompt;        // "" = BOS only (run.c without -i)
+  // The prompt's question (finch, docs/methods.md): appended to `prompt` as is (put a space or
+  // newline at its start yourself), and its tokens (those of prompt + question past the longest
+  // common prefix with the prompt's own tokens) declared to the cache as the question
+  // (ModelCache::set_question_length). "" = none.
+  std::string question;
   std::int64_t steps = 256;  // positions to run, prompt included (run.c -n); 0 = seq_len;
                              // at most seq_len (generate_positions)
   float temperature = 0.0f;  // 0 = argmax

@@ -209,6 +209,7 @@ class SampleRunner {
     const std::int64_t max_new = std::min<std::int64_t>(spec.tokens_to_generate, c.seq_len - S + 1);
     ModelCache cache = engine::make_model_cache(config, model_);  // qfilters' key filters
     cache.expect_positions(S + max_new - 1);
+    cache.set_question_length(s.question_tokens);  // finch's window; other methods ignore it
     engine::Transformer tf(model_, S, S + max_new - 1);
     engine::Sampler sampler(c.vocab_size, 0.0f, 0.9f, 1);
     std::vector<float> work(static_cast<std::size_t>(c.vocab_size));

@@ -326,6 +326,14 @@ TaskSample TaskGenerator::make(const TaskSpec& task, Haystack haystack, Question
     }
   }
   s.completion = expected_completion(s.parts.answers, s.text.plain().back());
+  // Finch's question: the tokens after the context, found by encoding the prompt cut there.
+  PromptText cut;
+  cut.user = s.text.user.substr(0, s.text.context_end);
+  cut.context_end = cut.user.size();
+  const std::vector<std::int32_t> head = encode_(cut);
+  std::size_t common = 0;
+  while (common < head.size() && common < s.ids.size() && head[common] == s.ids[common]) ++common;
+  s.question_tokens = static_cast<std::int64_t>(s.ids.size() - common);
   return s;
 }
 

@@ -28,6 +28,11 @@ struct TaskSample {
   std::int64_t depth = -1;        // percent; -1 for tasks without a depth
   std::int64_t index = 0;
   std::int64_t units = 0;         // haystack size chosen (sentences, words of cwe/fwe)
+  // The prompt's last tokens after its context (PromptText::context_end): the tokens of `ids`
+  // past the longest common prefix of `ids` and the encoding of the prompt cut at the context's
+  // end (a token that spans the cut counts as the question's). The evaluation hands it to the
+  // cache (set_question_length: finch's window).
+  std::int64_t question_tokens = 0;
 };
 
 // Turns a prompt into the token ids evaluation feeds (the chat template, if any, and BOS).

@@ -172,8 +172,12 @@ PromptText render_prompt(const PromptParts& p) {
     replace_all(*s, "{query}", p.query);
   }
   const std::string context = render_context(p);
-  if (p.question == QuestionAt::kLast) return {instruction + context + "\n" + question, prefix};
-  return {instruction + question + "\n" + context, "\nAnswer:"};
+  if (p.question == QuestionAt::kLast) {
+    return {instruction + context + "\n" + question, prefix, instruction.size() + context.size()};
+  }
+  std::string user = instruction + question + "\n" + context;
+  const std::size_t end = user.size();
+  return {std::move(user), "\nAnswer:", end};
 }
 
 std::string expected_completion(const std::vector<std::string>& answers, char prompt_end) {

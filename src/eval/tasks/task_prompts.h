@@ -64,8 +64,12 @@ struct PromptParts {
 // instruction, context and question in the order --question says) and `answer_prefix` (what
 // the assistant's reply starts with). Without a chat template the prompt is user +
 // answer_prefix.
+// `context_end` is where the context ends in `user` (a character offset): what follows it
+// (the question with --question last; with --question first only the chat template's tail and
+// the answer prefix) is Finch's question window (TaskSample::question_tokens).
 struct PromptText {
   std::string user, answer_prefix;
+  std::size_t context_end = 0;
   std::string plain() const { return user + answer_prefix; }
 };
 PromptText render_prompt(const PromptParts& parts);
