@@ -261,6 +261,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"criticaladakv", attention},
       {"random", evicts},
       {"expected_attention", evicts},
+      {"kvzip", attention},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

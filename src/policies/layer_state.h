@@ -88,6 +88,9 @@ struct LayerState {
   std::vector<float> output_gram;
   std::int64_t output_gram_heads = 0;
   std::int64_t output_gram_dim = 0;
+  // LayerCache::set_reconstruction: the engine runs a reconstruction pass after each prompt
+  // (kvzip), so prompt steps keep every row until LayerCache::compress(). Kept across reset().
+  bool reconstruction = false;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

@@ -34,6 +34,7 @@
   X(criticalkv)       \
   X(criticaladakv)    \
   X(expected_attention) \
+  X(kvzip)            \
   X(random)
 
 namespace vq {
