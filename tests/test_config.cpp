@@ -271,6 +271,7 @@ TEST(Registry, SharedOptionGroupsFollowWhatTheMethodDoes) {
       {"expected_attention", evicts},
       {"think", plain},
       {"finch", attention},
+      {"kvzip", attention},
   };
   ASSERT_EQ(expected.size(), registry().size());
   const std::map<std::string, std::vector<std::string>> group_fields = {

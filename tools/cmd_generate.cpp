@@ -70,6 +70,11 @@ void run_generate(const GenerateCliOptions& o) {
       r.ids.size(), r.n_prompt, r.n_decode, r.stopped ? ", stopped at a stop token" : "", tps,
       g.method.spec(), r.cache.score_source, r.cache.tokens_kept, r.cache.kept_bytes,
       r.cache.full_bytes, r.cache.resident_bytes);
+  if (r.reconstruction_seconds > 0) {  // kvzip: the reconstruction pass against the prefill
+    std::cerr << fmt::format(
+        "generate: reconstruction pass {:.2f} ms against the prompt's prefill {:.2f} ms\n",
+        1000.0 * r.reconstruction_seconds, 1000.0 * r.prefill_seconds);
+  }
   if (r.cache.retrieval_heads + r.cache.streaming_heads > 0) {  // head types (duoattention)
     std::cerr << fmt::format(
         "generate: head types (all layers): {} retrieval heads ({} bytes), {} streaming heads "

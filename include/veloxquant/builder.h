@@ -83,6 +83,15 @@ class VQ_API ModelCache {
   bool reads_output_gram() const noexcept;
   bool has_output_gram() const noexcept;
 
+  // Context reconstruction (kvzip; LayerCache::set_reconstruction and its neighbours): whether
+  // the method reads it, its chunk of context tokens per reconstruction step, and the calls on
+  // every layer (set_reconstruction before the prompt; compress after the pass, layer by layer:
+  // each layer's errors as LayerCache::compress, the layers before a failing one already cut).
+  bool reads_reconstruction() const noexcept;
+  std::int64_t reconstruction_chunk() const noexcept;
+  void set_reconstruction(bool on);
+  void compress();
+
  private:
   CacheConfig config_;
   ModelShape shape_;

@@ -185,6 +185,45 @@ class VQ_API LayerCache {
   bool reads_output_gram() const noexcept;
   bool has_output_gram() const noexcept;
 
+  // Context reconstruction (kvzip; docs/methods.md "kvzip", docs/api.md "Reconstruction").
+  // A method that reads it (reads_reconstruction()) scores each stored row by the attention it
+  // receives while the model is teacher-forced to repeat the context: after a prompt, the engine
+  // runs each chunk of the reconstruction input (a repeat instruction, then the context's own
+  // tokens) as one step over this cache -- view = begin_step(k, v) with the chunk's keys and
+  // values, attention of its queries over the view's rows (the stored rows, and causally the
+  // chunk's own), end_reconstruction_step(&probs) -- and finally calls compress(), which cuts the
+  // stored rows to the budget by those scores. Decode steps then append (prefill-only contract).
+  //
+  // set_reconstruction(true) tells the cache, before the prompt, that the engine runs the pass:
+  // multi-token steps then keep every row until compress(), and a single-token step that comes
+  // while a prompt waits for its compress() throws Error(kInvalidState) naming compress (the step
+  // rolled back). Without it (the default: an engine that never runs the pass, update(), the
+  // C API without the calls) a multi-token step is cut at once by the method's fallback score
+  // (kvzip: the prompt's own attention, max over its queries, or the proxy). Kept across reset();
+  // ignored by methods that do not read reconstruction. Throws kInvalidState while a step is
+  // open.
+  void set_reconstruction(bool on);
+  bool reads_reconstruction() const noexcept;
+  // Tokens of context per reconstruction step the method asks for (kvzip_chunk); 0 for methods
+  // that do not read reconstruction.
+  std::int64_t reconstruction_chunk() const noexcept;
+  // Closes an open step whose new rows are reconstruction tokens: `attention` holds the
+  // probabilities of the step's queries over the view's rows, [B, Hq, S, R] as end_step takes
+  // them (data required); the method takes each query's probabilities over the rows stored
+  // before the step into its scores, and the step's rows are forgotten (tokens_seen(), stored
+  // rows and positions as before begin_step). Throws Error(kShapeMismatch) for a missing or
+  // wrongly shaped attention, kInvalidState without an open step, without
+  // set_reconstruction(true), or for a method that does not read reconstruction; in every case
+  // but the first (no open step) the step is rolled back first.
+  void end_reconstruction_step(const AttentionRef* attention);
+  // Cuts the rows kept since the last compress() to the method's budget by the reconstruction
+  // scores (kvzip: the top rows of each head, or of the layer's heads together with headwise).
+  // A no-op when no prompt waits (nothing was appended by a multi-token step since the last
+  // compress, or set_reconstruction is off) and for methods that do not read reconstruction.
+  // Throws Error(kInvalidState) while a step is open, or when a prompt waits and no
+  // reconstruction step was observed since it (the pass was not run: nothing is cut).
+  void compress();
+
   // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
   // unresolved again. A head pattern (set_head_pattern) is kept.
   void reset();

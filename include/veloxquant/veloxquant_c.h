@@ -353,6 +353,27 @@ VQ_C_API vq_status vq_layer_set_output_gram(vq_layer_cache* layer, const float* 
                                             int64_t n_query_heads, int64_t head_dim);
 /* 1 when the layer's method reads vq_layer_set_output_gram's matrices. */
 VQ_C_API int vq_layer_reads_output_gram(const vq_layer_cache* layer);
+/* Context reconstruction (kvzip; docs/api.md "Reconstruction"). vq_layer_reads_reconstruction:
+ * 1 when the method scores rows by a reconstruction pass; vq_layer_reconstruction_chunk: its
+ * context tokens per reconstruction step (0 for other methods).
+ * vq_layer_set_reconstruction(layer, 1) before the prompt: multi-token steps keep every row
+ * until vq_layer_compress (without it a prompt step is cut at once by its own attention).
+ * After the prompt, per chunk of the reconstruction input: vq_layer_begin_step with the chunk's
+ * keys and values, attention of its queries over the view's rows, then
+ * vq_layer_end_reconstruction_step(layer, &probs) ([B, Hq, S, R], data required): the method
+ * takes each stored row's max probability and the chunk's rows are forgotten. Then
+ * vq_layer_compress cuts to the budget. Errors: VQ_ERR_INVALID_STATE (a step open; no
+ * set_reconstruction, or a method that reads no reconstruction, at end_reconstruction_step;
+ * compress with no reconstruction step since the prompt; a decode step while a prompt waits),
+ * VQ_ERR_SHAPE_MISMATCH (missing or wrongly shaped probabilities); these roll an open step
+ * back. A non-finite probability: VQ_ERR_INVALID_ARGUMENT naming it, the step left open. Layers of a model cache:
+ * through vq_model_cache_layer. */
+VQ_C_API int vq_layer_reads_reconstruction(const vq_layer_cache* layer);
+VQ_C_API int64_t vq_layer_reconstruction_chunk(const vq_layer_cache* layer);
+VQ_C_API vq_status vq_layer_set_reconstruction(vq_layer_cache* layer, int on);
+VQ_C_API vq_status vq_layer_end_reconstruction_step(vq_layer_cache* layer,
+                                                    const vq_attention* attention);
+VQ_C_API vq_status vq_layer_compress(vq_layer_cache* layer);
 
 /* ---- Model caches ---------------------------------------------------------------------- */
 

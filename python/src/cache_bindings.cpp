@@ -281,6 +281,30 @@ void set_output_gram(LayerCache& c, const py::object& gram, const std::string& n
   c.set_output_gram(g.data(), g.shape(0), g.shape(1));
 }
 
+// kvzip's reconstruction step (LayerCache::end_reconstruction_step): the step's rows are
+// forgotten whatever happens, so its view ends too.
+void end_reconstruction_step(LayerHandle& l, const std::optional<py::array>& attention) {
+  struct Ended {  // the view ends once the step is closed (rolled back included)
+    LayerHandle& l;
+    ~Ended() {
+      if (!l.cache->step_open()) ++l.step;
+    }
+  } ended{l};
+  if (!attention) {
+    l.cache->end_reconstruction_step(nullptr);
+    return;
+  }
+  auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
+  if (!a) throw py::type_error("attention must be convertible to a float32 array");
+  if (a.ndim() != 4) {
+    throw Error(ErrorCode::kShapeMismatch, "[python] attention must be 4-D [B, Hq, S, R], got " +
+                                               std::to_string(a.ndim()) + "-D");
+  }
+  AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
+  detail::check_finite(ref, "[python] LayerCache.end_reconstruction_step");
+  l.cache->end_reconstruction_step(&ref);
+}
+
 // The shape's sizes are any 64-bit ints here; LayerCache checks them.
 std::shared_ptr<LayerHandle> make_layer(const CacheConfig& config, const py::handle& n_kv_heads,
                                         const py::handle& head_dim,
@@ -430,6 +454,19 @@ void bind_cache(py::module_& m) {
           py::arg("scores"),
           "DuoAttention's per-KV-head scores (the higher, the more a head needs the full context); "
           "empty goes back to the estimate")
+      .def("end_reconstruction_step", &end_reconstruction_step, py::arg("attention"),
+           "kvzip: closes a reconstruction step (its rows are forgotten); attention: its "
+           "queries' probabilities [B, Hq, S, R] over the view's rows (docs/api.md)")
+      .def(
+          "set_reconstruction", [](LayerHandle& l, bool on) { l.cache->set_reconstruction(on); },
+          py::arg("on"),
+          "kvzip: the engine runs the reconstruction pass, so prompt steps wait for compress()")
+      .def("compress", [](LayerHandle& l) { l.cache->compress(); },
+           "kvzip: cuts the rows kept since the prompt by the reconstruction scores")
+      .def_property_readonly("reads_reconstruction",
+                             [](const LayerHandle& l) { return l.cache->reads_reconstruction(); })
+      .def_property_readonly("reconstruction_chunk",
+                             [](const LayerHandle& l) { return l.cache->reconstruction_chunk(); })
       .def(
           "update",
           [](const std::shared_ptr<LayerHandle>& l, const py::array& keys,

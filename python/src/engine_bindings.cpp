@@ -139,6 +139,7 @@ void bind_engine(py::module_& m) {
         d["stopped"] = r.stopped;
         d["prefill_seconds"] = r.prefill_seconds;
         d["decode_seconds"] = r.decode_seconds;
+        d["reconstruction_seconds"] = r.reconstruction_seconds;  // kvzip's pass (0: none)
         d["cache"] = stats_dict(r.cache);
         return d;
       },
@@ -176,6 +177,10 @@ void bind_engine(py::module_& m) {
         d["nll_mean"] = s.nll_mean;
         d["ppl"] = s.ppl;
         d["kept_tokens_mean"] = r.kept_tokens_mean;
+        // kvzip: its reconstruction pass after the prefill (the context's tokens alone here:
+        // run_forced has no tokenizer for the repeat instruction), against the prefill step.
+        d["prefill_seconds"] = r.prefill_seconds;
+        d["reconstruction_seconds"] = r.reconstruction_seconds;
         d["cache"] = stats_dict(r.cache);
         return d;
       },

@@ -439,3 +439,28 @@ def test_finch_question_length_sets_the_window():
     assert model.reads_question
     model.set_question_length(2)
     assert not vq.ModelCache(vq.CacheConfig.parse("snapkv"), 2, 1, 2).reads_question
+
+
+def test_kvzip_reconstruction_pass_keeps_the_hand_derived_rows():
+    # The case of tests/test_kvzip_capi.cpp: a 6-row prompt, one reconstruction step of 2 queries
+    # whose probabilities put (max) .3 on row 2, .5 on row 4, .6 on row 5 and at most .1 on rows
+    # 1 and 3: budget 3 with sink row 0 keeps rows 0, 4, 5.
+    cache = vq.LayerCache(vq.CacheConfig.parse("kvzip:budget=3,n_sink=1,headwise=false,chunk=16"),
+                          n_kv_heads=1, head_dim=2, n_query_heads=1)
+    assert cache.reads_reconstruction and cache.reconstruction_chunk == 16
+    cache.set_reconstruction(True)
+    k = np.full((1, 1, 6, 2), 0.5, np.float32)
+    cache.update(k, k)
+    with pytest.raises(vq.Error, match="reconstruction"):
+        cache.compress()
+    kr = np.full((1, 1, 2, 2), 0.25, np.float32)
+    p = np.array([[[[.1, 0, .3, 0, .5, 0, .1, 0], [.1, .1, .1, 0, 0, .6, .05, .05]]]], np.float32)
+    cache.begin_step(kr, kr)
+    with pytest.raises(vq.Error, match="B, Hq, S, R"):
+        cache.end_reconstruction_step(p[..., :7])
+    assert not cache.step_open and cache.tokens_seen == 6
+    cache.begin_step(kr, kr)
+    cache.end_reconstruction_step(p)
+    assert cache.tokens_seen == 6 and cache.tokens_kept == 6
+    cache.compress()
+    assert list(cache.stored(0, 0)[2]) == [0, 4, 5]

@@ -234,4 +234,20 @@ bool ModelCache::has_output_gram() const noexcept {
                      [](const LayerCache& l) { return l.has_output_gram(); });
 }
 
+bool ModelCache::reads_reconstruction() const noexcept {
+  return !layers_.empty() && layers_.front().reads_reconstruction();
+}
+
+std::int64_t ModelCache::reconstruction_chunk() const noexcept {
+  return layers_.empty() ? 0 : layers_.front().reconstruction_chunk();
+}
+
+void ModelCache::set_reconstruction(bool on) {
+  for (LayerCache& l : layers_) l.set_reconstruction(on);
+}
+
+void ModelCache::compress() {
+  for (LayerCache& l : layers_) l.compress();
+}
+
 }  // namespace vq

@@ -642,6 +642,74 @@ bool LayerCache::reads_output_gram() const noexcept { return policy_->reads_outp
 
 bool LayerCache::has_output_gram() const noexcept { return !state_->output_gram.empty(); }
 
+void LayerCache::set_reconstruction(bool on) {
+  LayerState& st = *state_;
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] set_reconstruction called while a step is open; call end_step() first");
+  }
+  st.reconstruction = on;
+}
+
+bool LayerCache::reads_reconstruction() const noexcept { return policy_->reads_reconstruction(); }
+
+std::int64_t LayerCache::reconstruction_chunk() const noexcept {
+  return policy_->reconstruction_chunk();
+}
+
+void LayerCache::end_reconstruction_step(const AttentionRef* attention) {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (!st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] end_reconstruction_step called without an open step");
+  }
+  const std::string who = "[" + st.config.method() + "] end_reconstruction_step: ";
+  if (!policy_->reads_reconstruction()) {
+    roll_back_step(st);
+    throw Error(ErrorCode::kInvalidState,
+                who + "the method does not score by a reconstruction pass (kvzip does); the step "
+                      "was rolled back");
+  }
+  if (!st.reconstruction) {
+    roll_back_step(st);
+    throw Error(ErrorCode::kInvalidState,
+                who + "call set_reconstruction(true) (C: vq_layer_set_reconstruction) before the "
+                      "prompt, so the prompt's rows wait for the pass; the step was rolled back");
+  }
+  const std::int64_t R = st.step_prev + st.step_new;
+  if (attention == nullptr || attention->data == nullptr || attention->batch != st.batch ||
+      attention->n_query_heads != st.shape.n_query_heads ||
+      attention->n_queries != st.step_new || attention->n_rows != R) {
+    const std::string got =
+        attention == nullptr
+            ? std::string("none")
+            : "[" + std::to_string(attention->batch) + ", " +
+                  std::to_string(attention->n_query_heads) + ", " +
+                  std::to_string(attention->n_queries) + ", " + std::to_string(attention->n_rows) +
+                  "]" + (attention->data == nullptr ? " with no data" : "");
+    roll_back_step(st);
+    throw Error(ErrorCode::kShapeMismatch,
+                who + "attention must be [B, Hq, S, R] = [" + std::to_string(st.batch) + ", " +
+                    std::to_string(st.shape.n_query_heads) + ", " + std::to_string(st.step_new) +
+                    ", " + std::to_string(R) + "] with data, got " + got +
+                    "; the step was rolled back");
+  }
+  if (st.step_new > 0) policy_->observe_reconstruction(st, *attention);
+  roll_back_step(st);
+}
+
+void LayerCache::compress() {
+  FloatEnvGuard env;
+  LayerState& st = *state_;
+  if (st.step_open) {
+    throw Error(ErrorCode::kInvalidState,
+                "[cache] compress called while a step is open; call end_step() first");
+  }
+  if (!policy_->reads_reconstruction() || !st.shaped) return;
+  policy_->compress(st);
+}
+
 void LayerCache::reset() {
   LayerState& st = *state_;
   for (HeadState& hs : st.heads) {

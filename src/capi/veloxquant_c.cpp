@@ -756,6 +756,47 @@ int vq_layer_reads_output_gram(const vq_layer_cache* layer) {
   return layer != nullptr && layer->cache->reads_output_gram() ? 1 : 0;
 }
 
+int vq_layer_reads_reconstruction(const vq_layer_cache* layer) {
+  return layer != nullptr && layer->cache->reads_reconstruction() ? 1 : 0;
+}
+
+int64_t vq_layer_reconstruction_chunk(const vq_layer_cache* layer) {
+  return layer != nullptr ? layer->cache->reconstruction_chunk() : 0;
+}
+
+vq_status vq_layer_set_reconstruction(vq_layer_cache* layer, int on) {
+  VQ_LAYER_CALL(layer, l.cache->set_reconstruction(on != 0););
+}
+
+vq_status vq_layer_end_reconstruction_step(vq_layer_cache* layer, const vq_attention* attention) {
+  VQ_LAYER_CALL(layer, {
+    struct CloseView {  // every outcome but "no open step" closes the step
+      vq_layer_cache& l;
+      ~CloseView() {
+        if (!l.cache->step_open()) l.view.reset();
+      }
+    } close_view{l};
+    if (attention == nullptr) {
+      l.cache->end_reconstruction_step(nullptr);
+      return;
+    }
+    vq::AttentionRef a;
+    a.data = attention->data;
+    a.batch = attention->batch;
+    a.n_query_heads = attention->n_query_heads;
+    a.n_queries = attention->n_queries;
+    a.n_rows = attention->n_rows;
+    if (a.data != nullptr && l.view && a.batch == l.view->batch() &&
+        a.n_queries == l.view->n_new() && a.n_rows == l.view->n_rows() &&
+        a.n_query_heads == l.cache->shape().n_query_heads) {
+      vq::detail::check_finite(a, "[capi] vq_layer_end_reconstruction_step");
+    }
+    l.cache->end_reconstruction_step(&a);
+  });
+}
+
+vq_status vq_layer_compress(vq_layer_cache* layer) { VQ_LAYER_CALL(layer, l.cache->compress();); }
+
 #undef VQ_LAYER_CALL
 
 // ---- Model caches ---------------------------------------------------------------------------

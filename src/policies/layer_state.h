@@ -93,6 +93,9 @@ struct LayerState {
   // end_step; 0 when the step has no question).
   std::int64_t question = 0;
   std::int64_t step_question = 0;
+  // LayerCache::set_reconstruction: the engine runs a reconstruction pass after each prompt
+  // (kvzip), so prompt steps keep every row until LayerCache::compress(). Kept across reset().
+  bool reconstruction = false;
   // Where the policy's decisions go (the cache's applier, bound to this state for its life).
   std::unique_ptr<DecisionSink> sink;
   void apply(const Decision& d) const { sink->apply(d); }

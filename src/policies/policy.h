@@ -93,6 +93,18 @@ class Policy {
   // Whether the policy reads the output projection's Gram matrices (LayerState::output_gram,
   // LayerCache::set_output_gram): criticalkv's projected value norms.
   virtual bool reads_output_gram() const noexcept { return false; }
+  // Context reconstruction (kvzip): whether the method scores its rows by the attention of a
+  // reconstruction pass (LayerCache::end_reconstruction_step), and the pass's chunk size.
+  virtual bool reads_reconstruction() const noexcept { return false; }
+  virtual std::int64_t reconstruction_chunk() const noexcept { return 0; }
+  // A reconstruction step is open (the step's new rows are reconstruction tokens, the rows
+  // before them the cache's stored rows): take `attention` ([B, Hq, S, R], checked by the cache)
+  // over the stored rows into the method's scores. Decides nothing; the cache then forgets the
+  // step's rows.
+  virtual void observe_reconstruction(LayerState& /*st*/, const AttentionRef& /*attention*/) {}
+  // LayerCache::compress(): the method's cut of the stored rows by what it observed, outside
+  // any step.
+  virtual void compress(LayerState& /*st*/) {}
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).

@@ -36,6 +36,7 @@
   X(expected_attention) \
   X(think)            \
   X(finch)            \
+  X(kvzip)            \
   X(random)
 
 namespace vq {

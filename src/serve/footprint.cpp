@@ -28,6 +28,10 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
     }
     cache.set_key_filters(unit.data(), static_cast<std::int64_t>(unit.size()));
   }
+  // kvzip: a session's prompt waits for its reconstruction pass (scheduler.cpp), so the prompt
+  // is held whole until the pass and its cut (below).
+  const bool reconstructs = cache.reads_reconstruction();
+  if (reconstructs) cache.set_reconstruction(true);
   const std::int64_t Hkv = shape.n_kv_heads, D = shape.head_dim, Hq = shape.n_query_heads;
   std::vector<float> k(static_cast<std::size_t>(chunk * Hkv * D));
   std::vector<float> v(k.size());
@@ -65,6 +69,25 @@ std::int64_t peak(const CacheConfig& method, const ModelShape& shape, std::int64
     }
     pos += S;
     best = std::max(best, cache.stats().resident_bytes);
+    // kvzip: where the prompt ends (a decode step or the last position follows), one
+    // reconstruction step over the positions left (at most a chunk's rows: the stores never grow
+    // past max_positions rows) and the cut. With no position left the session's pass could not
+    // run either (the request fails), and the prompt stays whole.
+    const bool prompt_ends = pos >= max_positions || std::min(next_step(pos), max_positions - pos) <= 1;
+    if (reconstructs && S > 1 && prompt_ends && pos < max_positions) {
+      const std::int64_t m = std::min(chunk, max_positions - pos);
+      fill(k, m * Hkv * D);
+      TensorRef kr = TensorRef::f32(k.data(), 1, Hkv, m, D);
+      for (std::int64_t l = 0; l < shape.n_layers; ++l) {
+        const std::int64_t R = cache.layer(l).begin_step(kr, kr).n_rows();
+        probs.assign(static_cast<std::size_t>(Hq * m * R), 1.0f / static_cast<float>(R));
+        const AttentionRef a{probs.data(), 1, Hq, m, R};
+        cache.layer(l).end_reconstruction_step(&a);
+      }
+      best = std::max(best, cache.stats().resident_bytes);
+      cache.compress();
+      best = std::max(best, cache.stats().resident_bytes);
+    }
     if (limit > 0 && best > limit) break;
   }
   return best;

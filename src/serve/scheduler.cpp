@@ -10,6 +10,7 @@
 
 #include "engine/model/transformer.h"
 #include "engine/model/weights_check.h"
+#include "engine/run/generate.h"
 #include "engine/run/qfilters_file.h"
 #include "serve/footprint.h"
 #include "veloxquant/builder.h"
@@ -207,10 +208,11 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
       chat_(&chat),
       o_(std::move(options)),
       stop_token_(model.config().format == "llama2c" ? 1 : model.config().eos_id),
-      forward_(model,
-               std::clamp<std::int64_t>(o_.chunk, 1, std::max<std::int64_t>(1, o_.step_tokens)),
+      forward_(model, std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len),
                std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len),
-               std::max<std::int64_t>(1, o_.step_tokens)) {
+               std::max({std::int64_t{1}, o_.step_tokens,
+                         std::clamp<std::int64_t>(o_.max_context, 1, model.config().seq_len)})),
+      repeat_(engine::repeat_prompt(tokenizer)) {
   const auto& c = model.config();
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
   if (o_.max_context < 2 || o_.max_context > c.seq_len)
@@ -563,6 +565,8 @@ Scheduler::Session* Scheduler::new_session_locked(const GenRequest& r, const std
   if (!o_.head_pattern.empty() && s->method.info().head_types) {
     s->cache.set_head_pattern(o_.head_pattern);
   }
+  // kvzip: the session's prompts wait for the reconstruction pass step() runs after them.
+  if (s->cache.reads_reconstruction()) s->cache.set_reconstruction(true);
   // Memory only: a session holds at most --max-context positions, so its stores grow no
   // further (the footprint is measured with the same hint).
   s->cache.expect_positions(o_.max_context);
@@ -722,10 +726,7 @@ void Scheduler::loop() {
       const std::size_t n = all.size();
       for (std::size_t k = 0; k < n; ++k) {
         Active* a = all[(rr_ + k) % n];
-        const std::int64_t want =
-            a->fed < a->feed.size()
-                ? std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed))
-                : 1;
+        const std::int64_t want = a->fed < a->feed.size() ? prefill_take(*a) : 1;
         if (tokens + want > o_.step_tokens) continue;
         tokens += want;
         run.push_back(a);
@@ -736,6 +737,13 @@ void Scheduler::loop() {
   }
 }
 
+std::int64_t Scheduler::prefill_take(const Active& a) const {
+  const auto left = static_cast<std::int64_t>(a.feed.size() - a.fed);
+  std::int64_t take = std::min<std::int64_t>(o_.chunk, left);
+  if (left - take == 1 && take > 1 && a.s->cache.reads_reconstruction()) --take;
+  return take;
+}
+
 void Scheduler::step(std::vector<Active*>& run) {
   const auto& c = model_->config();
   std::vector<engine::BatchItem> items;
@@ -744,7 +752,7 @@ void Scheduler::step(std::vector<Active*>& run) {
     engine::BatchItem it;
     it.cache = &a->s->cache;
     if (a->fed < a->feed.size()) {
-      it.n = std::min<std::int64_t>(o_.chunk, static_cast<std::int64_t>(a->feed.size() - a->fed));
+      it.n = prefill_take(*a);
       it.tokens = a->feed.data() + a->fed;
       it.logits = a->fed + static_cast<std::size_t>(it.n) == a->feed.size() ? engine::Logits::kLast
                                                                             : engine::Logits::kNone;
@@ -756,8 +764,37 @@ void Scheduler::step(std::vector<Active*>& run) {
     items.push_back(it);
   }
   std::optional<std::string> failure;
+  // kvzip: a session whose prompt ends in this step runs its reconstruction pass now (outside
+  // the lock, as the step), after the step's logits were copied aside (the pass's own steps
+  // replace them).
+  std::vector<std::vector<float>> step_logits;
+  double reconstruction_seconds = 0;
+  std::int64_t reconstructions = 0;
   try {
     forward_.forward(items);
+    std::vector<std::size_t> ends;
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      const Active& a = *run[i];
+      if (a.fed < a.feed.size() && a.fed + static_cast<std::size_t>(items[i].n) == a.feed.size() &&
+          items[i].n > 1 && a.s->cache.reads_reconstruction()) {
+        ends.push_back(i);
+      }
+    }
+    if (!ends.empty()) {
+      step_logits.resize(items.size());
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        if (items[i].logits == engine::Logits::kNone) continue;
+        const float* l = forward_.logits(i);
+        step_logits[i].assign(l, l + c.vocab_size);
+      }
+      for (const std::size_t i : ends) {
+        Active& a = *run[i];
+        reconstruction_seconds +=
+            forward_.reconstruct(a.feed.data(), static_cast<std::int64_t>(a.feed.size()),
+                                 a.s->cache, repeat_);
+        ++reconstructions;
+      }
+    }
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -768,6 +805,8 @@ void Scheduler::step(std::vector<Active*>& run) {
     return;
   }
   ++counters_.steps;
+  counters_.reconstructions += reconstructions;
+  counters_.reconstruction_seconds += reconstruction_seconds;
   std::int64_t generated = 0;
   std::vector<float> work(static_cast<std::size_t>(c.vocab_size));
   std::vector<std::int32_t> ids;  // top_logprobs' sort
@@ -795,7 +834,7 @@ void Scheduler::step(std::vector<Active*>& run) {
       a.job->kv_payload_ = s.payload;
     }
     if (items[i].logits == engine::Logits::kNone) continue;
-    const float* logits = forward_.logits(i);
+    const float* logits = step_logits.empty() ? forward_.logits(i) : step_logits[i].data();
     if (!engine::all_finite(logits, c.vocab_size)) {
       // generate's and eval's check: a NaN or an infinity is never sampled into text (greedy
       // would return an empty reply, sampling one token repeated). The request fails with 500

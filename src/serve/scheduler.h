@@ -218,6 +218,9 @@ struct Metrics {
   std::int64_t kv_reserved = 0;   // sum of reservations
   std::int64_t kv_memory = 0;     // --kv-memory
   std::int64_t tokens_generated = 0, tokens_prefilled = 0, steps = 0;
+  // kvzip: reconstruction passes run after a session's prompt, and their wall time (seconds).
+  std::int64_t reconstructions = 0;
+  double reconstruction_seconds = 0;
   double tokens_per_second = 0;   // generated tokens/s over the last ~10 s
   std::int64_t footprint_exceeded = 0;  // steps after which a session held more than reserved
   std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
@@ -305,7 +308,17 @@ class Scheduler {
   const ChatTemplate* chat_;
   SchedulerOptions o_;
   std::int32_t stop_token_;  // the model's own stop token (generate.h's rule)
-  engine::Transformer forward_;  // the engine's one forward, over the step's sessions
+  // The engine's one forward, over the step's sessions. Its limits are the context's, not the
+  // prefill chunk's: a session's step still takes at most --prefill-chunk tokens, and the room
+  // above is for kvzip's reconstruction steps (Transformer::reconstruct), which run between the
+  // batched steps, one session at a time.
+  engine::Transformer forward_;
+  engine::RepeatPrompt repeat_;  // kvzip's reconstruction instruction in the model's tokenizer
+  // Tokens a session's next prefill step takes: --prefill-chunk, or the rest of its feed; for a
+  // cache that waits for a reconstruction pass (kvzip) one fewer where that would leave a last
+  // step of one token (a single-token step is decode to the cache, refused while the prompt
+  // waits).
+  std::int64_t prefill_take(const Active& a) const;
 
   std::mutex m_;
   std::condition_variable cv_;

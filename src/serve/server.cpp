@@ -82,6 +82,11 @@ std::string metrics_text(const Metrics& m) {
         process_rss_bytes());
   gauge("veloxquant_generated_tokens_total", "Tokens generated", m.tokens_generated, "counter");
   gauge("veloxquant_prefill_tokens_total", "Prompt tokens run", m.tokens_prefilled, "counter");
+  gauge("veloxquant_reconstructions_total",
+        "kvzip reconstruction passes run after a session's prompt", m.reconstructions, "counter");
+  gauge("veloxquant_reconstruction_seconds_total",
+        "Wall time of those passes (against the prompt steps they follow)",
+        m.reconstruction_seconds, "counter");
   gauge("veloxquant_batch_steps_total", "Batched forward steps", m.steps, "counter");
   gauge("veloxquant_requests_rejected_total", "Requests answered 503 (queue full, timeout, "
         "shutdown)", m.requests_rejected, "counter");

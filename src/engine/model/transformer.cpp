@@ -233,7 +233,7 @@ AttentionRef Transformer::attention(std::int64_t layer, std::int64_t S, std::int
   // are written); otherwise the cache gets their shape with no data (LayerCache::end_step's
   // contract).
   float* att = nullptr;
-  if (cache.reads_attention()) {
+  if (cache.reads_attention() || reconstructing_) {
     if (s_.att.size() < sz(att_at + Hq * S * R)) s_.att.resize(sz(att_at + Hq * S * R));
     att = s_.att.data() + att_at;
     att_at += Hq * S * R;
@@ -556,6 +556,11 @@ void Transformer::forward(std::span<const BatchItem> items) {
       cos_all += cos_sum;
       laps.mark(times_.other);
       ModelCache& cache = *items[i].cache;
+      if (reconstructing_) {
+        cache.layer(l).end_reconstruction_step(&refs_[i]);  // the step's rows are forgotten
+        laps.mark(times_.cache);
+        continue;
+      }
       cache.observe_layer_similarity(l, cos_sum / static_cast<double>(items[i].n));
       cache.layer(l).end_step(&refs_[i], qrefs_[i].data != nullptr ? &qrefs_[i] : nullptr);
       laps.mark(times_.cache);
@@ -608,6 +613,51 @@ const float* Transformer::forward(const std::int32_t* tokens, std::int64_t S, Mo
   const BatchItem one{tokens, S, &cache, which};
   forward(std::span<const BatchItem>(&one, 1));
   return which == Logits::kNone ? nullptr : s_.logits.data();
+}
+
+double Transformer::reconstruct(const std::int32_t* context, std::int64_t n, ModelCache& cache,
+                                const RepeatPrompt& prompt) {
+  if (!cache.reads_reconstruction() || n < 1) return 0.0;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const ModelConfig& c = model_->config();
+  const std::int64_t pos0 = cache.layer(0).tokens_seen();
+  const std::int64_t limit = std::min({s_.max_chunk, max_tokens_, s_.max_rows - pos0,
+                                       c.seq_len - pos0});
+  const std::int64_t chunk = cache.reconstruction_chunk();
+  std::vector<std::int32_t> step;
+  struct Off {  // the steps' mode ends with the pass, also when a step throws
+    bool& flag;
+    ~Off() { flag = false; }
+  } off{reconstructing_};
+  std::int64_t start = 0;
+  while (start < n) {
+    if (start == 0) {
+      step = prompt.first;
+    } else {
+      step = prompt.next;
+      const std::int64_t carry = std::min(prompt.carry, start);
+      step.insert(step.end(), context + start - carry, context + start);
+    }
+    step.insert(step.end(), prompt.suffix.begin(), prompt.suffix.end());
+    const auto head = static_cast<std::int64_t>(step.size());
+    const std::int64_t room = limit - head;
+    if (room < 1) {
+      bad_argument("the reconstruction pass needs " + std::to_string(head + 1) +
+                   " positions after the prompt's " + std::to_string(pos0) +
+                   " (its instruction and one context token), and " + std::to_string(limit) +
+                   " are left (max_chunk " + std::to_string(s_.max_chunk) + ", max_rows " +
+                   std::to_string(s_.max_rows) + ", seq_len " + std::to_string(c.seq_len) + ")");
+    }
+    const std::int64_t len = std::min({chunk, room, n - start});
+    step.insert(step.end(), context + start, context + start + len);
+    reconstructing_ = true;
+    forward(step.data(), static_cast<std::int64_t>(step.size()), cache, Logits::kNone);
+    reconstructing_ = false;
+    start += len;
+  }
+  cache.compress();
+  return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
 }  // namespace vq::engine

@@ -144,6 +144,15 @@ struct BatchItem {
   Logits logits = Logits::kLast;         // which logits the step computes for it
 };
 
+// The reconstruction input's instruction (kvzip's context reconstruction, Transformer::
+// reconstruct): `first` before the first chunk of the context, `next` before each later chunk
+// followed by the previous chunk's last `carry` context tokens, then `suffix`, then the chunk's
+// context tokens. All empty: each step is the context chunk alone.
+struct RepeatPrompt {
+  std::vector<std::int32_t> first, next, suffix;
+  std::int64_t carry = 8;
+};
+
 // Wall time of forward steps by kind (seconds, summed since reset_times()), when timing is on.
 struct StepTimes {
   double matmul = 0;     // weight matrices: projections, feed-forward, classifier
@@ -183,6 +192,19 @@ class Transformer {
   // nullptr for kNone). Same checks as above.
   const float* forward(const std::int32_t* tokens, std::int64_t S, ModelCache& cache,
                        Logits which = Logits::kAll);
+
+  // Context reconstruction (kvzip; ModelCache::reads_reconstruction): after the prompt
+  // context[0..n) was run over `cache` (set_reconstruction(true) before it), teacher-forces the
+  // model on the reconstruction input (prompt.first or prompt.next with its carried tokens,
+  // prompt.suffix, then a chunk of the context) one chunk per step, each step at the positions
+  // after the cache's tokens and closed with end_reconstruction_step (its rows forgotten), then
+  // calls cache.compress(). A chunk holds cache.reconstruction_chunk() context tokens, fewer
+  // where the step would pass max_chunk, max_tokens or max_rows. Returns the pass's wall time in
+  // seconds (also added to times() when timing is on, by phase). A cache that does not read
+  // reconstruction: nothing runs, returns 0. Throws Error(kInvalidArgument) when no step fits
+  // one context token after the instruction (naming the positions left), and as forward().
+  double reconstruct(const std::int32_t* context, std::int64_t n, ModelCache& cache,
+                     const RepeatPrompt& prompt);
 
   std::int64_t max_chunk() const noexcept { return s_.max_chunk; }
   std::int64_t max_rows() const noexcept { return s_.max_rows; }
@@ -231,6 +253,7 @@ class Transformer {
   RunState s_;
   std::int64_t max_tokens_;
   bool timing_ = false;
+  bool reconstructing_ = false;  // the step is a reconstruction step (reconstruct)
   StepTimes times_;
   QueryTap query_tap_;
   // Per item of the current step (grown, never shrunk: no allocation once a batch size was

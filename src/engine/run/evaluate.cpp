@@ -1,10 +1,12 @@
 #include "engine/run/evaluate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
 
 #include "engine/model/transformer.h"
+#include "engine/run/generate.h"
 #include "engine/run/qfilters_file.h"
 #include "engine/model/weights_check.h"
 #include "veloxquant/builder.h"
@@ -80,8 +82,18 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
   if (o.reference != nullptr) run.kl.resize(static_cast<std::size_t>(P));
   if (o.keep_logits) run.logits.resize(static_cast<std::size_t>(P * V));
 
-  Transformer tf(model, chunk, T);  // buffers sized by the T positions read, not by seq_len
   ModelCache cache = make_model_cache(method, model);  // loads qfilters' key filters
+  // A reconstruction pass (kvzip) after the prefill step: the prompt's rows wait for it, and its
+  // steps (instruction + a chunk of the prompt, at the positions after the prompt) get room.
+  const RepeatPrompt plain;
+  const RepeatPrompt& repeat = o.repeat != nullptr ? *o.repeat : plain;
+  const bool reconstructs = chunk >= 2 && cache.reads_reconstruction();
+  std::pair<std::int64_t, std::int64_t> room{chunk, T};  // buffers sized by the positions read
+  if (reconstructs) {
+    cache.set_reconstruction(true);
+    room = reconstruction_room(c, repeat, chunk, cache.reconstruction_chunk(), chunk, T);
+  }
+  Transformer tf(model, room.first, room.second);
   if (o.head_pattern != nullptr && method.info().head_types) cache.set_head_pattern(*o.head_pattern);
   cache.expect_positions(T);  // memory only: the stores grow no further than the run's rows
   double kept_weighted = 0.0;
@@ -90,7 +102,9 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
     const std::int64_t S = t == 0 ? chunk : 1;
     const auto start = clock::now();
     const float* logits = tf.forward(tokens.data() + t, S, cache, Logits::kAll);
-    run.seconds += std::chrono::duration<double>(clock::now() - start).count();
+    const double forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
+    run.seconds += forward_seconds;
+    if (t == 0 && S > 1) run.prefill_seconds = forward_seconds;
     for (std::int64_t s = 0; s < S; ++s) {
       const std::int64_t pos = t + s;
       const float* row = logits + s * V;
@@ -111,6 +125,11 @@ ForcedRun run_forced(const Model& model, const std::vector<std::int32_t>& tokens
       if (o.reference != nullptr)
         run.kl[i] = kl_divergence(o.reference->logits.data() + pos * V, row, V);
       if (o.keep_logits) std::copy(row, row + V, run.logits.begin() + pos * V);
+    }
+    // The pass after the prefill step's logits were read (the next step overwrites them).
+    if (t == 0 && S > 1 && reconstructs) {
+      run.reconstruction_seconds = tf.reconstruct(tokens.data(), S, cache, repeat);
+      run.seconds += run.reconstruction_seconds;
     }
     // Rows held per KV head per layer after this step, weighted by its predictions.
     double rows = 0.0;

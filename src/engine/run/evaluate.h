@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/model/transformer.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/config.h"
 
@@ -22,7 +23,10 @@ struct ForcedRun {
   double kept_tokens_mean = 0;     // rows held per KV head per layer after each step, averaged
                                    // over the predictions the steps made
   CacheStats cache;                // at the end (kept/full bytes of every layer)
-  double seconds = 0;              // forward time, model + cache (the metrics are not timed)
+  double seconds = 0;              // forward time, model + cache (the metrics are not timed),
+                                   // the reconstruction pass included
+  double prefill_seconds = 0;      // the prefill step's forward time (0 without one)
+  double reconstruction_seconds = 0;  // kvzip's reconstruction pass after the prefill (0: none)
   std::int64_t n_forward = 0;      // tokens fed (= P)
 };
 
@@ -33,6 +37,10 @@ struct ForcedOptions {
   // A head pattern for methods with head types (duoattention; ModelCache::set_head_pattern);
   // other methods ignore it. Null: none.
   const HeadPattern* head_pattern = nullptr;
+  // The reconstruction input's instruction for a method that reads a reconstruction pass
+  // (kvzip: after the prefill step the engine runs it, Transformer::reconstruct); null: the
+  // context's tokens alone. Methods that read none ignore it.
+  const RepeatPrompt* repeat = nullptr;
   // Called after each forward step with (tokens fed so far, total).
   std::function<void(std::int64_t, std::int64_t)> progress;
 };

@@ -20,6 +20,28 @@ std::int64_t generate_positions(const ModelConfig& config, std::int64_t steps,
   return steps == 0 ? config.seq_len : steps;
 }
 
+RepeatPrompt repeat_prompt(const Tokenizer& tokenizer) {
+  RepeatPrompt p;
+  p.first = tokenizer.encode_plain("\n\nRepeat the previous context exactly.");
+  p.next = tokenizer.encode_plain("\n\nRepeat the part of the previous context exactly, starting with");
+  p.suffix = tokenizer.encode_plain("\n");
+  p.carry = 8;
+  return p;
+}
+
+std::pair<std::int64_t, std::int64_t> reconstruction_room(const ModelConfig& config,
+                                                          const RepeatPrompt& repeat,
+                                                          std::int64_t prompt,
+                                                          std::int64_t reconstruction_chunk,
+                                                          std::int64_t chunk, std::int64_t rows) {
+  const auto head = static_cast<std::int64_t>(
+      std::max(repeat.first.size(), repeat.next.size() + static_cast<std::size_t>(repeat.carry)) +
+      repeat.suffix.size());
+  const std::int64_t step = head + std::min(prompt, reconstruction_chunk);
+  const std::int64_t max_rows = std::min(config.seq_len, std::max(rows, prompt + step));
+  return {std::min(std::max(chunk, step), max_rows), max_rows};
+}
+
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const GenerateOptions& o,
                         const std::function<void(const std::string&)>& on_text) {
   using clock = std::chrono::steady_clock;
@@ -71,7 +93,16 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
   // token (forced) while there is one; the last position's is sampled.
   const std::int64_t chunk = std::min<std::int64_t>(res.n_prompt, steps);
   // Buffers sized by this run (steps positions), not by the model's trained context.
-  Transformer tf(model, std::max<std::int64_t>(1, chunk), steps);
+  // kvzip: the prompt's rows wait for the reconstruction pass, whose steps get room.
+  const bool reconstructs = chunk >= 2 && cache.reads_reconstruction();
+  const RepeatPrompt repeat = reconstructs ? repeat_prompt(tokenizer) : RepeatPrompt{};
+  std::pair<std::int64_t, std::int64_t> room{std::max<std::int64_t>(1, chunk), steps};
+  if (reconstructs) {
+    cache.set_reconstruction(true);
+    room = reconstruction_room(c, repeat, chunk, cache.reconstruction_chunk(), room.first,
+                               room.second);
+  }
+  Transformer tf(model, room.first, room.second);
   auto t0 = clock::now();
   std::vector<float> work(static_cast<std::size_t>(c.vocab_size));  // the sampler scales in place
   auto sample = [&](const float* logits) {
@@ -102,6 +133,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, const Ge
     if (!take(next)) break;
   }
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  if (reconstructs) res.reconstruction_seconds = tf.reconstruct(prompt.data(), chunk, cache, repeat);
   tf.release_chunk_buffers();  // decoding needs one token's activations, not the prompt's
 
   // Decode: one token per step.

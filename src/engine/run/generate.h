@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/model/transformer.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/config.h"
@@ -52,9 +54,26 @@ struct GenerateResult {
   std::int64_t n_decode = 0;      // decode forward steps
   double prefill_seconds = 0;     // the prompt's forward step (+ first sample)
   double decode_seconds = 0;      // the decode steps (forward + sampling)
+  double reconstruction_seconds = 0;  // kvzip's reconstruction pass after the prompt (0: none)
   bool stopped = false;           // a stop token ended generation before `steps`
   CacheStats cache;               // at the end
 };
+
+// kvzip's reconstruction instruction (Transformer::reconstruct) in `tokenizer`'s ids, plain text
+// without a chat template: "\n\nRepeat the previous context exactly." before the first chunk,
+// "\n\nRepeat the part of the previous context exactly, starting with" and the previous chunk's
+// last 8 tokens before the others, then "\n".
+RepeatPrompt repeat_prompt(const Tokenizer& tokenizer);
+
+// The room a run needs for a reconstruction pass after a prompt of `prompt` tokens (kvzip):
+// {max_chunk, max_rows} for the Transformer, at least {chunk, rows} (its values without the
+// pass), so that a step of the instruction and min(prompt, reconstruction_chunk) context tokens
+// fits, within the model's context.
+std::pair<std::int64_t, std::int64_t> reconstruction_room(const ModelConfig& config,
+                                                          const RepeatPrompt& repeat,
+                                                          std::int64_t prompt,
+                                                          std::int64_t reconstruction_chunk,
+                                                          std::int64_t chunk, std::int64_t rows);
 
 // `on_text` receives each piece as it is produced (for streaming to stdout).
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer,

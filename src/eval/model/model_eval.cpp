@@ -17,6 +17,7 @@
 #include "engine/formats/json_limits.h"
 #include "engine/formats/mapped_file.h"
 #include "engine/model/model.h"
+#include "engine/run/generate.h"
 #include "engine/run/qfilters_file.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "eval/model/model_eval_internal.h"
@@ -333,9 +334,9 @@ void read_selection(const ModelEvalOptions& o, ModelEvalResult& res) {
 class Runner {
  public:
   Runner(const engine::Model& model, const ModelEvalOptions& o, const ModelEvalResult& res,
-         std::ostream* progress)
+         std::ostream* progress, engine::RepeatPrompt repeat)
       : model_(model), o_(o), res_(res), progress_(progress),
-        threads_(o.threads > 0 ? o.threads : engine::threads()) {
+        threads_(o.threads > 0 ? o.threads : engine::threads()), repeat_(std::move(repeat)) {
     if (!o.head_pattern.empty()) {
       pattern_ = load_head_pattern(o.head_pattern, model.config().n_layers,
                                    model.config().n_kv_heads);
@@ -362,6 +363,7 @@ class Runner {
     fo.prefill = o_.prefill;
     fo.keep_logits = keep != nullptr;
     fo.head_pattern = pattern_.empty() ? nullptr : &pattern_;
+    fo.repeat = &repeat_;
     fo.reference = keep != nullptr ? nullptr : &refs_[w];
     engine::ForcedRun run = engine::run_forced(model_, res_.window_ids[w], config, fo);
     const engine::ForcedRun scored = scored_part(run, res_.scored_from);
@@ -371,6 +373,8 @@ class Runner {
     out.kept_tokens = run.kept_tokens_mean;
     out.cache = run.cache;
     out.time_per_token_ms = 1000.0 * run.seconds / static_cast<double>(run.n_forward);
+    out.prefill_ms = 1000.0 * run.prefill_seconds;
+    out.reconstruction_ms = 1000.0 * run.reconstruction_seconds;
     if (keep != nullptr) {
       ref_scored_[w] = scored;
       *keep = std::move(run);
@@ -402,6 +406,7 @@ class Runner {
   std::ostream* progress_;
   int threads_;
   HeadPattern pattern_;  // --duo-pattern, read once
+  engine::RepeatPrompt repeat_;  // kvzip's reconstruction instruction in the text's tokenizer
   std::vector<engine::ForcedRun> refs_;
   mutable std::vector<engine::ForcedRun> ref_scored_;
   std::vector<WindowRun> ref_rows_;
@@ -662,7 +667,7 @@ ModelEvalResult run_model_eval(const ModelEvalOptions& o, std::ostream* progress
 
   // The reference runs keep their logits; every other run is compared with them. The
   // summaries count the decoded predictions only (scored_from on).
-  Runner runner(model, o, res, progress);
+  Runner runner(model, o, res, progress, engine::repeat_prompt(*tokenizer));
   runner.run_reference(reference);
   if (o.ratios.empty()) {
     run_budget_mode(plan, runner, res);

@@ -78,6 +78,8 @@ struct WindowRun {
   double kept_tokens = 0;         // mean rows per KV head per layer over the predictions
   CacheStats cache;               // at the end of the window
   double time_per_token_ms = 0;
+  double prefill_ms = 0;          // the prefill step (0 without one)
+  double reconstruction_ms = 0;   // kvzip's reconstruction pass after it (0: none)
 };
 
 // Windows mode: means over the windows and 95% paired-bootstrap intervals (eval/report/bootstrap.h).
@@ -99,6 +101,9 @@ struct ModelEvalRow {
   std::int64_t kept_bytes = 0, full_bytes = 0;  // at the end of the text, all layers
   double compression_ratio = 1;
   double time_per_token_ms = 0;
+  // The prefill step's time and a reconstruction pass's after it (kvzip), means over windows in
+  // ms; reconstruction_ms 0 for methods without one (the JSON then leaves both out).
+  double prefill_ms = 0, reconstruction_ms = 0;
   std::int64_t evictions = 0, merges = 0;  // rows removed (all layers, heads) and, of those, merged
   // Nothing evicted, merged or compressed: the run held every row (kept_bytes >= full_bytes).
   // The table says "keeps all" instead of a ratio.

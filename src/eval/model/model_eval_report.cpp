@@ -117,6 +117,10 @@ nlohmann::json row_json(const ModelEvalResult& r, const ModelEvalRow& row) {
   x["tokens"] = r.n_tokens;
   x["prefill"] = r.options.prefill;
   x["time_per_token_ms"] = row.time_per_token_ms;
+  if (row.reconstruction_ms > 0) {  // kvzip's reconstruction pass against the prefill
+    x["prefill_ms"] = row.prefill_ms;
+    x["reconstruction_ms"] = row.reconstruction_ms;
+  }
   if (!r.options.ratios.empty() && !row.is_reference) {
     x["target_ratio"] = row.target_ratio;
     x["ratio_reached"] = row.compression_ratio;
@@ -251,6 +255,11 @@ std::string model_eval_table(const ModelEvalResult& r) {
                        row.series + (row.is_reference ? " (reference)" : ""), target,
                        row_budget(row), quality_cells(row), row.kept_tokens, row.kept_bytes,
                        row.resident_bytes, ratio, row.time_per_token_ms);
+    if (row.reconstruction_ms > 0) {
+      notes += fmt::format("{}: reconstruction pass {:.2f} ms against the prefill's {:.2f} ms "
+                           "(in ms/tok)\n",
+                           row.series, row.reconstruction_ms, row.prefill_ms);
+    }
   }
   out += notes;
   for (const ModelEvalSkip& s : r.skipped) {

@@ -67,10 +67,12 @@ ModelEvalRow make_row(const CacheConfig& config, const std::string& series, bool
   row.score_source = w0.cache.score_source;
   row.compression_ratio = w0.cache.compression_ratio;
   row.keeps_all = true;
-  std::vector<double> kept_tokens, time;
+  std::vector<double> kept_tokens, time, prefill, reconstruction;
   for (const WindowRun& w : windows) {
     kept_tokens.push_back(w.kept_tokens);
     time.push_back(w.time_per_token_ms);
+    prefill.push_back(w.prefill_ms);
+    reconstruction.push_back(w.reconstruction_ms);
     row.kept_bytes = std::max(row.kept_bytes, w.cache.kept_bytes);
     row.resident_bytes = std::max(row.resident_bytes, w.cache.resident_bytes);
     row.compression_ratio = std::min(row.compression_ratio, w.cache.compression_ratio);
@@ -81,6 +83,8 @@ ModelEvalRow make_row(const CacheConfig& config, const std::string& series, bool
   }
   row.kept_tokens = windows.size() == 1 ? w0.kept_tokens : mean_of(kept_tokens);
   row.time_per_token_ms = windows.size() == 1 ? w0.time_per_token_ms : mean_of(time);
+  row.prefill_ms = windows.size() == 1 ? w0.prefill_ms : mean_of(prefill);
+  row.reconstruction_ms = windows.size() == 1 ? w0.reconstruction_ms : mean_of(reconstruction);
   return row;
 }
 
