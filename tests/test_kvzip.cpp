@@ -256,15 +256,18 @@ TEST(Kvzip, ModelCacheForwardsTheCalls) {
 }
 
 TEST(Kvzip, GqaReduceIsRefusedNotIgnored) {
-  // The rule takes the max over the group whatever gqa_reduce says, so writing it is an error.
-  try {
-    (void)CacheConfig::parse("kvzip:gqa_reduce=mean");
-    ADD_FAILURE() << "kvzip:gqa_reduce=mean parsed";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidConfig);
-    EXPECT_NE(std::string(e.what()).find("gqa_reduce has no effect"), std::string::npos) << e.what();
+  // The rule takes the max over the group: gqa_reduce is max, and another value is an error.
+  for (const char* spec : {"kvzip:gqa_reduce=mean", "kvzip:gqa_reduce=sum"}) {
+    try {
+      (void)CacheConfig::parse(spec);
+      ADD_FAILURE() << spec << " parsed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidConfig);
+      EXPECT_NE(std::string(e.what()).find("gqa_reduce must be max"), std::string::npos) << e.what();
+    }
   }
-  EXPECT_NO_THROW((void)CacheConfig::parse("kvzip:source=attention"));
+  EXPECT_EQ(CacheConfig::parse("kvzip").get_enum("gqa_reduce"), "max");
+  EXPECT_NO_THROW((void)CacheConfig::parse("kvzip:gqa_reduce=max,source=attention"));
 }
 
 }  // namespace

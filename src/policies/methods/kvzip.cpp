@@ -62,7 +62,7 @@ deviations: head-wise per layer, not model-wide; probabilities over the whole ca
   repeat prompt without chat template; without the engine's pass, the prompt's own attention
 paper config: `kvzip:n_sink=4` with the engine's reconstruction pass (chunks of 2048)
 prefill only: yes
-shared defaults: headwise=true,headwise_floor=0
+shared defaults: headwise=true,headwise_floor=0,gqa_reduce=max
 | kvzip_budget | int | 512 | [1, 16777216] | rows kept per KV head after the reconstruction cut,
   sinks included (with headwise, the layer keeps n_kv_heads x budget)
 | kvzip_n_sink | int | 4 | [0, 16777216] | leading rows never evicted
@@ -187,13 +187,13 @@ class KvzipPolicy final : public PrefillOnlyPolicy {
   bool observed_ = false;  // a reconstruction step was observed since that prompt
 };
 
-// n_sink < budget; gqa_reduce (a shared field of the attention-scored methods) written in a
-// kvzip spec would change nothing: the rule takes the max over the query group.
+// n_sink < budget; gqa_reduce (a shared field of the attention-scored methods) is max, the
+// rule's fold over the query group (the card's shared default), and no other value is taken.
 void check(const CacheConfig& c) {
   check_sink_below_budget(c);
   if (c.is_set("gqa_reduce")) {
-    config_error(c, "gqa_reduce has no effect: kvzip takes the max of the attention over the KV "
-                    "head's query heads (the paper's rule); drop gqa_reduce");
+    config_error(c, "gqa_reduce must be max: kvzip takes the max of the attention over the KV "
+                    "head's query heads (the paper's rule), got " + c.get_enum("gqa_reduce"));
   }
 }
 
