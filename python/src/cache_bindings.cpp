@@ -207,6 +207,23 @@ PyStepView begin_step(const std::shared_ptr<LayerHandle>& l, const py::array& ke
   return out;
 }
 
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// A step's probabilities [B, Hq, S, R] as an AttentionRef over `keep` (the array itself when it
+// is C-contiguous float32, else a converted copy); non-finite values refused naming `where`.
+AttentionRef attention_of(const py::array& attention, FloatArray& keep, const std::string& where) {
+  keep = FloatArray::ensure(attention);
+  if (!keep) throw py::type_error("attention must be convertible to a float32 array");
+  if (keep.ndim() != 4) {
+    throw Error(ErrorCode::kShapeMismatch, "[python] attention must be 4-D [B, Hq, S, R], got " +
+                                               std::to_string(keep.ndim()) + "-D");
+  }
+  const AttentionRef ref{keep.data(), keep.shape(0), keep.shape(1), keep.shape(2), keep.shape(3)};
+  // The array holds exactly these elements, so the scan is in bounds whatever the shape.
+  detail::check_finite(ref, where);
+  return ref;
+}
+
 void end_step(LayerHandle& l, const std::optional<py::array>& attention,
               const std::optional<py::array>& queries) {
   // The step's pre-RoPE queries [B, Hq, S, D] (expected_attention reads them, and think= until
@@ -223,15 +240,8 @@ void end_step(LayerHandle& l, const std::optional<py::array>& attention,
   if (!attention) {
     l.cache->end_step(nullptr, qp);
   } else {
-    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
-    if (!a) throw py::type_error("attention must be convertible to a float32 array");
-    if (a.ndim() != 4) {
-      throw Error(ErrorCode::kShapeMismatch, "[python] attention must be 4-D [B, Hq, S, R], got " +
-                                                 std::to_string(a.ndim()) + "-D");
-    }
-    AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
-    // The array holds exactly these elements, so the scan is in bounds whatever the shape.
-    detail::check_finite(ref, "[python] LayerCache.end_step");
+    FloatArray keep;
+    const AttentionRef ref = attention_of(*attention, keep, "[python] LayerCache.end_step");
     l.cache->end_step(&ref, qp);
   }
   ++l.step;
@@ -294,14 +304,9 @@ void end_reconstruction_step(LayerHandle& l, const std::optional<py::array>& att
     l.cache->end_reconstruction_step(nullptr);
     return;
   }
-  auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*attention);
-  if (!a) throw py::type_error("attention must be convertible to a float32 array");
-  if (a.ndim() != 4) {
-    throw Error(ErrorCode::kShapeMismatch, "[python] attention must be 4-D [B, Hq, S, R], got " +
-                                               std::to_string(a.ndim()) + "-D");
-  }
-  AttentionRef ref{a.data(), a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
-  detail::check_finite(ref, "[python] LayerCache.end_reconstruction_step");
+  FloatArray keep;
+  const AttentionRef ref =
+      attention_of(*attention, keep, "[python] LayerCache.end_reconstruction_step");
   l.cache->end_reconstruction_step(&ref);
 }
 

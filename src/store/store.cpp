@@ -7,6 +7,7 @@
 
 #include "base/kernels.h"
 #include "store/growth.h"
+#include "store/row_copy.h"
 #include "veloxquant/errors.h"
 
 namespace vq::detail {
@@ -161,22 +162,7 @@ class PlainStore final : public RowStore {
 
  private:
   void copy_row(const TensorRef& t, std::int64_t b, std::int64_t h, std::int64_t s, T* out) {
-    const std::int64_t off = b * t.stride[0] + h * t.stride[1] + s * t.stride[2];
-    if (t.dtype == DType::kF32) {
-      const float* src = static_cast<const float*>(t.data) + off;
-      if constexpr (std::is_same_v<T, float>) {
-        std::memcpy(out, src, static_cast<std::size_t>(d_) * sizeof(float));
-      } else {
-        kernels::f32_to_f16(src, out, d_);
-      }
-    } else {
-      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + off;
-      if constexpr (std::is_same_v<T, float>) {
-        kernels::f16_to_f32(src, out, d_);
-      } else {
-        std::memcpy(out, src, static_cast<std::size_t>(d_) * sizeof(std::uint16_t));
-      }
-    }
+    copy_step_row(t, b, h, s, d_, out);
   }
 
   // The most free slots kept in front of the rows: a 32nd of them, so reclaiming them (moving
