@@ -24,15 +24,10 @@ Inputs (identical in the C++ test): u(seed, i) a splitmix64 hash of i in [-0.5, 
 """
 import numpy as np
 
-M64 = (1 << 64) - 1
+from reference_inputs import u  # the script's directory is on sys.path
 
 
-def u(seed, i):
-    z = (seed * 0x9E3779B97F4A7C15 + (i + 1) * 0xBF58476D1CE4E5B9) & M64
-    z ^= z >> 31
-    z = (z * 0x94D049BB133111EB) & M64
-    z ^= z >> 29
-    return (z >> 11) / float(1 << 53) - 0.5
+
 
 
 def inputs(Hkv, T, D, dim, Hq):

@@ -17,10 +17,7 @@ namespace {
 
 using Rows = std::vector<std::int32_t>;
 
-Rows positions_of(const LayerCache& c) {
-  const HeadRows r = c.stored(0, 0);
-  return Rows(r.positions, r.positions + r.n_rows);
-}
+Rows positions_of(const LayerCache& c) { return test::stored_positions(c, 0, 0); }
 
 // One token a step, one head of D = 2, key (x, 0) for the given x.
 std::vector<Rows> run_keys(const std::string& spec, const std::vector<float>& xs) {

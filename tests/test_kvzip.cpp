@@ -17,19 +17,10 @@ namespace {
 
 using Rows = std::vector<std::int32_t>;
 
-Rows positions_of(const LayerCache& c, std::int64_t h) {
-  const HeadRows r = c.stored(0, h);
-  return Rows(r.positions, r.positions + r.n_rows);
-}
+Rows positions_of(const LayerCache& c, std::int64_t h) { return test::stored_positions(c, 0, h); }
 
-// tests/kvzip_reference.py's inputs: u(seed, i), a splitmix64 hash of i in [-0.5, 0.5).
-double u(std::uint64_t seed, std::uint64_t i) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 31;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 29;
-  return static_cast<double>(z >> 11) / 9007199254740992.0 - 0.5;
-}
+// tests/kvzip_reference.py's inputs: u(seed, i) = test::hash_uniform.
+double u(std::uint64_t seed, std::uint64_t i) { return test::hash_uniform(seed, i); }
 
 constexpr std::int64_t kH = 2, kG = 2, kD = 4, kT = 24, kS = 10, kChunks = 2;
 

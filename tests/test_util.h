@@ -14,6 +14,23 @@
 
 namespace vq::test {
 
+// The reference scripts' inputs (tests/reference_inputs.py, u): a splitmix64 hash of i under
+// `seed`, as a double in [-0.5, 0.5).
+inline double hash_uniform(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 31;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 29;
+  return static_cast<double>(z >> 11) / 9007199254740992.0 - 0.5;
+}
+
+// The true positions of the rows (b, h) stores between steps.
+inline std::vector<std::int32_t> stored_positions(const LayerCache& c, std::int64_t b,
+                                                  std::int64_t h) {
+  const HeadRows r = c.stored(b, h);
+  return std::vector<std::int32_t>(r.positions, r.positions + r.n_rows);
+}
+
 // n standard normals from stream `seed`.
 inline std::vector<float> randn(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
   CounterRng rng(seed, 99, 7);
