@@ -377,35 +377,22 @@ def test_think_prunes_prompt_key_channels_from_the_queries():
     channels {0, 1, 3, 4}, head 1 {0, 1, 4, 6} (that script's NumPy derivation), the 6 prompt
     rows read 0 in the other channels, the decode row stays whole; 720 bytes (f32) held."""
     hkv, hq, d, s = 2, 4, 8, 6
-
-    def key(t, h, c):
-        return ((7 * t * t + 13 * t * c + 31 * h + 5 * c * c + 3) % 29 - 14) / 8
-
-    def value(t, h, c):
-        return ((3 * t * t + 11 * t * c + 17 * h + 2 * c * c + 1) % 23 - 11) / 8
-
-    def query(t, q, c):
-        return ((5 * t * t + 3 * t * c + 19 * q + 7 * c * c + 2) % 31 - 15) / 8
-
-    def rows(fn, heads, t0, n):
-        return np.array([[[fn(t, h, c) for c in range(d)] for t in range(t0, t0 + n)]
-                         for h in range(heads)], np.float32)[None]
-
+    k, v, q = ea_inputs(s + 1)  # the same inputs as tests/think_reference.py
     cache = vq.LayerCache(vq.CacheConfig.parse("think:think_window=3,kv_dtype=f32"),
                           n_kv_heads=hkv, head_dim=d, n_query_heads=hq)
     assert cache.reads_queries
     cache.set_rope(np.array([50.0 ** (-2.0 * i / d) for i in range(d // 2)], np.float32))
-    cache.begin_step(rows(key, hkv, 0, s), rows(value, hkv, 0, s))
-    cache.end_step(queries=rows(query, hq, 0, s))
+    cache.begin_step(k[:, :, :s], v[:, :, :s])
+    cache.end_step(queries=q[:, :, :s])
     assert not cache.reads_queries
-    cache.update(rows(key, hkv, s, 1), rows(value, hkv, s, 1))
+    cache.update(k[:, :, s:], v[:, :, s:])
     for h, kept in enumerate([{0, 1, 3, 4}, {0, 1, 4, 6}]):
         keys, values, positions = cache.stored(0, h)
         assert positions.tolist() == list(range(s + 1))
-        want = rows(key, hkv, 0, s + 1)[0, h].copy()
+        want = k[0, h].copy()
         want[:s, [c for c in range(d) if c not in kept]] = 0.0
         np.testing.assert_array_equal(np.asarray(keys, np.float32), want)
-        np.testing.assert_array_equal(np.asarray(values, np.float32), rows(value, hkv, 0, s + 1)[0, h])
+        np.testing.assert_array_equal(np.asarray(values, np.float32), v[0, h])
     assert cache.stats()["kept_bytes"] == 720
     with pytest.raises(vq.Error, match="pairing"):
         cache.set_rope(np.ones(d // 2, np.float32), pairing="neox")
