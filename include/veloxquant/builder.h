@@ -1,7 +1,9 @@
 // One cache per layer for a model shape.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -92,7 +94,19 @@ class VQ_API ModelCache {
   void set_reconstruction(bool on);
   void compress();
 
+  // Saving and restoring every layer and the layers' shared state (SqueezeAttention's signals
+  // and budgets) in one state: as LayerCache::save_state and its neighbours, for a cache built
+  // from the same config and shape and set up as the saved one was (the engine's per-layer
+  // similarity reports are state and are saved). Errors as LayerCache's; a failed load leaves
+  // every layer as it was.
+  std::vector<std::uint8_t> save_state() const;
+  void load_state(const std::uint8_t* data, std::size_t size);
+  void save_state_file(const std::string& path) const;
+  void load_state_file(const std::string& path);
+
  private:
+  // load_state's body (state.cpp); path: the file, for its errors (null for a buffer).
+  void load_state_impl(const std::uint8_t* data, std::size_t size, const std::string* path);
   CacheConfig config_;
   ModelShape shape_;
   std::vector<LayerCache> layers_;

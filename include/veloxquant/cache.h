@@ -33,6 +33,7 @@
 //    and leaves the stored state at budget.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -224,6 +225,31 @@ class VQ_API LayerCache {
   // reconstruction step was observed since it (the pass was not run: nothing is cut).
   void compress();
 
+  // Saving and restoring (docs/api.md, "Saving and restoring a cache"). The state is everything
+  // later steps read: every stored row as held (keys, values, codes, scales, positions, pruned
+  // channels, the demoted tier), the per-row scores, counters, RNG draw counters, the resolved
+  // score and query sources, and the method's own state. It is not the set-up the engine gives
+  // (set_rope, set_key_filters, set_output_gram, set_head_pattern, set_reconstruction,
+  // expect_positions): load_state keeps the target's own, so the target must be built from the
+  // same config and shape and set up as the saved cache was; it then behaves bit-identically to
+  // the saved one for every later step (stats().resident_bytes aside: a restored store holds
+  // no spare capacity). The format is versioned and checksummed (CRC-32C), little-endian.
+  //
+  // save_state throws Error(kInvalidState) while a step is open or a reconstruction pass waits
+  // for compress(). load_state validates everything before it changes anything (a failed load
+  // leaves the cache as it was): Error(kInvalidArgument) for bytes that are not a state of this
+  // format version (truncated, checksum, magic, counts out of bounds or inconsistent with the
+  // shape and store type: the message says what was expected and found) and for a valid state
+  // of another config or shape (naming both specs, or the field); kInvalidState while a step is
+  // open. The file variants write a temporary file beside `path`, fsync it and rename it over
+  // `path` (atomic; Error(kIoError) naming the path on failure), and read with
+  // Error(kFileError) whose path() is the file for a missing, unreadable, truncated or corrupt
+  // file (a state of another config or shape: kInvalidArgument, as load_state).
+  std::vector<std::uint8_t> save_state() const;
+  void load_state(const std::uint8_t* data, std::size_t size);
+  void save_state_file(const std::string& path) const;
+  void load_state_file(const std::string& path);
+
   // Forgets every token (shape stays fixed); the RNG counters restart; source=auto is
   // unresolved again. A head pattern (set_head_pattern) is kept.
   void reset();
@@ -282,6 +308,8 @@ class VQ_API LayerCache {
 
  private:
   friend class ModelCache;
+  // load_state's body (state.cpp); path: the file, for its errors (null for a buffer).
+  void load_state_impl(const std::uint8_t* data, std::size_t size, const std::string* path);
   // Used by ModelCache: the layers of one model share a group (per-layer budgets that depend
   // on every layer, e.g. SqueezeAttention). Trusts `config` and `shape`: ModelCache validated
   // them where they entered (asserted only).

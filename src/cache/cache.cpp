@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "base/float_env.h"
+#include "cache/store_access.h"
 #include "base/step_input.h"
 #include "base/kernels.h"
 #include "policies/layer_state.h"
@@ -20,16 +21,6 @@
 #include "veloxquant/registry.h"
 
 namespace vq {
-
-namespace detail {
-// The cache's mutable access to a head's store (HeadState gives policies a const one).
-struct StoreAccess {
-  static RowStore& of(HeadState& hs) noexcept { return *hs.store_; }
-  static void set(HeadState& hs, std::unique_ptr<RowStore> store) noexcept {
-    hs.store_ = std::move(store);
-  }
-};
-}  // namespace detail
 
 using detail::Decision;
 using detail::HeadState;

@@ -105,6 +105,16 @@ class Policy {
   // LayerCache::compress(): the method's cut of the stored rows by what it observed, outside
   // any step.
   virtual void compress(LayerState& /*st*/) {}
+  // Saves (io writing) or restores (io reading) the policy's own mutable state between steps:
+  // what later steps read that is neither in `st` nor set up by the engine (decided head types,
+  // resolved query source, per-head statistics, counters; src/cache/state.cpp saves `st` and
+  // the resolved score source). Reading validates against `st` (already restored) and throws
+  // StateCorrupt; the policy is then discarded. Default: nothing (a policy whose members are
+  // configuration and per-step scratch).
+  virtual void state(StateIO& /*io*/, LayerState& /*st*/) {}
+  // Whether a prompt's rows wait for compress() (kvzip with set_reconstruction: a
+  // reconstruction pass is under way), when no state can be saved.
+  virtual bool awaits_compress(const LayerState& /*st*/) const noexcept { return false; }
 };
 
 // Where attention-scored methods get their scores (the `source` and `gqa_reduce` fields).

@@ -68,6 +68,29 @@ class KeyPruningPolicy final : public Policy {
     channels_.clear();
     inner_->on_reset(st);
   }
+  bool awaits_compress(const LayerState& st) const noexcept override {
+    return inner_->awaits_compress(st);
+  }
+  void state(StateIO& io, LayerState& st) override {
+    inner_->state(io, st);
+    io.value(chosen_, "think chosen");
+    const std::int64_t D = st.shape.head_dim;
+    io.vec2(channels_, st.heads.size(), static_cast<std::uint64_t>(D), "think key channels");
+    if (!io.loading()) return;
+    io.check(channels_.size() == (chosen_ ? st.heads.size() : 0),
+             "think key channels: expected " + std::to_string(chosen_ ? st.heads.size() : 0) +
+                 " heads, found " + std::to_string(channels_.size()));
+    const std::int64_t kept = D > 0 ? think_kept_channels(ratio_, D) : 0;
+    for (const auto& ch : channels_) {
+      io.check(static_cast<std::int64_t>(ch.size()) == kept,
+               "think key channels: expected " + std::to_string(kept) + " per head, found " +
+                   std::to_string(ch.size()));
+      for (std::size_t c = 0; c < ch.size(); ++c) {
+        io.check(ch[c] >= 0 && ch[c] < D && (c == 0 || ch[c] > ch[c - 1]),
+                 "think key channels: expected increasing channels below " + std::to_string(D));
+      }
+    }
+  }
   bool needs_attention() const noexcept override { return inner_->needs_attention(); }
   bool reads_queries() const noexcept override { return inner_->reads_queries() || !chosen_; }
   void apply_group_decision(LayerState& st) override { inner_->apply_group_decision(st); }

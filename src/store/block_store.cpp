@@ -194,6 +194,16 @@ class BlockStore final : public RowStore, public PackedRows {
     kernels::load_row(src, t.dtype, out, D_);
   }
 
+  void state(StateIO& io, std::int64_t max_pos) override {
+    io.vec(pos_, static_cast<std::uint64_t>(max_pos), "store positions");
+    io.positions(pos_, max_pos, "store positions");
+    const std::uint64_t n = pos_.size();
+    io.vec_exact(kc_, n * static_cast<std::uint64_t>(code_bytes_), "store key codes");
+    io.vec_exact(vc_, n * static_cast<std::uint64_t>(code_bytes_), "store value codes");
+    io.vec_exact(ks_, n * static_cast<std::uint64_t>(nb_), "store key scales");
+    io.vec_exact(vs_, n * static_cast<std::uint64_t>(nb_), "store value scales");
+  }
+
   bool q4_;
   std::int64_t D_, nb_, code_bytes_;
   std::vector<std::uint8_t> kc_, vc_;   // [n][code_bytes]

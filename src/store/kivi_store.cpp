@@ -744,6 +744,36 @@ class KiviStore final : public RowStore, public PackedRows {
     }
   }
 
+  void state(StateIO& io, std::int64_t max_pos) override {
+    io.vec(pos_, static_cast<std::uint64_t>(max_pos), "kivi positions");
+    io.positions(pos_, max_pos, "kivi positions");
+    const std::int64_t n = static_cast<std::int64_t>(pos_.size());
+    io.bounded<std::int64_t>(kq_, 0, n, "kivi quantized keys");
+    io.bounded<std::int64_t>(vq_, kq_, n, "kivi quantized values");
+    io.bounded<std::int64_t>(live_quantized_, 0, n, "kivi live quantized rows");
+    io.bounded<std::int64_t>(last_append_, 0, max_pos, "kivi last append");
+    if (io.loading()) kbase_ = kq_, vbase_ = vq_;
+    VQ_ASSERT(kbase_ == kq_ && vbase_ == vq_, "kivi: the tails start at the quantized rows between steps");
+    const auto rb = static_cast<std::uint64_t>(row_bytes_);
+    io.vec_exact(kcodes_, static_cast<std::uint64_t>(kq_) * rb, "kivi key codes");
+    io.vec_exact(vcodes_, static_cast<std::uint64_t>(vq_) * rb, "kivi value codes");
+    const auto vg = static_cast<std::uint64_t>(vq_ * n_vgroups_);
+    io.vec_exact(vscale_, vg, "kivi value scales");
+    io.vec_exact(vzero_, vg, "kivi value zeros");
+    io.vec(gstart_, static_cast<std::uint64_t>(kq_), "kivi key groups");
+    for (std::size_t g = 0; g < gstart_.size(); ++g) {
+      const std::int64_t lo = g == 0 ? 0 : gstart_[g - 1] + 1;
+      io.check((g != 0 || gstart_[0] == 0) && gstart_[g] >= lo && gstart_[g] < kq_,
+               "kivi key groups: expected increasing group starts from 0 below " +
+                   std::to_string(kq_) + ", found " + std::to_string(gstart_[g]));
+    }
+    const auto kg = static_cast<std::uint64_t>(gstart_.size()) * static_cast<std::uint64_t>(D_);
+    io.vec_exact(kscale_, kg, "kivi key scales");
+    io.vec_exact(kzero_, kg, "kivi key zeros");
+    io.vec_exact(tk_, static_cast<std::uint64_t>(n - kq_) * tail_row_bytes_, "kivi key tail");
+    io.vec_exact(tv_, static_cast<std::uint64_t>(n - vq_) * tail_row_bytes_, "kivi value tail");
+  }
+
   int bits_;
   std::uint32_t levels_;
   std::int64_t G_, R_, D_;

@@ -415,6 +415,28 @@ class MixedStore final : public RowStore, public PackedRows {
            half_to_float(zero[p]);
   }
 
+  void state(StateIO& io, std::int64_t max_pos) override {
+    VQ_ASSERT(pending_.empty(), "mixed store: nothing is pending between steps");
+    io.vec(pos_, static_cast<std::uint64_t>(max_pos), "mixed positions");
+    io.positions(pos_, max_pos, "mixed positions");
+    const std::int64_t n = static_cast<std::int64_t>(pos_.size());
+    io.bounded<std::int64_t>(n_demoted_, 0, std::min(n, cap_), "mixed demoted rows");
+    io.bounded<std::int64_t>(n_front_, 0, n - n_demoted_, "mixed front rows");
+    io.bounded<std::int64_t>(dropped_, 0, max_pos, "mixed dropped rows");
+    const auto nd = static_cast<std::uint64_t>(n_demoted_);
+    const auto fp = static_cast<std::uint64_t>(n - n_demoted_) * static_cast<std::uint64_t>(row_size_);
+    io.vec_exact(fk_, fp, "mixed keys");
+    io.vec_exact(fv_, fp, "mixed values");
+    io.vec_exact(kc_, nd * static_cast<std::uint64_t>(code_bytes_), "mixed key codes");
+    io.vec_exact(vc_, nd * static_cast<std::uint64_t>(code_bytes_), "mixed value codes");
+    const auto ng = nd * static_cast<std::uint64_t>(n_groups_);
+    io.vec_exact(ks_, ng, "mixed key scales");
+    io.vec_exact(kz_, ng, "mixed key zeros");
+    io.vec_exact(vs_, ng, "mixed value scales");
+    io.vec_exact(vz_, ng, "mixed value zeros");
+    io.vec_exact(dscore_, nd, "mixed demoted scores");
+  }
+
   int bits_;
   std::uint32_t levels_;
   std::int64_t G_, cap_, D_;

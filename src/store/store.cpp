@@ -192,6 +192,23 @@ class PlainStore final : public RowStore {
                  static_cast<std::size_t>(count) * sizeof(std::int32_t));
   }
 
+  void state(StateIO& io, std::int64_t max_pos) override {
+    // Rows are slots [base_, base_ + n_): saved from there, read back to slot 0.
+    const auto off = static_cast<std::size_t>(base_);
+    const auto d = static_cast<std::size_t>(d_);
+    io.vec_from(pos_, off, static_cast<std::uint64_t>(max_pos), "store positions");
+    io.positions(pos_, max_pos, "store positions");
+    if (io.loading()) {
+      base_ = 0;
+      n_ = static_cast<std::int64_t>(pos_.size());
+      io.vec_exact(k_, pos_.size() * d, "store keys");
+      io.vec_exact(v_, pos_.size() * d, "store values");
+    } else {
+      io.vec_from(k_, off * d, 0, "store keys");
+      io.vec_from(v_, off * d, 0, "store values");
+    }
+  }
+
   std::int64_t d_;
   std::int64_t n_ = 0;
   std::int64_t expected_rows_ = 0;  // expect_rows(): a ceiling on growth steps (0: none)

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/state_io.h"
 #include "veloxquant/rows.h"
 #include "veloxquant/types.h"
 
@@ -77,6 +78,13 @@ class RowStore {
   // the row list; a store may do it without one, so the step costs nothing per row held.
   virtual void settle_keep_all();
   virtual void clear() noexcept = 0;
+  // Saves (io writing) or restores (io reading) every row the store holds, exactly as held
+  // (codes, scales, tails, pruned channels, demoted tier), between steps. Reading validates
+  // every count against the store's layout and throws StateCorrupt; the store is then
+  // discarded by the caller (a fresh one is read into). Positions are checked to lie in
+  // [0, `max_pos`) (the tokens the layer has seen). Capacities are not saved: a restored store
+  // holds its rows without slack (resident_bytes may be lower; everything else is equal).
+  virtual void state(StateIO& io, std::int64_t max_pos) = 0;
   // Payload bytes held now: K + V rows, or codes + scales + zeros + unquantized rows.
   virtual std::int64_t bytes() const noexcept = 0;
   // Bytes reserved for the payload (capacities of its containers, >= bytes()).

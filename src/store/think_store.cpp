@@ -293,6 +293,24 @@ class PrunedKeyStore final : public RowStore, public PackedRows {
     copy_step_row(t, b, h, s, d_, out);
   }
 
+  void state(StateIO& io, std::int64_t max_pos) override {
+    io.vec(pos_, static_cast<std::uint64_t>(max_pos), "think positions");
+    io.positions(pos_, max_pos, "think positions");
+    n_ = static_cast<std::int64_t>(pos_.size());
+    io.bounded<std::int64_t>(n_pruned_, 0, n_, "think pruned rows");
+    io.vec(chan_, static_cast<std::uint64_t>(d_), "think channels");
+    for (std::size_t c = 0; c < chan_.size(); ++c) {
+      io.check(chan_[c] < d_ && (c == 0 || chan_[c] > chan_[c - 1]),
+               "think channels: expected increasing channels below " + std::to_string(d_) +
+                   ", found " + std::to_string(chan_[c]));
+    }
+    io.check(n_pruned_ == 0 || !chan_.empty(), "think: pruned rows without kept channels");
+    const auto d = static_cast<std::uint64_t>(d_);
+    io.vec_exact(pk_, static_cast<std::uint64_t>(n_pruned_) * chan_.size(), "think pruned keys");
+    io.vec_exact(fk_, static_cast<std::uint64_t>(n_ - n_pruned_) * d, "think keys");
+    io.vec_exact(v_, static_cast<std::uint64_t>(n_) * d, "think values");
+  }
+
   std::int64_t d_;
   std::int64_t n_ = 0;         // rows held
   std::int64_t n_pruned_ = 0;  // the first n_pruned_ rows hold pruned keys

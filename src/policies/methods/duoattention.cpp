@@ -111,6 +111,21 @@ class DuoPolicy final : public TokenPolicy {
     miss_.clear();
     head_score_.clear();
   }
+  // The head pattern is set-up (set_head_pattern): the target's own is kept.
+  void state(StateIO& io, LayerState& st) override {
+    TokenPolicy::state(io, st);
+    const std::uint64_t n = st.heads.size();
+    io.vec(type_, n, "duoattention head types");
+    io.check(type_.empty() || type_.size() == n,
+             "duoattention head types: expected 0 or " + std::to_string(n) + ", found " +
+                 std::to_string(type_.size()));
+    for (std::int32_t t : type_) {
+      io.check(t >= kUndecided && t <= kStreaming,
+               "duoattention head types: expected 0, 1 or 2, found " + std::to_string(t));
+    }
+    io.vec_exact(miss_, type_.size(), "duoattention missed mass");
+    io.vec_exact(head_score_, type_.size(), "duoattention head scores");
+  }
 
   void end_step(LayerState& st, const AttentionRef* /*attention*/) override {
     const std::int64_t n_heads = st.n_heads_total();

@@ -103,6 +103,42 @@ class ExpectedAttentionPolicy final : public TokenPolicy {
 
   bool reads_queries() const noexcept override { return true; }
   void on_reset(LayerState& /*st*/) override { stats_.clear(); }
+  void state(StateIO& io, LayerState& st) override {
+    TokenPolicy::state(io, st);
+    io.value(queries_, "expected_attention query source");
+    const std::int64_t G = st.shape.n_kv_heads > 0 ? st.shape.n_query_heads / st.shape.n_kv_heads : 1;
+    io.bounded<std::int64_t>(groups_, 1, std::max<std::int64_t>(G, 1), "expected_attention groups");
+    std::uint64_t n = stats_.size();
+    io.bounded<std::uint64_t>(n, 0, st.heads.size(), "expected_attention heads");
+    if (io.loading()) {
+      io.check(n == 0 || n == st.heads.size(),
+               "expected_attention heads: expected 0 or " + std::to_string(st.heads.size()) +
+                   ", found " + std::to_string(n));
+      io.check(groups_ == (queries_ ? G : 1), "expected_attention groups: expected " +
+                                                  std::to_string(queries_ ? G : 1));
+      stats_.assign(static_cast<std::size_t>(n), Stats{});
+    }
+    const auto d = static_cast<std::uint64_t>(st.shape.head_dim);
+    const auto g = static_cast<std::uint64_t>(groups_);
+    for (Stats& s : stats_) {
+      io.bounded<std::int64_t>(s.held, 0, window_, "expected_attention window rows");
+      io.bounded<std::int64_t>(s.next, 0, window_, "expected_attention window slot");
+      io.bounded<std::int64_t>(s.since, 0, st.tokens_seen, "expected_attention tokens since refresh");
+      io.value(s.valid, "expected_attention statistics valid");
+      io.vec(s.window, static_cast<std::uint64_t>(window_) * g * d, "expected_attention window");
+      io.vec(s.mu, g * d, "expected_attention mean");
+      io.vec(s.sigma, g * d * d, "expected_attention covariance");
+      if (io.loading()) {
+        const bool mu_ok = s.mu.empty() || s.mu.size() == g * d;
+        const bool sigma_ok = s.sigma.empty() || s.sigma.size() == g * d * d;
+        const bool valid_ok = !s.valid || (s.mu.size() == g * d &&
+                                           (!covariance_ || s.sigma.size() == g * d * d));
+        io.check(s.window.size() == static_cast<std::uint64_t>(s.held) * g * d &&
+                     s.next < std::max<std::int64_t>(window_, 1) && mu_ok && sigma_ok && valid_ok,
+                 "expected_attention statistics: sizes do not match the shape");
+      }
+    }
+  }
 
  protected:
   bool decides_chunk_at_once() const noexcept override { return queries_; }

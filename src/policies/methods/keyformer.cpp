@@ -98,6 +98,10 @@ class KeyformerPolicy final : public H2OPolicy {
     if (st.step_new == 1) ++decode_steps_;
   }
   void on_reset(LayerState& /*st*/) override { decode_steps_ = 0; }
+  void state(StateIO& io, LayerState& st) override {
+    H2OPolicy::state(io, st);
+    io.bounded<std::int64_t>(decode_steps_, 0, st.tokens_seen, "keyformer decode steps");
+  }
 
   void on_token(HeadCtx& h, std::int64_t row) override {
     const double u = h.rng.uniform_open(h.hs.draws++);

@@ -143,6 +143,13 @@ class KvzipPolicy final : public PrefillOnlyPolicy {
   }
 
   void on_reset(LayerState& /*st*/) override { pending_ = observed_ = false; }
+  bool awaits_compress(const LayerState& st) const noexcept override {
+    return st.reconstruction && pending_;
+  }
+  void state(StateIO& io, LayerState& /*st*/) override {
+    io.value(pending_, "kvzip pending prompt");
+    io.value(observed_, "kvzip observed reconstruction");
+  }
 
  protected:
   // Each head keeps its sinks and the (keep - n_sink) candidates of highest score.

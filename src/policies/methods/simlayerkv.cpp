@@ -137,6 +137,12 @@ class SimLayerPolicy final : public TokenPolicy {
     state_ = State::kUndecided;
     decided_now_ = false;
   }
+  void state(StateIO& io, LayerState& st) override {
+    auto s = static_cast<std::uint8_t>(state_);
+    io.bounded<std::uint8_t>(s, 0, static_cast<std::uint8_t>(State::kBusy), "simlayerkv layer type");
+    state_ = static_cast<State>(s);
+    io.bounded<std::int64_t>(rows_, 0, st.tokens_seen, "simlayerkv decision rows");
+  }
 
  protected:
   void begin_step(LayerState& st) override {

@@ -33,6 +33,7 @@
 // A merge gate comparing the current attention (merge_attention=current) uses the proxy at the
 // deferred cut of the layers that finished their step before the decision.
 #include <cmath>
+#include <limits>
 
 #include "policies/fields.h"
 #include "policies/methods/h2o.h"
@@ -108,6 +109,20 @@ class SqueezePolicy final : public H2OPolicy {
   void apply_group_decision(LayerState& st) override {
     budget_ = group_->budgets[static_cast<std::size_t>(layer_)];
     cut_stored(st, budget_);
+  }
+
+  // The layer's own state; the group's (signals, budgets) is saved once by the ModelCache.
+  // Loading registers the layer with its group, as its first step would.
+  void state(StateIO& io, LayerState& st) override {
+    H2OPolicy::state(io, st);
+    io.bounded<std::int64_t>(budget_, 0, std::numeric_limits<std::int32_t>::max(), "squeeze budget");
+    io.value(reported_, "squeeze reported");
+    io.value(entropy_sum_, "squeeze entropy sum");
+    io.bounded<std::int64_t>(entropy_count_, 0, std::numeric_limits<std::int64_t>::max(),
+                             "squeeze entropy count");
+    if (io.loading() && group_ && st.shaped) {
+      group_->members[static_cast<std::size_t>(layer_)] = {this, &st};
+    }
   }
 
   void on_reset(LayerState& /*st*/) override {
