@@ -416,6 +416,36 @@ VQ_C_API vq_status vq_model_cache_set_key_filters(vq_model_cache* cache, const f
 /* vq_layer_set_question_length on every layer (checked before any layer changes). */
 VQ_C_API vq_status vq_model_cache_set_question_length(vq_model_cache* cache, int64_t n);
 
+/* ---- Saving and restoring a cache's state ------------------------------------------------
+ * LayerCache::save_state and its neighbours (cache.h, builder.h; docs/api.md "Saving and
+ * restoring a cache"): everything later steps read, not the engine's set-up (RoPE, key
+ * filters, output Gram matrices, head pattern, set_reconstruction, expect_positions), so the
+ * target must be created from the same config and shape and set up as the saved cache was.
+ *
+ * *_save_state: the state's size goes to *size (required); the state is written to buf when
+ * capacity >= that size. buf NULL with capacity 0 asks for the size only (VQ_OK). A smaller
+ * capacity: VQ_ERR_INVALID_ARGUMENT naming both sizes, nothing written. VQ_ERR_INVALID_STATE
+ * while a step is open or a reconstruction pass waits for compress.
+ * *_load_state: all or nothing (on error the cache is as it was). VQ_ERR_INVALID_ARGUMENT for
+ * bytes that are not a state (truncated, checksum, version: the message says what was
+ * expected and found) or a state of another config or shape (naming both);
+ * VQ_ERR_INVALID_STATE while a step is open.
+ * *_save_state_file: written to a temporary file beside `path`, fsynced and renamed over it;
+ * VQ_ERR_IO naming the path on failure. *_load_state_file: VQ_ERR_FILE naming the path for a
+ * missing, truncated or corrupt file; VQ_ERR_INVALID_ARGUMENT for another config or shape. */
+VQ_C_API vq_status vq_layer_save_state(vq_layer_cache* layer, uint8_t* buf, size_t capacity,
+                                       size_t* size);
+VQ_C_API vq_status vq_layer_load_state(vq_layer_cache* layer, const uint8_t* data, size_t size);
+VQ_C_API vq_status vq_layer_save_state_file(vq_layer_cache* layer, const char* path);
+VQ_C_API vq_status vq_layer_load_state_file(vq_layer_cache* layer, const char* path);
+/* The same for every layer of a model cache and their shared state, in one state. */
+VQ_C_API vq_status vq_model_cache_save_state(vq_model_cache* cache, uint8_t* buf, size_t capacity,
+                                             size_t* size);
+VQ_C_API vq_status vq_model_cache_load_state(vq_model_cache* cache, const uint8_t* data,
+                                             size_t size);
+VQ_C_API vq_status vq_model_cache_save_state_file(vq_model_cache* cache, const char* path);
+VQ_C_API vq_status vq_model_cache_load_state_file(vq_model_cache* cache, const char* path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -254,6 +254,25 @@ struct Drop {
   void operator()(vq_status, const char*) const {}
 };
 
+// State save / restore: the state into the caller's buffer (see the header), its size always,
+// its bytes when they fit.
+void copy_state(const std::vector<std::uint8_t>& state, uint8_t* buf, size_t capacity,
+                size_t* size) {
+  need(size, "size") = state.size();
+  if (buf == nullptr && capacity == 0) return;
+  if (buf == nullptr) throw bad_argument("buf must not be NULL when capacity > 0");
+  if (capacity < state.size()) {
+    throw bad_argument("the state takes " + std::to_string(state.size()) +
+                       " bytes, the buffer holds " + std::to_string(capacity) +
+                       " (call with buf NULL and capacity 0 for the size)");
+  }
+  std::memcpy(buf, state.data(), state.size());
+}
+const std::uint8_t* state_bytes(const uint8_t* data, size_t size) {
+  if (data == nullptr && size > 0) throw bad_argument("data must not be NULL when size > 0");
+  return data;
+}
+
 }  // namespace
 
 extern "C" {
@@ -797,8 +816,6 @@ vq_status vq_layer_end_reconstruction_step(vq_layer_cache* layer, const vq_atten
 
 vq_status vq_layer_compress(vq_layer_cache* layer) { VQ_LAYER_CALL(layer, l.cache->compress();); }
 
-#undef VQ_LAYER_CALL
-
 // ---- Model caches ---------------------------------------------------------------------------
 
 vq_status vq_model_cache_create(const vq_config* config, const vq_model_shape* shape,
@@ -906,6 +923,54 @@ vq_status vq_model_cache_set_question_length(vq_model_cache* cache, int64_t n) {
   VQ_MODEL_CALL(cache, m.cache->set_question_length(n););
 }
 
+// ---- State save / restore ----------------------------------------------------------------
+vq_status vq_layer_save_state(vq_layer_cache* layer, uint8_t* buf, size_t capacity, size_t* size) {
+  VQ_LAYER_CALL(layer, copy_state(l.cache->save_state(), buf, capacity, size););
+}
+
+vq_status vq_layer_load_state(vq_layer_cache* layer, const uint8_t* data, size_t size) {
+  VQ_LAYER_CALL(layer, {
+    l.cache->load_state(state_bytes(data, size), size);
+    l.view.reset();
+  });
+}
+
+vq_status vq_layer_save_state_file(vq_layer_cache* layer, const char* path) {
+  VQ_LAYER_CALL(layer, l.cache->save_state_file(&need(path, "path")););
+}
+
+vq_status vq_layer_load_state_file(vq_layer_cache* layer, const char* path) {
+  VQ_LAYER_CALL(layer, {
+    l.cache->load_state_file(&need(path, "path"));
+    l.view.reset();
+  });
+}
+
+vq_status vq_model_cache_save_state(vq_model_cache* cache, uint8_t* buf, size_t capacity,
+                                    size_t* size) {
+  VQ_MODEL_CALL(cache, copy_state(m.cache->save_state(), buf, capacity, size););
+}
+
+vq_status vq_model_cache_load_state(vq_model_cache* cache, const uint8_t* data, size_t size) {
+  VQ_MODEL_CALL(cache, {
+    m.cache->load_state(state_bytes(data, size), size);
+    for (vq_layer_cache& l : m.layers) l.view.reset();
+  });
+}
+
+vq_status vq_model_cache_save_state_file(vq_model_cache* cache, const char* path) {
+  VQ_MODEL_CALL(cache, m.cache->save_state_file(&need(path, "path")););
+}
+
+vq_status vq_model_cache_load_state_file(vq_model_cache* cache, const char* path) {
+  VQ_MODEL_CALL(cache, {
+    m.cache->load_state_file(&need(path, "path"));
+    for (vq_layer_cache& l : m.layers) l.view.reset();
+  });
+}
+
+#undef VQ_LAYER_CALL
 #undef VQ_MODEL_CALL
 
 }  // extern "C"
+

@@ -774,6 +774,145 @@ static void test_key_filters(void) {
   vq_config_free(c);
 }
 
+/* Feeds tokens [t0, t1) of a deterministic sequence to `layer` (H heads of D), one per step. */
+static void feed_tokens(vq_layer_cache* layer, int H, int D, int t0, int t1) {
+  float k[4 * 32], v[4 * 32];
+  vq_tensor keys = {NULL, VQ_DTYPE_F32, {1, 0, 1, 0}, {0, 0, 0, 1}};
+  vq_tensor values;
+  vq_step_view view;
+  int t, h, d;
+  keys.shape[1] = H;
+  keys.shape[3] = D;
+  keys.stride[0] = H * D;
+  keys.stride[1] = D;
+  keys.stride[2] = D;
+  keys.data = k;
+  values = keys;
+  values.data = v;
+  for (t = t0; t < t1; ++t) {
+    for (h = 0; h < H; ++h) {
+      for (d = 0; d < D; ++d) {
+        k[h * D + d] = (float)sin(0.37 * t + 0.11 * d + h);
+        v[h * D + d] = (float)cos(0.23 * t - 0.05 * d + h);
+      }
+    }
+    CHECK_EQ_I64(vq_layer_begin_step(layer, &keys, &values, &view), VQ_OK);
+    CHECK_EQ_I64(vq_layer_end_step(layer, NULL), VQ_OK);
+  }
+}
+
+/* Whether two layers hold the same rows (positions, keys and values as fp32, bit for bit). */
+static int same_rows(vq_layer_cache* a, vq_layer_cache* b, int H, int D) {
+  vq_head_rows ra, rb;
+  float ka[32], va[32], kb[32], vb[32];
+  int h, r;
+  for (h = 0; h < H; ++h) {
+    if (vq_layer_stored(a, 0, h, &ra) != VQ_OK || vq_layer_stored(b, 0, h, &rb) != VQ_OK) return 0;
+    if (ra.n_rows != rb.n_rows) return 0;
+    for (r = 0; r < ra.n_rows; ++r) {
+      if (ra.positions[r] != rb.positions[r]) return 0;
+      if (vq_head_rows_load(&ra, r, ka, va) != VQ_OK || vq_head_rows_load(&rb, r, kb, vb) != VQ_OK)
+        return 0;
+      if (memcmp(ka, kb, sizeof(float) * (size_t)D) != 0 ||
+          memcmp(va, vb, sizeof(float) * (size_t)D) != 0)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+/* Save / restore through buffers and files: the restored cache continues as the saved one. */
+static void test_state(void) {
+  enum { H = 2, D = 32 };
+  vq_config* c = NULL;
+  vq_layer_cache *a = NULL, *b = NULL;
+  vq_layer_shape shape = {H, D, 0, 0, 1};
+  size_t size = 0, size2 = 0;
+  uint8_t* buf;
+  uint8_t* buf2;
+  vq_model_cache *m = NULL, *m2 = NULL;
+  vq_model_shape mshape = {3, H, D, 0};
+  vq_layer_cache* ml = NULL;
+  vq_cache_stats s1, s2;
+  int i;
+  const char* path = "vq_capi_state.bin";
+
+  CHECK_EQ_I64(vq_config_parse("h2o:budget=8,n_sink=1", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_cache_create(c, &shape, &a, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_cache_create(c, &shape, &b, NULL), VQ_OK);
+  feed_tokens(a, H, D, 0, 20);
+  /* The size query, then a buffer too small, then the state. */
+  CHECK_EQ_I64(vq_layer_save_state(a, NULL, 0, &size), VQ_OK);
+  CHECK(size > 20);
+  buf = (uint8_t*)malloc(size);
+  buf2 = (uint8_t*)malloc(size);
+  CHECK_EQ_I64(vq_layer_save_state(a, buf, size - 1, &size2), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(a), "bytes") != NULL);
+  CHECK_EQ_I64(vq_layer_save_state(a, buf, size, &size2), VQ_OK);
+  CHECK_EQ_I64(size2, size);
+  CHECK_EQ_I64(vq_layer_save_state(a, buf, size, NULL), VQ_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_I64(vq_layer_load_state(b, buf, size), VQ_OK);
+  CHECK(same_rows(a, b, H, D));
+  CHECK_EQ_I64(vq_layer_save_state(b, buf2, size, &size2), VQ_OK);
+  CHECK(size2 == size && memcmp(buf, buf2, size) == 0);
+  feed_tokens(a, H, D, 20, 30);
+  feed_tokens(b, H, D, 20, 30);
+  CHECK(same_rows(a, b, H, D));
+  /* Corrupt bytes: an error naming the checksum, the cache unchanged. */
+  buf[size / 2] ^= 0x10;
+  CHECK_EQ_I64(vq_layer_load_state(b, buf, size), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_layer_last_error(b), "checksum") != NULL);
+  CHECK(same_rows(a, b, H, D));
+  CHECK_EQ_I64(vq_layer_load_state(b, NULL, 4), VQ_ERR_INVALID_ARGUMENT);
+  /* Files. */
+  CHECK_EQ_I64(vq_layer_save_state_file(a, path), VQ_OK);
+  vq_layer_cache_free(b);
+  CHECK_EQ_I64(vq_layer_cache_create(c, &shape, &b, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_layer_load_state_file(b, path), VQ_OK);
+  CHECK(same_rows(a, b, H, D));
+  CHECK_EQ_I64(vq_layer_load_state_file(b, "no_such_vq_state.bin"), VQ_ERR_FILE);
+  CHECK(strstr(vq_layer_last_error(b), "no_such_vq_state.bin") != NULL);
+  remove(path);
+  vq_layer_cache_free(a);
+  vq_layer_cache_free(b);
+  vq_config_free(c);
+  free(buf);
+  free(buf2);
+
+  /* A model cache (squeeze: the layers' shared budgets are part of the state). */
+  CHECK_EQ_I64(vq_config_parse("squeeze:budget=8,n_sink=1", &c, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_create(c, &mshape, &m, NULL), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_create(c, &mshape, &m2, NULL), VQ_OK);
+  for (i = 0; i < 3; ++i) {
+    CHECK_EQ_I64(vq_model_cache_layer(m, i, &ml), VQ_OK);
+    feed_tokens(ml, H, D, 0, 12);
+  }
+  CHECK_EQ_I64(vq_model_cache_save_state(m, NULL, 0, &size), VQ_OK);
+  buf = (uint8_t*)malloc(size);
+  CHECK_EQ_I64(vq_model_cache_save_state(m, buf, size, &size2), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_load_state(m2, buf, size), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_stats(m, &s1), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_stats(m2, &s2), VQ_OK);
+  CHECK_EQ_I64(s1.tokens_seen, s2.tokens_seen);
+  CHECK_EQ_I64(s1.kept_bytes, s2.kept_bytes);
+  CHECK_EQ_I64(s1.evictions, s2.evictions);
+  CHECK_EQ_I64(vq_model_cache_save_state_file(m, path), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_load_state_file(m2, path), VQ_OK);
+  /* A layer state is not a model state. */
+  CHECK_EQ_I64(vq_model_cache_layer(m, 0, &ml), VQ_OK);
+  CHECK_EQ_I64(vq_layer_save_state(ml, NULL, 0, &size2), VQ_OK);
+  buf2 = (uint8_t*)malloc(size2);
+  CHECK_EQ_I64(vq_layer_save_state(ml, buf2, size2, &size2), VQ_OK);
+  CHECK_EQ_I64(vq_model_cache_load_state(m2, buf2, size2), VQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(vq_model_cache_last_error(m2), "LayerCache state") != NULL);
+  remove(path);
+  free(buf);
+  free(buf2);
+  vq_model_cache_free(m);
+  vq_model_cache_free(m2);
+  vq_config_free(c);
+}
+
 int main(void) {
   test_version_and_errors();
   test_config();
@@ -786,6 +925,7 @@ int main(void) {
   test_shape_limits();
   test_head_pattern();
   test_key_filters();
+  test_state();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
