@@ -326,6 +326,39 @@ std::shared_ptr<LayerHandle> make_layer(const CacheConfig& config, const py::han
   return h;
 }
 
+// A state (save_state) as Python bytes.
+py::bytes state_bytes(const std::vector<std::uint8_t>& state) {
+  return py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
+}
+
+// The bytes of a state given to load_state: any contiguous buffer of bytes (bytes, bytearray,
+// memoryview, a uint8 array). Error(kInvalidArgument) naming `what` for anything else.
+std::pair<const std::uint8_t*, std::size_t> state_buffer(const py::object& data, const std::string& what) {
+  if (!PyObject_CheckBuffer(data.ptr())) {
+    throw Error(ErrorCode::kInvalidArgument,
+                what + ": data must be bytes (or a buffer of bytes), got " +
+                    std::string(py::str(py::type::of(data).attr("__name__"))));
+  }
+  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(data).request();
+  const bool contiguous = info.ndim <= 1 && (info.ndim == 0 || info.strides[0] == info.itemsize);
+  if (info.itemsize != 1 || !contiguous) {
+    throw Error(ErrorCode::kInvalidArgument,
+                what + ": data must be a contiguous buffer of bytes, got items of " +
+                    std::to_string(info.itemsize) + " bytes in " + std::to_string(info.ndim) +
+                    " dimension(s)");
+  }
+  return {static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size)};
+}
+
+// A file path: str or os.PathLike.
+std::string path_arg(const py::object& path, const std::string& what) {
+  const py::object p = py::module_::import("os").attr("fspath")(path);
+  if (!py::isinstance<py::str>(p)) {
+    throw Error(ErrorCode::kInvalidArgument, what + ": path must be a str or os.PathLike of str");
+  }
+  return p.cast<std::string>();
+}
+
 }  // namespace
 
 py::dict stats_dict(const CacheStats& s) {
@@ -512,6 +545,29 @@ void bind_cache(py::module_& m) {
              l.cache->reset();
              ++l.step;
            })
+      .def("save_state", [](const LayerHandle& l) { return state_bytes(l.cache->save_state()); },
+           "The cache's state as bytes (docs/api.md, \"Saving and restoring a cache\")")
+      .def(
+          "load_state",
+          [](LayerHandle& l, const py::object& data) {
+            const auto [p, n] = state_buffer(data, "[python] LayerCache.load_state");
+            l.cache->load_state(p, n);
+            ++l.step;
+          },
+          py::arg("data"), "Restores a state from save_state(); all or nothing")
+      .def(
+          "save_state_file",
+          [](const LayerHandle& l, const py::object& path) {
+            l.cache->save_state_file(path_arg(path, "[python] LayerCache.save_state_file"));
+          },
+          py::arg("path"), "Writes the state to `path` atomically (temporary file, fsync, rename)")
+      .def(
+          "load_state_file",
+          [](LayerHandle& l, const py::object& path) {
+            l.cache->load_state_file(path_arg(path, "[python] LayerCache.load_state_file"));
+            ++l.step;
+          },
+          py::arg("path"))
       .def(
           "set_key_filters",
           [](LayerHandle& l, const py::object& filters) {
@@ -665,6 +721,29 @@ void bind_cache(py::module_& m) {
              h.cache.reset();
              for (auto& l : h.layers) ++l->step;
            })
+      .def("save_state", [](const ModelHandle& h) { return state_bytes(h.cache.save_state()); },
+           "Every layer's state and their shared state as bytes")
+      .def(
+          "load_state",
+          [](ModelHandle& h, const py::object& data) {
+            const auto [p, n] = state_buffer(data, "[python] ModelCache.load_state");
+            h.cache.load_state(p, n);
+            for (auto& l : h.layers) ++l->step;
+          },
+          py::arg("data"))
+      .def(
+          "save_state_file",
+          [](const ModelHandle& h, const py::object& path) {
+            h.cache.save_state_file(path_arg(path, "[python] ModelCache.save_state_file"));
+          },
+          py::arg("path"))
+      .def(
+          "load_state_file",
+          [](ModelHandle& h, const py::object& path) {
+            h.cache.load_state_file(path_arg(path, "[python] ModelCache.load_state_file"));
+            for (auto& l : h.layers) ++l->step;
+          },
+          py::arg("path"))
       .def_property_readonly("config", [](const ModelHandle& h) { return h.cache.config(); })
       .def_property_readonly("n_layers", [](const ModelHandle& h) { return h.cache.n_layers(); });
 }

@@ -3,6 +3,7 @@
 //
 // Layout (little-endian, explicit widths; base/state_io.h):
 //   magic "VQSTATE\0" (8 bytes) | u32 format version | u32 kind (1 layer, 2 model)
+//   | u64 the state's size in bytes, this header and the checksum included
 //   | text: the config's canonical spec, every field (CacheConfig::spec(true))
 //   | kind 1: one layer section | kind 2: the model shape (4 x i64), the layer group, n_layers
 //     layer sections | u32 CRC-32C of every byte before it.
@@ -73,7 +74,7 @@ namespace {
 constexpr char kMagic[8] = {'V', 'Q', 'S', 'T', 'A', 'T', 'E', '\0'};
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint32_t kKindLayer = 1, kKindModel = 2;
-constexpr std::size_t kHeaderBytes = 16, kCrcBytes = 4;
+constexpr std::size_t kHeaderBytes = 24, kCrcBytes = 4;
 constexpr std::uint64_t kMaxSpec = 1 << 16;
 constexpr std::int64_t kMaxPos = std::numeric_limits<std::int32_t>::max();
 // The fewest bytes one head's section takes (seven counts and values, a store's positions
@@ -90,10 +91,11 @@ const char* kind_name(std::uint32_t kind) { return kind == kKindLayer ? "LayerCa
 // reader (after the header, before the checksum).
 StateIO open_state(const std::uint8_t* data, std::size_t size, std::uint32_t kind) {
   if (data == nullptr && size > 0) StateIO::fail("null data with a size of " + std::to_string(size));
-  if (size < kHeaderBytes + kCrcBytes) {
+  auto too_short = [&] {
     StateIO::fail("expected at least " + std::to_string(kHeaderBytes + kCrcBytes) +
                   " bytes (header and checksum), found " + std::to_string(size));
-  }
+  };
+  if (size < kHeaderBytes) too_short();
   if (std::memcmp(data, kMagic, sizeof kMagic) != 0) {
     StateIO::fail("not a VeloxQuant cache state (expected the magic \"VQSTATE\")");
   }
@@ -104,6 +106,13 @@ StateIO open_state(const std::uint8_t* data, std::size_t size, std::uint32_t kin
     StateIO::fail("format version " + std::to_string(version) + " is not supported: this build "
                   "reads version " + std::to_string(kVersion));
   }
+  std::uint64_t total = 0;
+  std::memcpy(&total, data + 16, 8);
+  if (total != size) {
+    StateIO::fail(std::string(total > size ? "truncated: " : "") + "the header gives a size of " +
+                  std::to_string(total) + " bytes, found " + std::to_string(size));
+  }
+  if (size < kHeaderBytes + kCrcBytes) too_short();
   std::uint32_t stored = 0;
   std::memcpy(&stored, data + size - kCrcBytes, 4);
   const std::uint32_t crc = detail::crc32c(data, size - kCrcBytes);
@@ -129,9 +138,13 @@ void write_header(std::vector<std::uint8_t>& out, std::uint32_t kind) {
   std::uint32_t version = kVersion;
   io.value(version, "version");
   io.value(kind, "kind");
+  std::uint64_t size = 0;  // set by write_checksum
+  io.value(size, "size");
 }
 
 void write_checksum(std::vector<std::uint8_t>& out) {
+  const std::uint64_t size = out.size() + kCrcBytes;
+  std::memcpy(out.data() + 16, &size, 8);
   std::uint32_t crc = detail::crc32c(out.data(), out.size());
   StateIO io(&out);
   io.value(crc, "checksum");
