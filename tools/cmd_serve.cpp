@@ -78,6 +78,27 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
                  "when none can be dropped")
       ->capture_default_str()
       ->check(int_range(1, 100000));
+  auto* session_dir = cmd.add_option("--session-dir", o.session_dir,
+                 "Write every chat turn's session (conversation + compressed cache) to DIR, so "
+                 "a session dropped for room, or held by a server that restarted or died, is "
+                 "restored when its conversation goes on, and an edited reply resumes from the "
+                 "turn before (default: sessions live in memory only)")
+      ->check(non_empty_path())
+      ->type_name("DIR");
+  cmd.add_option_function<std::string>(
+         "--session-dir-bytes",
+         [&o](const std::string& text) {
+           const std::uint64_t b = engine::parse_memory_size(text, "--session-dir-bytes");
+           if (b == 0 || b > static_cast<std::uint64_t>(INT64_MAX)) {
+             throw vq::Error(vq::ErrorCode::kInvalidArgument,
+                             "--session-dir-bytes must be positive and below 8 EiB, got " + text);
+           }
+           o.session_dir_bytes = static_cast<std::int64_t>(b);
+         },
+         "Most bytes of session files in --session-dir; the oldest are removed past it "
+         "(e.g. 512M, 20G; default 4G)")
+      ->type_name("BYTES")
+      ->needs(session_dir);
   cmd.add_option("--shutdown-grace", o.shutdown_grace_s,
                  "Seconds requests in flight may run after SIGTERM")
       ->capture_default_str()

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -180,6 +181,7 @@ struct Scheduler::Session {
   bool busy = false;
   Clock::time_point last_used = Clock::now();
   std::int64_t payload = 0;  // K/V payload (CacheStats::kept_bytes), part of resident
+  bool persisted = false;    // its last turn was queued for --session-dir
 };
 
 struct Scheduler::Active {
@@ -268,6 +270,11 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
     ++fp_measurements_;
   }
   counters_.kv_memory = o_.kv_memory;
+  if (!o_.session_dir.empty()) {
+    store_ = std::make_unique<SessionStore>(o_.session_dir, o_.session_dir_bytes,
+                                            model_identity(model, tokenizer),
+                                            engine::to_string(chat.kind()));
+  }
   fp_thread_ = std::thread([this] { measure_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
@@ -485,13 +492,7 @@ bool Scheduler::reuse_session_locked(const GenRequest& r, const std::string& spe
     Session& s = *sp;
     if (s.busy || !s.chat || s.spec != spec || s.history.size() >= r.messages.size()) continue;
     if (!std::equal(s.history.begin(), s.history.end(), r.messages.begin())) continue;
-    std::vector<std::int32_t> feed = s.tail;
-    std::vector<engine::ChatSpan> spans = {
-        {s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end(), false}};
-    for (auto& span : chat_->render_spans(r.messages, s.history.size()))
-      spans.push_back(std::move(span));
-    const auto ids = chat_->tokenize(spans, false);
-    feed.insert(feed.end(), ids.begin(), ids.end());
+    std::vector<std::int32_t> feed = continuation(s, r);
     if (s.cache.layer(0).tokens_seen() + static_cast<std::int64_t>(feed.size()) + 1 >
         o_.max_context) {
       return false;  // the conversation no longer fits: a new session says so
@@ -502,6 +503,64 @@ bool Scheduler::reuse_session_locked(const GenRequest& r, const std::string& spe
     return true;
   }
   return false;
+}
+
+std::vector<std::int32_t> Scheduler::continuation(const Session& s, const GenRequest& r) const {
+  std::vector<std::int32_t> feed = s.tail;
+  std::vector<engine::ChatSpan> spans = {
+      {s.ended_with_eot ? chat_->close_after_end() : chat_->close_without_end(), false}};
+  for (auto& span : chat_->render_spans(r.messages, s.history.size()))
+    spans.push_back(std::move(span));
+  const auto ids = chat_->tokenize(spans, false);
+  feed.insert(feed.end(), ids.begin(), ids.end());
+  return feed;
+}
+
+bool Scheduler::restore_session_locked(Job& job, const std::string& spec, Active& a) {
+  if (!job.restore_) return false;
+  SessionRecord rec = std::move(*job.restore_);
+  job.restore_.reset();
+  const GenRequest& r = job.req;
+  const std::string path = store_->path_of(rec.spec, rec.history);
+  Session* s = new_session_locked(r, spec, job.need_);
+  try {
+    s->cache.load_state(rec.state.data(), rec.state.size());
+    if (s->cache.layer(0).tokens_seen() != rec.tokens_seen) {
+      throw Error(ErrorCode::kFileError,
+                  "session file '" + path + "': the header says " +
+                      std::to_string(rec.tokens_seen) + " positions, the cache holds " +
+                      std::to_string(s->cache.layer(0).tokens_seen()),
+                  path);
+    }
+  } catch (const Error& e) {
+    drop_session_locked(s);
+    ++counters_.session_restore_errors;
+    std::fprintf(stderr, "serve: cannot restore session: %s (file removed)\n", e.what());
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    return false;
+  }
+  s->history = std::move(rec.history);
+  s->tail = std::move(rec.tail);
+  s->ended_with_eot = rec.ended_with_eot;
+  s->persisted = true;
+  std::vector<std::int32_t> feed = continuation(*s, r);
+  if (rec.tokens_seen + static_cast<std::int64_t>(feed.size()) + 1 > o_.max_context) {
+    drop_session_locked(s);  // the conversation no longer fits: a new session says so
+    return false;
+  }
+  ++counters_.sessions_restored;
+  // A reply in the request after the restored turn: the client changed it (or the turn after
+  // it was never saved), so the session resumes from the turn before.
+  for (std::size_t k = s->history.size(); k < r.messages.size(); ++k) {
+    if (r.messages[k].role == "assistant") {
+      ++counters_.snapshot_hits;
+      break;
+    }
+  }
+  a.s = s;
+  a.feed = std::move(feed);
+  return true;
 }
 
 std::vector<std::int32_t> Scheduler::prompt_tokens(const GenRequest& r) const {
@@ -549,6 +608,7 @@ bool Scheduler::make_room_locked(std::int64_t need) {
       --it;
     } while ((*it)->busy);
     reserved_ -= (*it)->reserved;
+    if ((*it)->persisted) ++counters_.sessions_spilled;
     sessions_.erase(it);
     ++counters_.sessions_evicted;
   }
@@ -607,6 +667,18 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
   std::int64_t cached = 0;  // positions of a reused session's cache
   try {
     if (r.chat && reuse_session_locked(r, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
+    if (a->s == nullptr && r.chat && store_ && !job->looked_up_) {
+      job->looked_up_ = true;
+      std::string why;
+      const std::int64_t before = counters_.session_restore_errors;
+      job->restore_ = store_->find(spec, r.messages, counters_.session_restore_errors, why);
+      if (counters_.session_restore_errors != before)
+        std::fprintf(stderr, "serve: cannot restore session: %s (file removed)\n", why.c_str());
+    }
+    if (a->s == nullptr && job->restore_) {
+      if (!make_room_locked(job->need_)) return false;  // wait in the queue, the record kept
+      if (restore_session_locked(*job, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
+    }
     if (a->s == nullptr) {
       std::vector<std::int32_t> feed = prompt_tokens(r);
       const std::int64_t need = job->need_;  // measured at submit, never on this thread
@@ -645,6 +717,7 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
       a.job->kv_full_ = s->full;
       a.job->kv_payload_ = s->payload;
     }
+    bool deferred = false;  // the job finishes when its session file is written
     if (s->chat) {
       s->history = a.job->req.messages;
       // The reply as the client received it: JSON carries invalid UTF-8 (a byte token cut from
@@ -654,6 +727,22 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
       s->history.push_back(Message{"assistant", nlohmann::json::parse(sent).get<std::string>()});
       s->busy = false;
       s->last_used = Clock::now();
+      if (store_) {
+        // The turn's state, copied now (the next turn changes the cache) and written by the
+        // store's thread; the reply ends (the job finishes) once its file is durable, so a
+        // client that has its reply can continue the conversation on any server sharing the
+        // directory, even if this one dies right after.
+        try {
+          SessionRecord rec{s->spec, s->history, s->tail, s->ended_with_eot,
+                            s->cache.layer(0).tokens_seen(), s->cache.save_state()};
+          std::shared_ptr<Job> job = a.job;
+          s->persisted = store_->put(std::move(rec), [job, reason] { job->finish(reason); });
+          deferred = s->persisted;
+        } catch (const std::exception& e) {
+          s->persisted = false;
+          std::fprintf(stderr, "serve: session %s not saved: %s\n", s->id.c_str(), e.what());
+        }
+      }
       for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
         if (it->get() == s) {
           sessions_.splice(sessions_.begin(), sessions_, it);
@@ -663,7 +752,7 @@ void Scheduler::end_active(Active& a, const std::string& reason, std::optional<S
     } else {
       drop_session_locked(s);
     }
-    a.job->finish(reason);
+    if (!deferred) a.job->finish(reason);
   }
   for (auto it = active_.begin(); it != active_.end(); ++it) {
     if (it->get() == &a) {
@@ -964,6 +1053,8 @@ Metrics Scheduler::metrics() {
     m.kv_full += s->full;
   }
   m.kv_reserved = reserved_;
+  m.persistent = store_ != nullptr;
+  if (store_) m.store = store_->stats();
   m.queued = static_cast<std::int64_t>(queue_.size());
   std::int64_t tok = 0;
   for (auto& r : rate_) tok += r.second;

@@ -11,6 +11,14 @@
 // end. A request that fails, is cancelled (client gone) or is cut short by shutdown frees its
 // session.
 //
+// Sessions that survive (--session-dir, serve/session_store.h). Each chat turn's end copies
+// the session's state (ModelCache::save_state) to the store, whose thread writes it as a file
+// named by the conversation; the job finishes once the file is durable. A request that no live
+// session continues looks up the files of its conversation's turns (latest first) once, at its
+// first admission attempt, and restores the cache from the one it finds: a session dropped for
+// room (spilled), saved by a server that restarted or by another replica, or a turn before a
+// reply the client edited.
+//
 // Memory as a contract. Each session holds a reservation of its method's footprint
 // (serve/footprint.h) from admission until it is dropped; the reservations together never
 // exceed --kv-memory, so neither do the caches' resident bytes. A new session that does not fit
@@ -42,6 +50,7 @@
 #include "engine/run/sampler.h"
 #include "engine/tokenizers/tokenizer.h"
 #include "engine/run/chat_template.h"
+#include "serve/session_store.h"
 #include "veloxquant/config.h"
 
 namespace vq::serve {
@@ -93,6 +102,11 @@ struct SchedulerOptions {
   // --duo-pattern: the head pattern every session of a method with head types (duoattention)
   // gets; empty: none (such sessions estimate their heads from the prompt).
   HeadPattern head_pattern;
+  // --session-dir: where every chat turn's session is written (serve/session_store.h), so a
+  // session dropped for room, or held by a server that restarted or died, is restored when its
+  // conversation goes on; "" = sessions live in memory only. --session-dir-bytes bounds it.
+  std::string session_dir;
+  std::int64_t session_dir_bytes = std::int64_t{4} << 30;
 };
 
 // What a request asks for (parsed and validated by serve/openai.h).
@@ -209,6 +223,10 @@ class Job {
   std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0, kv_payload_ = 0;
   std::chrono::steady_clock::time_point queued_at_ = std::chrono::steady_clock::now();
   std::int64_t need_ = 0;  // the method's footprint, measured at submit
+  // --session-dir: the saved turn this request continues, looked up once (at its first
+  // admission attempt), kept while it waits for room.
+  bool looked_up_ = false;
+  std::optional<SessionRecord> restore_;
 };
 
 struct Metrics {
@@ -226,6 +244,14 @@ struct Metrics {
   std::int64_t requests_rejected = 0, sessions_evicted = 0, sessions_reused = 0;
   std::int64_t requests_cancelled = 0;  // ended (queued or running): the client went away
   std::int64_t peak_kv_resident = 0;    // the most resident bytes all sessions held at once
+  // --session-dir: idle sessions dropped for room whose state is on disk, sessions restored
+  // from disk (any turn), of which from a turn before the request's last reply (the client
+  // edited it: a snapshot hit), session files that failed to restore (removed), and the
+  // store's own counters.
+  std::int64_t sessions_spilled = 0, sessions_restored = 0, snapshot_hits = 0;
+  std::int64_t session_restore_errors = 0;
+  SessionStoreStats store;
+  bool persistent = false;                 // --session-dir is set
   std::int64_t method_specs = 0;           // specs known now (measured or being measured)
   std::int64_t footprint_measurements = 0; // footprints measured since start (startup included)
 };
@@ -295,6 +321,13 @@ class Scheduler {
   // first) when that makes them fit; false (nothing dropped) when even that would not.
   bool make_room_locked(std::int64_t need);
   Session* new_session_locked(const GenRequest& r, const std::string& spec, std::int64_t need);
+  // --session-dir: a session rebuilt from the saved turn the job found (Job::restore_), with
+  // a.s and a.feed set as for a reused session; false (nothing held) when there is none or it
+  // cannot be used (then counted, logged and its file removed when it is damaged).
+  bool restore_session_locked(Job& job, const std::string& spec, Active& a);
+  // The tokens that continue session `s` with request `r`'s messages past s's history: its
+  // pending tail, the close of its last turn, the new messages rendered.
+  std::vector<std::int32_t> continuation(const Session& s, const GenRequest& r) const;
   // Marks the session busy, sets the sampler and the job's counters, and makes `a` active.
   void start_locked(std::unique_ptr<Active> a, std::int64_t cached);
   void step(std::vector<Active*>& run);
@@ -353,6 +386,7 @@ class Scheduler {
   std::size_t rr_ = 0;  // round-robin start when a step cannot take every session
   bool draining_ = false, stopping_ = false, abort_active_ = false;
   Metrics counters_;
+  std::unique_ptr<SessionStore> store_;  // --session-dir (null without)
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::int64_t>> rate_;  // tokens
   std::thread thread_;
 };

@@ -96,6 +96,33 @@ std::string metrics_text(const Metrics& m) {
         m.sessions_evicted, "counter");
   gauge("veloxquant_sessions_reused_total", "Requests that continued a live session's cache",
         m.sessions_reused, "counter");
+  if (m.persistent) {
+    gauge("veloxquant_sessions_spilled_total",
+          "Idle sessions dropped for room whose last turn is in --session-dir",
+          m.sessions_spilled, "counter");
+    gauge("veloxquant_sessions_restored_total",
+          "Requests that continued a session restored from --session-dir", m.sessions_restored,
+          "counter");
+    gauge("veloxquant_session_snapshot_hits_total",
+          "Of those, restored from a turn before the request's last reply (an edited reply)",
+          m.snapshot_hits, "counter");
+    gauge("veloxquant_session_restore_errors_total",
+          "Session files that could not be restored (damaged or unusable; removed)",
+          m.session_restore_errors, "counter");
+    gauge("veloxquant_session_writes_total", "Turns written to --session-dir", m.store.writes,
+          "counter");
+    gauge("veloxquant_session_write_errors_total", "Turns whose file could not be written",
+          m.store.write_errors, "counter");
+    gauge("veloxquant_session_writes_skipped_total",
+          "Turns not written (writer too far behind, or a file past --session-dir-bytes)",
+          m.store.skipped, "counter");
+    gauge("veloxquant_session_files_removed_total",
+          "Oldest session files removed to keep --session-dir within --session-dir-bytes",
+          m.store.removed, "counter");
+    gauge("veloxquant_session_files", "Session files in --session-dir (at the last write)",
+          m.store.files);
+    gauge("veloxquant_session_dir_bytes", "Bytes of those files", m.store.bytes);
+  }
   gauge("veloxquant_method_specs", "Method specs known now (measured or being measured)",
         m.method_specs);
   gauge("veloxquant_footprint_measurements_total",
@@ -191,6 +218,8 @@ SchedulerOptions scheduler_options(const ServeOptions& o, const CacheConfig& met
   so.default_method = method;
   so.max_method_specs = o.max_method_specs;
   so.methods_allowed = parse_methods_allowed(o.methods_allowed);
+  so.session_dir = o.session_dir;
+  so.session_dir_bytes = o.session_dir_bytes;
   if (!o.head_pattern.empty()) so.head_pattern = load_head_pattern(o.head_pattern, mc.n_layers, mc.n_kv_heads);
   if (so.max_context > mc.seq_len) {
     throw Error(ErrorCode::kInvalidArgument,

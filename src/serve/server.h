@@ -49,6 +49,8 @@ struct ServeOptions {
   double shutdown_grace_s = 10.0;
   int http_threads = 0;  // 0: 2 * max_sessions + 8, at most 256
   std::string head_pattern;  // --duo-pattern FILE (methods with head types); "" = none
+  std::string session_dir;   // --session-dir DIR: sessions written at each turn; "" = none
+  std::int64_t session_dir_bytes = std::int64_t{4} << 30;  // --session-dir-bytes
 };
 
 // Loads the model, serves until SIGTERM/SIGINT, returns the process exit code. Prints
