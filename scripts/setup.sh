@@ -10,6 +10,8 @@ packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11
 packages+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest pkg-config)
 # `veloxquant serve` (issue 22): the HTTP library; chromium for the chat page's browser test.
 packages+=(libcpp-httplib-dev chromium)
+# The replica test (issue 32): three servers behind HAProxy (deploy/haproxy.cfg).
+packages+=(haproxy)
 # scripts/fuzz.sh (`setup.sh --fuzz`) also needs clang with its libFuzzer and sanitizer runtimes.
 if [ "${1:-}" = "--fuzz" ]; then
   packages+=(clang libclang-rt-dev llvm)
