@@ -7,11 +7,14 @@ appends the reply and a new user message, so later turns continue the session's 
 --tokens tokens a turn. Records aggregate generated tokens/s (all clients' tokens over the wall
 time of the run), time to first token and inter-token latency (p50, p99 over all clients), the
 most sessions live at once and the K/V bytes (resident, full-cache equivalent, reserved) polled
-from /metrics, the server's peak RSS (VmHWM), and the per-session reservation the server printed.
+from /metrics, the server's peak RSS (VmHWM), the per-session reservation the server printed, and how many turns
+after the first resumed a cached session (usage.prompt_tokens_details.cached_tokens > 0), from
+memory or, with --session-dir, from disk.
 
 Usage: serve_load.py --binary build/veloxquant --model M [--tokenizer T] --label NAME
          [--method full --method h2o:budget=512] [--clients 1,2,4,8,16] [--tokens 32]
          [--turns 2] [--kv-memory 2G] [--max-context 4096] [--threads 0] [--out results/serve]
+         [--max-sessions N] [--session-dir DIR]
 Writes OUT/NAME.json and OUT/NAME.svg.
 """
 import argparse
@@ -41,8 +44,13 @@ class Server:
     def __init__(self, a, method):
         cmd = [a.binary, "serve", "--model", a.model, "--host", "127.0.0.1", "--port", "0",
                "--method", method, "--kv-memory", a.kv_memory, "--max-context",
-               str(a.max_context), "--max-sessions", "64", "--threads", str(a.threads),
+               str(a.max_context), "--max-sessions", str(a.max_sessions or 64), "--threads", str(a.threads),
                "--queue-timeout", "600"]
+        if a.session_dir:
+            # A fresh directory per server: one run's files never serve another's.
+            Server.runs = getattr(Server, "runs", 0) + 1
+            d = os.path.join(a.session_dir, "run%d" % Server.runs)
+            cmd += ["--session-dir", d]
         if a.tokenizer:
             cmd += ["--tokenizer", a.tokenizer]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,6 +95,7 @@ class Server:
 
 def client(port, idx, a, out):
     msgs, ttft, itl, tokens, errors = [], [], [], 0, 0
+    later, resumed = 0, 0  # turns after the first, and those that resumed a cache
     for turn in range(a.turns):
         words = [WORDS[(idx * 7 + turn * 3 + i) % len(WORDS)] for i in range(a.prompt_words)]
         msgs.append({"role": "user", "content": " ".join(words)})
@@ -127,12 +136,15 @@ def client(port, idx, a, out):
                 u = j.get("usage")
                 if u:
                     tokens += u["completion_tokens"]
+                    if turn > 0:
+                        later += 1
+                        resumed += u.get("prompt_tokens_details", {}).get("cached_tokens", 0) > 0
         c.close()
         if not done:
             errors += 1
             break
         msgs.append({"role": "assistant", "content": reply})
-    out[idx] = (ttft, itl, tokens, errors)
+    out[idx] = (ttft, itl, tokens, errors, later, resumed)
 
 
 def run_level(a, method, k):
@@ -167,6 +179,8 @@ def run_level(a, method, k):
         itl = [x for r in results.values() for x in r[1]]
         tokens = sum(r[2] for r in results.values())
         errors = sum(r[3] for r in results.values()) + (k - len(results))
+        later = sum(r[4] for r in results.values())
+        resumed = sum(r[5] for r in results.values())
         row = {"method": method, "clients": k, "tokens": tokens, "wall_s": round(wall, 3),
                "tokens_per_s": round(tokens / wall, 2),
                "ttft_p50_ms": round(1000 * pct(ttft, 50), 1), "ttft_p99_ms": round(1000 * pct(ttft, 99), 1),
@@ -176,7 +190,11 @@ def run_level(a, method, k):
                "kv_full_peak_bytes": peak["full"], "kv_reserved_peak_bytes": peak["reserved"],
                "session_reservation_bytes": srv.reserve, "sessions_capacity": srv.capacity,
                "footprint_exceeded": int(m["veloxquant_kv_footprint_exceeded_total"]),
-               "rss_peak_bytes": srv.peak_rss(), "errors": errors}
+               "rss_peak_bytes": srv.peak_rss(), "errors": errors,
+               "later_turns": later, "later_turns_resumed": resumed,
+               "sessions_evicted": int(m["veloxquant_sessions_evicted_total"]),
+               "sessions_restored": int(m.get("veloxquant_sessions_restored_total", 0)),
+               "session_dir": bool(a.session_dir)}
         print(json.dumps(row), flush=True)
         return row
     finally:
@@ -229,6 +247,10 @@ def main():
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="results/serve")
+    p.add_argument("--max-sessions", type=int, default=0, help="the server's --max-sessions "
+                   "(default 64)")
+    p.add_argument("--session-dir", default="", help="give every server --session-dir "
+                   "DIR/runN (sessions dropped for room are restored from disk)")
     a = p.parse_args()
     methods = a.method or ["full", "h2o:budget=512"]
     ks = [int(k) for k in a.clients.split(",")]
