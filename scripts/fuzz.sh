@@ -23,6 +23,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   targets+=(registry)  # issue 33: the custom-method registry
   # Issue 33: the server's OpenAI request mapper and the chat template renderer.
   targets+=(openai_request chat_template)
+  targets+=(state_load)  # issue 32: cache state loading
 fi
 shared=${VELOXQUANT_SHARED_DIR:-../shared}/data
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1

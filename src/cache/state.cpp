@@ -371,6 +371,9 @@ std::vector<std::uint8_t> LayerCache::save_state() const {
                 "run it and call compress() first");
   }
   std::vector<std::uint8_t> out;
+  // Every byte held between steps bounds the state (rows, positions, per-row values): one
+  // allocation, no regrowth.
+  out.reserve(static_cast<std::size_t>(stats().resident_bytes) + 4096);
   write_header(out, kKindLayer);
   StateIO io(&out);
   spec_section(io, state_->config);
@@ -443,6 +446,7 @@ std::vector<std::uint8_t> ModelCache::save_state() const {
     }
   }
   std::vector<std::uint8_t> out;
+  out.reserve(static_cast<std::size_t>(stats().resident_bytes) + 4096 * layers_.size());
   write_header(out, kKindModel);
   StateIO io(&out);
   spec_section(io, config_);

@@ -210,6 +210,10 @@ class TokenPolicy : public Policy {
   }
   void reset_source() override { source_.kind = source_.configured; }
   const char* source_name() const noexcept override;
+  // Reading checks what the eviction loop relies on: each head's per-row arrays parallel to its
+  // method rows (scores, aux, history of hist_stride), and equal row counts across a batch
+  // element's heads for a method whose heads share their rows.
+  void state(StateIO& io, LayerState& st) override;
   // Head-wise budgets (policies/headwise.h): every cut is one decision per batch element over
   // all its KV heads, which keep n_kv_heads x budget rows together. Set by the method's factory
   // (eligible methods only).

@@ -342,6 +342,29 @@ void TokenPolicy::evict_rows(HeadCtx& h, const std::vector<std::int64_t>& losers
   h.hs.hist.resize(out * stride);
 }
 
+void TokenPolicy::state(StateIO& io, LayerState& st) {
+  if (!io.loading()) return;
+  for (const HeadState& hs : st.heads) {
+    const std::int64_t rows = hs.store()->size() - hs.store()->n_demoted();
+    io.check(static_cast<std::int64_t>(hs.score.size()) == rows &&
+                 static_cast<std::int64_t>(hs.aux.size()) == rows &&
+                 static_cast<std::int64_t>(hs.hist.size()) == rows * hs.hist_stride,
+             "per-row values: expected " + std::to_string(rows) + " scores, aux values and " +
+                 std::to_string(rows * hs.hist_stride) + " history values, found " +
+                 std::to_string(hs.score.size()) + ", " + std::to_string(hs.aux.size()) + " and " +
+                 std::to_string(hs.hist.size()));
+  }
+  if (!shares_rows() || headwise_.on) return;
+  const std::int64_t H = st.shape.n_kv_heads;
+  for (std::size_t i = 0; i < st.heads.size(); ++i) {
+    const std::size_t first = i - i % static_cast<std::size_t>(H);
+    io.check(st.heads[i].store()->size() == st.heads[first].store()->size(),
+             "rows: the heads of a batch element share their rows, found " +
+                 std::to_string(st.heads[i].store()->size()) + " and " +
+                 std::to_string(st.heads[first].store()->size()));
+  }
+}
+
 void TokenPolicy::open_live(LayerState& st) {
   for (HeadState& hs : st.heads) {
     // The method's rows: the stored rows before any demoted ones (demote=, see RowStore).

@@ -117,6 +117,11 @@ class ExpectedAttentionPolicy final : public TokenPolicy {
       io.check(groups_ == (queries_ ? G : 1), "expected_attention groups: expected " +
                                                   std::to_string(queries_ ? G : 1));
       stats_.assign(static_cast<std::size_t>(n), Stats{});
+      for (const HeadState& hs : st.heads) {
+        io.check(n == 0 ? hs.score.empty() : hs.hist_stride == groups_,
+                 "expected_attention: rows before the query source was resolved, or a history "
+                 "stride other than the query groups");
+      }
     }
     const auto d = static_cast<std::uint64_t>(st.shape.head_dim);
     const auto g = static_cast<std::uint64_t>(groups_);

@@ -75,6 +75,17 @@ class MorphKVPolicy final : public TokenPolicy {
 
  protected:
   // The attention source keeps each row's attention of the last `window` queries (hist).
+  void state(StateIO& io, LayerState& st) override {
+    TokenPolicy::state(io, st);
+    if (!io.loading()) return;
+    for (const HeadState& hs : st.heads) {
+      const bool rows = hs.store()->size() > 0;
+      io.check(hs.hist_stride == (source_.attention() && rows ? window_ : hs.hist_stride) &&
+                   (hs.hist_stride == 0 || hs.hist_stride == window_),
+               "morphkv history: expected " + std::to_string(window_) + " values a row, found " +
+                   std::to_string(hs.hist_stride));
+    }
+  }
   void begin_step(LayerState& st) override {
     if (source_.attention()) {
       for (HeadState& hs : st.heads) {
