@@ -277,6 +277,7 @@ Scheduler::Scheduler(const engine::Model& model, const engine::Tokenizer& tokeni
   }
   fp_thread_ = std::thread([this] { measure_loop(); });
   thread_ = std::thread([this] { loop(); });
+  if (store_) restore_thread_ = std::thread([this] { restore_loop(); });
 }
 
 std::int64_t Scheduler::measure(const CacheConfig& method) const {
@@ -334,7 +335,11 @@ Scheduler::~Scheduler() {
     stopping_ = true;
   }
   cv_.notify_all();
+  restore_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (restore_thread_.joinable()) restore_thread_.join();
+  for (auto& w : restore_work_) w.job->fail(unavailable("the server is shutting down", 1));
+  for (auto& w : restore_done_) w.job->fail(unavailable("the server is shutting down", 1));
   for (auto& a : active_) a->job->fail(unavailable("the server is shutting down", 1));
   for (auto& j : queue_) j->fail(unavailable("the server is shutting down", 1));
 }
@@ -516,51 +521,114 @@ std::vector<std::int32_t> Scheduler::continuation(const Session& s, const GenReq
   return feed;
 }
 
-bool Scheduler::restore_session_locked(Job& job, const std::string& spec, Active& a) {
-  if (!job.restore_) return false;
-  SessionRecord rec = std::move(*job.restore_);
-  job.restore_.reset();
-  const GenRequest& r = job.req;
-  const std::string path = store_->path_of(rec.spec, rec.history);
-  Session* s = new_session_locked(r, spec, job.need_);
-  try {
-    s->cache.load_state(rec.state.data(), rec.state.size());
-    if (s->cache.layer(0).tokens_seen() != rec.tokens_seen) {
-      throw Error(ErrorCode::kFileError,
-                  "session file '" + path + "': the header says " +
-                      std::to_string(rec.tokens_seen) + " positions, the cache holds " +
-                      std::to_string(s->cache.layer(0).tokens_seen()),
-                  path);
+void Scheduler::restore_loop() {
+  std::unique_lock lock(m_);
+  for (;;) {
+    restore_cv_.wait(lock, [&] { return stopping_ || !restore_work_.empty(); });
+    if (stopping_) return;
+    Restoring w = std::move(restore_work_.front());
+    restore_work_.pop_front();
+    lock.unlock();
+    // The session is busy and in no step: only this thread touches its cache now.
+    const GenRequest& r = w.job->req;
+    for (const auto& [path, k] : w.job->restore_from_) {
+      if (w.job->cancelled()) break;
+      const std::vector<Message> prefix(r.messages.begin(),
+                                        r.messages.begin() + static_cast<std::ptrdiff_t>(k));
+      try {
+        std::optional<SessionRecord> rec = store_->read(path, w.s->spec, prefix);
+        if (!rec) continue;
+        w.s->cache.load_state(rec->state.data(), rec->state.size());
+        if (w.s->cache.layer(0).tokens_seen() != rec->tokens_seen) {
+          const std::int64_t held = w.s->cache.layer(0).tokens_seen();
+          w.s->cache = session_cache(w.s->method);
+          throw Error(ErrorCode::kFileError,
+                      "session file '" + path + "': the header says " +
+                          std::to_string(rec->tokens_seen) + " positions, the cache holds " +
+                          std::to_string(held),
+                      path);
+        }
+        rec->state.clear();
+        rec->state.shrink_to_fit();
+        w.meta = std::move(*rec);
+        w.ok = true;
+        break;
+      } catch (const Error& e) {
+        ++w.errors;
+        std::fprintf(stderr, "serve: cannot restore session: %s (file removed)\n", e.what());
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+      }
     }
-  } catch (const Error& e) {
+    lock.lock();
+    restore_done_.push_back(std::move(w));
+    cv_.notify_all();  // the scheduler thread starts it
+  }
+}
+
+void Scheduler::finish_restore_locked(Restoring& w) {
+  --restoring_;
+  counters_.session_restore_errors += w.errors;
+  Session* s = w.s;
+  const GenRequest& r = w.job->req;
+  if (w.job->cancelled()) {
+    ++counters_.requests_cancelled;
+    w.job->fail(unavailable("the client disconnected", 0));
     drop_session_locked(s);
-    ++counters_.session_restore_errors;
-    std::fprintf(stderr, "serve: cannot restore session: %s (file removed)\n", e.what());
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
-    return false;
+    return;
   }
-  s->history = std::move(rec.history);
-  s->tail = std::move(rec.tail);
-  s->ended_with_eot = rec.ended_with_eot;
-  s->persisted = true;
-  std::vector<std::int32_t> feed = continuation(*s, r);
-  if (rec.tokens_seen + static_cast<std::int64_t>(feed.size()) + 1 > o_.max_context) {
-    drop_session_locked(s);  // the conversation no longer fits: a new session says so
-    return false;
+  if (draining_ || stopping_) {
+    w.job->fail(unavailable("the server is shutting down", 1));
+    drop_session_locked(s);
+    return;
   }
-  ++counters_.sessions_restored;
-  // A reply in the request after the restored turn: the client changed it (or the turn after
-  // it was never saved), so the session resumes from the turn before.
-  for (std::size_t k = s->history.size(); k < r.messages.size(); ++k) {
-    if (r.messages[k].role == "assistant") {
-      ++counters_.snapshot_hits;
-      break;
+  auto a = std::make_unique<Active>();
+  a->job = w.job;
+  a->s = s;
+  std::int64_t cached = 0;
+  try {
+    if (w.ok) {
+      s->history = std::move(w.meta.history);
+      s->tail = std::move(w.meta.tail);
+      s->ended_with_eot = w.meta.ended_with_eot;
+      s->persisted = true;
+      std::vector<std::int32_t> feed = continuation(*s, r);
+      if (w.meta.tokens_seen + static_cast<std::int64_t>(feed.size()) + 1 <= o_.max_context) {
+        ++counters_.sessions_restored;
+        // A reply in the request after the restored turn: the client changed it (or the turn
+        // after it was never saved), so the session resumes from the turn before.
+        for (std::size_t k = s->history.size(); k < r.messages.size(); ++k) {
+          if (r.messages[k].role == "assistant") {
+            ++counters_.snapshot_hits;
+            break;
+          }
+        }
+        a->feed = std::move(feed);
+        cached = w.meta.tokens_seen;
+      } else {
+        w.ok = false;  // the conversation no longer fits: a new session says so
+      }
     }
+    if (!w.ok) {
+      // No file could be used: the session starts from the whole conversation, on a fresh
+      // cache (its memory is reserved already).
+      s->cache = session_cache(s->method);
+      s->history.clear();
+      s->tail.clear();
+      s->ended_with_eot = false;
+      s->persisted = false;
+      a->feed = prompt_tokens(r);
+    }
+  } catch (const ServeError& e) {
+    w.job->fail(e);
+    drop_session_locked(s);
+    return;
+  } catch (const Error& e) {
+    w.job->fail(bad_request(e.what()));
+    drop_session_locked(s);
+    return;
   }
-  a.s = s;
-  a.feed = std::move(feed);
-  return true;
+  start_locked(std::move(a), cached);
 }
 
 std::vector<std::int32_t> Scheduler::prompt_tokens(const GenRequest& r) const {
@@ -615,21 +683,23 @@ bool Scheduler::make_room_locked(std::int64_t need) {
   return true;
 }
 
+ModelCache Scheduler::session_cache(const CacheConfig& method) const {
+  ModelCache cache = engine::make_model_cache(method, *model_);
+  if (!o_.head_pattern.empty() && method.info().head_types) cache.set_head_pattern(o_.head_pattern);
+  // kvzip: the session's prompts wait for the reconstruction pass step() runs after them.
+  if (cache.reads_reconstruction()) cache.set_reconstruction(true);
+  // Memory only: a session holds at most --max-context positions, so its stores grow no
+  // further (the footprint is measured with the same hint).
+  cache.expect_positions(o_.max_context);
+  return cache;
+}
+
 Scheduler::Session* Scheduler::new_session_locked(const GenRequest& r, const std::string& spec,
                                                   std::int64_t need) {
   auto s = std::make_unique<Session>(Session{std::to_string(next_session_++), r.method, spec,
-                                             engine::make_model_cache(r.method, *model_),
-                                             r.chat, {}, {}, false, need, 0, 0, false,
-                                             Clock::now()});
+                                             session_cache(r.method), r.chat, {}, {}, false, need,
+                                             0, 0, false, Clock::now()});
   s->id = "s" + s->id;
-  if (!o_.head_pattern.empty() && s->method.info().head_types) {
-    s->cache.set_head_pattern(o_.head_pattern);
-  }
-  // kvzip: the session's prompts wait for the reconstruction pass step() runs after them.
-  if (s->cache.reads_reconstruction()) s->cache.set_reconstruction(true);
-  // Memory only: a session holds at most --max-context positions, so its stores grow no
-  // further (the footprint is measured with the same hint).
-  s->cache.expect_positions(o_.max_context);
   reserved_ += need;
   sessions_.push_front(std::move(s));
   return sessions_.front().get();
@@ -669,15 +739,18 @@ bool Scheduler::admit_locked(const std::shared_ptr<Job>& job) {
     if (r.chat && reuse_session_locked(r, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
     if (a->s == nullptr && r.chat && store_ && !job->looked_up_) {
       job->looked_up_ = true;
-      std::string why;
-      const std::int64_t before = counters_.session_restore_errors;
-      job->restore_ = store_->find(spec, r.messages, counters_.session_restore_errors, why);
-      if (counters_.session_restore_errors != before)
-        std::fprintf(stderr, "serve: cannot restore session: %s (file removed)\n", why.c_str());
+      job->restore_from_ = store_->candidates(spec, r.messages);
     }
-    if (a->s == nullptr && job->restore_) {
-      if (!make_room_locked(job->need_)) return false;  // wait in the queue, the record kept
-      if (restore_session_locked(*job, spec, *a)) cached = a->s->cache.layer(0).tokens_seen();
+    if (a->s == nullptr && !job->restore_from_.empty()) {
+      // A saved turn to continue: the memory is reserved now, the file read on the restore
+      // thread (the job leaves the queue; it starts when the restore is done).
+      if (!make_room_locked(job->need_)) return false;
+      Session* s = new_session_locked(r, spec, job->need_);
+      s->busy = true;
+      restore_work_.push_back(Restoring{job, s, false, 0, {}});
+      ++restoring_;
+      restore_cv_.notify_one();
+      return true;
     }
     if (a->s == nullptr) {
       std::vector<std::int32_t> feed = prompt_tokens(r);
@@ -785,6 +858,11 @@ void Scheduler::loop() {
         } else {
           ++it;
         }
+      }
+      while (!restore_done_.empty()) {
+        Restoring w = std::move(restore_done_.front());
+        restore_done_.pop_front();
+        finish_restore_locked(w);
       }
       while (!queue_.empty() && admit_locked(queue_.front())) queue_.pop_front();
       // Cancelled (client gone) and aborted (shutdown past its grace) requests end here.
@@ -1026,11 +1104,12 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   draining_ = true;
   cv_.notify_all();
   const auto until = Clock::now() + grace;
-  while (!active_.empty() || !queue_.empty()) {
+  while (!active_.empty() || !queue_.empty() || restoring_ > 0) {
     if (cv_.wait_until(lock, until) == std::cv_status::timeout) {
       abort_active_ = true;
       cv_.notify_all();
-      cv_.wait_for(lock, std::chrono::seconds(5), [&] { return active_.empty() && queue_.empty(); });
+      cv_.wait_for(lock, std::chrono::seconds(5),
+                   [&] { return active_.empty() && queue_.empty() && restoring_ == 0; });
       return;
     }
   }

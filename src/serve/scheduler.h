@@ -51,6 +51,7 @@
 #include "engine/tokenizers/tokenizer.h"
 #include "engine/run/chat_template.h"
 #include "serve/session_store.h"
+#include "veloxquant/builder.h"
 #include "veloxquant/config.h"
 
 namespace vq::serve {
@@ -223,10 +224,10 @@ class Job {
   std::int64_t kv_resident_ = 0, kv_full_ = 0, kv_reserved_ = 0, kv_payload_ = 0;
   std::chrono::steady_clock::time_point queued_at_ = std::chrono::steady_clock::now();
   std::int64_t need_ = 0;  // the method's footprint, measured at submit
-  // --session-dir: the saved turn this request continues, looked up once (at its first
-  // admission attempt), kept while it waits for room.
+  // --session-dir: the saved turns this request could continue (files, latest first), looked
+  // up once (stat only) at its first admission attempt.
   bool looked_up_ = false;
-  std::optional<SessionRecord> restore_;
+  std::vector<std::pair<std::string, std::size_t>> restore_from_;
 };
 
 struct Metrics {
@@ -321,10 +322,24 @@ class Scheduler {
   // first) when that makes them fit; false (nothing dropped) when even that would not.
   bool make_room_locked(std::int64_t need);
   Session* new_session_locked(const GenRequest& r, const std::string& spec, std::int64_t need);
-  // --session-dir: a session rebuilt from the saved turn the job found (Job::restore_), with
-  // a.s and a.feed set as for a reused session; false (nothing held) when there is none or it
-  // cannot be used (then counted, logged and its file removed when it is damaged).
-  bool restore_session_locked(Job& job, const std::string& spec, Active& a);
+  // A new session's cache: the method's, set up as every session's is (head pattern, kvzip's
+  // reconstruction, the --max-context memory hint).
+  ModelCache session_cache(const CacheConfig& method) const;
+  // --session-dir. Restoring reads a file and loads a cache (tens of milliseconds per 10 MB), so
+  // it runs on the restore thread, never on the scheduler thread: admission reserves the
+  // session's memory, marks it busy and hands (job, session) over; the restore thread tries the
+  // job's files latest first (a damaged one is removed and counted) and hands the outcome back;
+  // the scheduler then starts the job on the restored session, or on the fresh session when no
+  // file could be used.
+  struct Restoring {
+    std::shared_ptr<Job> job;
+    Session* s = nullptr;
+    bool ok = false;
+    std::int64_t errors = 0;  // files that could not be restored
+    SessionRecord meta;       // the restored turn (its state moved into the cache)
+  };
+  void restore_loop();
+  void finish_restore_locked(Restoring& w);
   // The tokens that continue session `s` with request `r`'s messages past s's history: its
   // pending tail, the close of its last turn, the new messages rendered.
   std::vector<std::int32_t> continuation(const Session& s, const GenRequest& r) const;
@@ -387,6 +402,10 @@ class Scheduler {
   bool draining_ = false, stopping_ = false, abort_active_ = false;
   Metrics counters_;
   std::unique_ptr<SessionStore> store_;  // --session-dir (null without)
+  std::deque<Restoring> restore_work_, restore_done_;  // guarded by m_
+  std::int64_t restoring_ = 0;                         // handed over, not yet started
+  std::condition_variable restore_cv_;
+  std::thread restore_thread_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::int64_t>> rate_;  // tokens
   std::thread thread_;
 };

@@ -382,30 +382,30 @@ void SessionStore::enforce_bound_locked_out() {
   stats_.bytes = total;
 }
 
-std::optional<SessionRecord> SessionStore::find(const std::string& spec,
-                                                const std::vector<engine::Message>& messages,
-                                                std::int64_t& errors, std::string& why) {
+std::vector<std::pair<std::string, std::size_t>> SessionStore::candidates(
+    const std::string& spec, const std::vector<engine::Message>& messages) const {
+  std::vector<std::pair<std::string, std::size_t>> out;
   for (std::size_t k = messages.size(); k-- > 1;) {
     if (messages[k - 1].role != "assistant") continue;
     const std::vector<engine::Message> prefix(messages.begin(),
                                               messages.begin() + static_cast<std::ptrdiff_t>(k));
-    const std::string path = path_of(spec, prefix);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) continue;
-    std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                    std::istreambuf_iterator<char>());
-    try {
-      SessionRecord r = decode_session(bytes, path, model_id_, template_);
-      if (r.spec != spec || r.history != prefix) continue;  // a hash collision: not this one
-      return r;
-    } catch (const Error& e) {
-      ++errors;
-      why = e.what();
-      std::error_code ec;
-      fs::remove(path, ec);
-    }
+    std::string path = path_of(spec, prefix);
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec)) out.emplace_back(std::move(path), k);
   }
-  return std::nullopt;
+  return out;
+}
+
+std::optional<SessionRecord> SessionStore::read(const std::string& path, const std::string& spec,
+                                                const std::vector<engine::Message>& history) const {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                        std::istreambuf_iterator<char>());
+  if (in.bad()) corrupt(path, "read failed");
+  SessionRecord r = decode_session(bytes, path, model_id_, template_);
+  if (r.spec != spec || r.history != history) return std::nullopt;
+  return r;
 }
 
 }  // namespace vq::serve

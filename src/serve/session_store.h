@@ -95,13 +95,16 @@ class SessionStore {
   // is too far behind (more than a quarter of --session-dir-bytes queued): the turn is not
   // written (counted as skipped) and `done` is not called.
   bool put(SessionRecord r, std::function<void()> done = {});
-  // The longest saved turn of a conversation that `messages` extend: for each assistant message
-  // m[k-1] (k < messages.size(), latest first) the file of m[0..k), read and parsed, its history
-  // checked equal to m[0..k). nullopt when none is found. A file that exists but does not parse
-  // is removed, counted in `errors`, and its error text goes to `why` (stderr is the caller's).
-  std::optional<SessionRecord> find(const std::string& spec,
-                                    const std::vector<engine::Message>& messages,
-                                    std::int64_t& errors, std::string& why);
+  // The saved turns of a conversation that `messages` extend, latest first: (file, k) for each
+  // assistant message m[k-1] (k < messages.size()) whose file exists. Only looks the files up
+  // (stat), reads nothing.
+  std::vector<std::pair<std::string, std::size_t>> candidates(
+      const std::string& spec, const std::vector<engine::Message>& messages) const;
+  // Reads and parses the file of (spec, history): nullopt when it is gone (removed meanwhile) or
+  // holds another conversation (a hash collision); Error(kFileError) naming it when it is
+  // damaged (the caller removes it).
+  std::optional<SessionRecord> read(const std::string& path, const std::string& spec,
+                                    const std::vector<engine::Message>& history) const;
   // Waits until the queued records are written.
   void flush();
   SessionStoreStats stats();
