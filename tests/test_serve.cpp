@@ -30,7 +30,7 @@
 #include "serve/footprint.h"
 #include "serve/json_body.h"
 #include "serve/openai.h"
-#include "serve/peer.h"
+#include "serve/http.h"
 #include "serve/scheduler.h"
 #include "veloxquant/builder.h"
 
@@ -363,82 +363,7 @@ TEST(Scheduler, AQueuedRequestWhoseClientLeftGivesUpItsPlace) {
   for (auto& j : jobs) finish(j);
 }
 
-// A loopback TCP connection: `server` is the accepted end.
-struct Loopback {
-  int listener = -1, client = -1, server = -1;
-  int server_port = 0, client_port = 0;
-  Loopback() {
-    listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        listen(listener, 1) != 0 ||
-        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      return;
-    server_port = ntohs(a.sin_port);
-    client = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
-    server = accept(listener, nullptr, nullptr);
-    sockaddr_in c{};
-    len = sizeof c;
-    getsockname(client, reinterpret_cast<sockaddr*>(&c), &len);
-    client_port = ntohs(c.sin_port);
-  }
-  ~Loopback() {
-    for (int fd : {listener, client, server})
-      if (fd >= 0) close(fd);
-  }
-};
 
-// Polls peer_gone for up to a second (the FIN or RST crosses loopback at once, but the test
-// machine may be loaded).
-bool gone_within_1s(int fd) {
-  for (int i = 0; i < 100; ++i) {
-    if (serve::peer_gone(fd)) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
-}
-
-TEST(ServePeer, FindsTheConnectionsSocketByItsAddresses) {
-  Loopback l;
-  ASSERT_GE(l.server, 0);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.1", l.client_port),
-            l.server);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.client_port, "127.0.0.1", l.server_port),
-            l.client);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.2", l.client_port), -1);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", -1, "127.0.0.1", -1), -1);
-}
-
-TEST(ServePeer, AClosedOrResetPeerIsGoneAndALiveOneIsNot) {
-  EXPECT_FALSE(serve::peer_gone(-1));
-  {
-    Loopback l;
-    ASSERT_GE(l.server, 0);
-    EXPECT_FALSE(serve::peer_gone(l.server));  // connected, silent
-    ASSERT_EQ(send(l.client, "x", 1, 0), 1);
-    std::this_thread::sleep_for(20ms);
-    EXPECT_FALSE(serve::peer_gone(l.server));  // bytes waiting: there (and nothing consumed)
-    char c = 0;
-    EXPECT_EQ(recv(l.server, &c, 1, 0), 1);
-    EXPECT_EQ(c, 'x');
-    close(l.client);  // FIN
-    l.client = -1;
-    EXPECT_TRUE(gone_within_1s(l.server));
-  }
-  {
-    Loopback l;
-    ASSERT_GE(l.server, 0);
-    linger lg{1, 0};  // close with RST
-    setsockopt(l.client, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    close(l.client);
-    l.client = -1;
-    EXPECT_TRUE(gone_within_1s(l.server));
-  }
-}
 
 // ---- Chat templates and requests -------------------------------------------------------------
 
