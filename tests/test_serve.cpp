@@ -364,6 +364,168 @@ TEST(Scheduler, AQueuedRequestWhoseClientLeftGivesUpItsPlace) {
 }
 
 
+// ---- The HTTP layer (serve/http.h), on loopback, with routes of the test's own -----------------
+
+// A server on 127.0.0.1 (any free port) running on a thread of its own until destroyed.
+struct TestHttp {
+  explicit TestHttp(serve::http::Limits l, serve::http::Server::Routes r)
+      : server(l, std::move(r)) {
+    port = server.bind("127.0.0.1", 0);
+    thread = std::thread([this] { server.run(); });
+  }
+  ~TestHttp() {
+    server.stop();
+    thread.join();
+  }
+  serve::http::Server server;
+  int port = 0;
+  std::thread thread;
+};
+
+serve::http::Server::Routes plain_routes() {
+  serve::http::Server::Routes r;
+  r.error_body = [](int status, const std::string& message) {
+    return "{\"status\":" + std::to_string(status) + ",\"message\":\"" + message + "\"}";
+  };
+  return r;
+}
+
+// A connected client socket (blocking, 5 s receive timeout); -1 on failure.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes (or 5 s pass without a byte).
+std::string read_to_close(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+bool send_all(int fd, const std::string& s) {
+  return send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+TEST(ServeHttp, PipelinedRequestsAreAnsweredInOrderAndAStreamIsChunked) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request& req, serve::http::Headers& common,
+                  serve::http::Response& res) {
+    common.emplace_back("X-Common", "1");
+    if (req.path != "/a") return false;  // "/s": a stream from a worker
+    res.content_type = "text/plain";
+    res.body = "A";
+    return true;
+  };
+  r.work = [](const std::shared_ptr<serve::http::Exchange>& ex) {
+    serve::http::Response head;
+    head.content_type = "text/plain";
+    ASSERT_TRUE(ex->begin_stream(head));
+    ex->send_chunk("x");
+    ex->send_chunk("yz");
+    ex->end_stream();
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  // Both requests in one write; the second says Connection: close.
+  ASSERT_TRUE(send_all(fd, "GET /s HTTP/1.1\r\nHost: t\r\n\r\n"
+                           "GET /a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  // Written out by hand from RFC 9112: a chunk is its size in hex, CRLF, the bytes, CRLF; the
+  // last chunk is "0" CRLF CRLF.
+  EXPECT_EQ(read_to_close(fd),
+            "HTTP/1.1 200 OK\r\nX-Common: 1\r\nContent-Type: text/plain\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n2\r\nyz\r\n0\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nX-Common: 1\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n"
+            "Connection: close\r\n\r\nA");
+  close(fd);
+}
+
+TEST(ServeHttp, AClientThatClosesIsGoneWhileItsRequestIsHandled) {
+  std::atomic<bool> called{false}, saw_gone{false};
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return false;
+  };
+  r.work = [&](const std::shared_ptr<serve::http::Exchange>& ex) {
+    ex->on_gone([&] { called = true; });
+    for (int i = 0; i < 500 && !ex->gone(); ++i) std::this_thread::sleep_for(10ms);
+    saw_gone = ex->gone();
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"));
+  std::this_thread::sleep_for(100ms);
+  close(fd);  // nothing was answered yet: the worker still holds the request
+  for (int i = 0; i < 300 && !(called && saw_gone); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(called.load());
+  EXPECT_TRUE(saw_gone.load());
+}
+
+TEST(ServeHttp, AHeadPastItsDeadlineGets408AndClose) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return true;
+  };
+  serve::http::Limits l;
+  l.header_timeout_s = 0.3;
+  TestHttp h(l, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(send_all(fd, "GET / HT"));  // and no more
+  const std::string got = read_to_close(fd);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408 Request Timeout\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos);
+  EXPECT_NE(got.find("{\"status\":408,\"message\":\"the request head did not arrive within "
+                     "--header-timeout (0.3 s)\"}"),
+            std::string::npos)
+      << got;
+  EXPECT_GE(took, 0.25);
+  EXPECT_LT(took, 2.0);
+}
+
+TEST(ServeHttp, ABodyPastMaxBodyGets413AndAPortInUseIsAnError) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return true;
+  };
+  serve::http::Limits l;
+  l.max_body = 10;
+  TestHttp h(l, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n01234567890"));
+  const std::string got = read_to_close(fd);
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("larger than --max-body (10 bytes)"), std::string::npos) << got;
+  serve::http::Server second(l, plain_routes());
+  try {
+    second.bind("127.0.0.1", h.port);
+    ADD_FAILURE() << "a second bind of port " << h.port << " succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already in use"), std::string::npos) << e.what();
+  }
+}
+
 
 // ---- Chat templates and requests -------------------------------------------------------------
 

@@ -285,6 +285,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // is due within --keep-alive-timeout.
   void begin_request(Clock::time_point from, bool keep_alive_wait) {
     phase_ = Phase::kHead;
+    head_request_ = http10_ = false;  // until this request's head says otherwise
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(limits().max_header_bytes));
     parser_->body_limit(static_cast<std::uint64_t>(limits().max_body));
