@@ -455,6 +455,45 @@ TEST(ServeHttp, PipelinedRequestsAreAnsweredInOrderAndAStreamIsChunked) {
   close(fd);
 }
 
+TEST(ServeHttp, ANextRequestSentWhileAWorkerHoldsTheFirstIsKeptForLater) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request& req, serve::http::Headers&,
+                  serve::http::Response& res) {
+    if (req.path == "/slow") return false;
+    res.body = req.path;
+    return true;
+  };
+  r.work = [](const std::shared_ptr<serve::http::Exchange>& ex) {
+    std::this_thread::sleep_for(300ms);  // the next request arrives meanwhile
+    serve::http::Response res;
+    res.body = "/slow";
+    ex->respond(res);
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(send_all(fd, "GET /b HTTP/1.1\r\nHost: t\r\n\r\n"));
+  const std::string first = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n/slow"
+                            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n/b";
+  std::string got;
+  char buf[4096];
+  while (got.size() < first.size()) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(got, first);
+  // A third, in two pieces, after the buffered second was parsed.
+  ASSERT_TRUE(send_all(fd, "GET /c HTTP/1.1\r\nHost: t\r\n"));
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(send_all(fd, "Connection: close\r\n\r\n"));
+  EXPECT_EQ(read_to_close(fd),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n/c");
+  close(fd);
+}
+
 TEST(ServeHttp, AClientThatClosesIsGoneWhileItsRequestIsHandled) {
   std::atomic<bool> called{false}, saw_gone{false};
   auto r = plain_routes();

@@ -6,7 +6,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -303,7 +305,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (reading_ || phase_ == Phase::kClosed) return;
     reading_ = true;
     auto self = shared_from_this();
-    socket_.async_read_some(buffer_.prepare(16384),
+    // Into a buffer of its own: buffer_ may be parsed and consumed while this read is pending.
+    socket_.async_read_some(net::buffer(rbuf_),
                             [self](const boost::system::error_code& ec, std::size_t n) {
                               self->on_read(ec, n);
                             });
@@ -322,6 +325,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       return;
     }
+    if (phase_ == Phase::kClosing || phase_ == Phase::kLinger) {
+      dropped_ += static_cast<std::int64_t>(n);
+      if (dropped_ > (std::int64_t{1} << 20) && phase_ == Phase::kLinger) {
+        close();
+        return;
+      }
+      read();
+      return;
+    }
+    std::memcpy(buffer_.prepare(n).data(), rbuf_.data(), n);
     buffer_.commit(n);
     switch (phase_) {
       case Phase::kHead:
@@ -336,14 +349,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return;
       case Phase::kClosing:
       case Phase::kLinger:
-        dropped_ += static_cast<std::int64_t>(buffer_.size());
-        buffer_.consume(buffer_.size());
-        if (dropped_ > (std::int64_t{1} << 20) && phase_ == Phase::kLinger) {
-          close();
-          return;
-        }
-        read();
-        return;
       case Phase::kClosed:
         return;
     }
@@ -619,7 +624,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::uint64_t read_gen_ = 0, write_gen_ = 0;
   Clock::time_point head_deadline_{};
   Clock::duration linger_ = std::chrono::seconds(2);
-  boost::beast::flat_buffer buffer_;
+  boost::beast::flat_buffer buffer_;  // received, not yet parsed
+  std::array<char, 16384> rbuf_;      // the pending read's
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bool reading_ = false, writing_ = false;
   std::string out_, wbuf_;  // queued and in-flight output
