@@ -329,6 +329,46 @@ def stalled_reader(binary, root, model_dir):
         srv.stop()
 
 
+def workers_cap(binary, root, model_dir):
+    """--http-workers 1: while a generation request holds the one worker, another gets 503 with
+    Retry-After naming the flag, /health and /metrics still answer (the I/O thread), and once
+    the first client leaves (its request cancelled) the next one is served."""
+    srv = Server(binary, model_dir, "--tokenizer",
+                 os.path.join(root, "data", "ggml-vocab-llama-spm.gguf"), "--kv-memory", "256M",
+                 "--max-context", "1024", "--threads", "1", "--http-workers", "1")
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        body = json.dumps({"messages": [{"role": "user", "content": "Tom"}],
+                           "max_tokens": 900}).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        t0 = time.time()
+        while time.time() - t0 < 10 and srv.metrics()["veloxquant_http_workers_busy"] != 1:
+            time.sleep(0.05)
+        st, h, text = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": MSGS, "max_tokens": 2}, timeout=10)
+        try:
+            msg = json.loads(text)["error"]["message"]
+        except (ValueError, KeyError):
+            msg = ""
+        check(st == 503 and h.get("Retry-After") == "1" and "--http-workers 1" in msg,
+              "--http-workers 1: a second generation request gets 503 naming the flag (%s: %s)"
+              % (st, msg))
+        t, (st, _, _) = timed(lambda: srv.request("GET", "/health", timeout=10))
+        check(st == 200 and t < 1.0, "--http-workers 1: /health answers meanwhile (%.3f s)" % t)
+        s.close()
+        t0 = time.time()
+        while time.time() - t0 < 10 and srv.metrics()["veloxquant_http_workers_busy"] != 0:
+            time.sleep(0.05)
+        st, _, _ = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2},
+                               timeout=30)
+        m = srv.metrics()
+        check(st == 200 and m["veloxquant_http_workers_refused_total"] == 1,
+              "--http-workers 1: served once the first client left (%s)" % st)
+    finally:
+        srv.stop()
+
+
 def main():
     binary, root = sys.argv[1], sys.argv[2]
     model = os.path.join(root, "data", "stories260K.bin")
@@ -343,6 +383,7 @@ def main():
         subprocess.run([binary, "make-model", "--shape", "llama-110m", "--layers", "2", "--out",
                         tmp], check=True, capture_output=True, timeout=60)
         stalled_reader(binary, root, tmp)
+        workers_cap(binary, root, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # --http-threads no longer means anything: refused, naming its replacement.
