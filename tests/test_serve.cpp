@@ -541,7 +541,7 @@ TEST(ServeHttp, AHeadPastItsDeadlineGets408AndClose) {
   EXPECT_LT(took, 2.0);
 }
 
-TEST(ServeHttp, ABodyPastMaxBodyGets413AndAPortInUseIsAnError) {
+TEST(ServeHttp, OversizedOrMalformedRequestsGetTheirStatusAndAPortInUseIsAnError) {
   auto r = plain_routes();
   r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
     return true;
@@ -556,6 +556,20 @@ TEST(ServeHttp, ABodyPastMaxBodyGets413AndAPortInUseIsAnError) {
   close(fd);
   EXPECT_EQ(got.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0), 0u) << got;
   EXPECT_NE(got.find("larger than --max-body (10 bytes)"), std::string::npos) << got;
+  // A head over max_header_bytes (16 KiB by default): 431; bytes that are not HTTP: 400.
+  for (const auto& [request, status] :
+       {std::pair<std::string, std::string>{"GET / HTTP/1.1\r\nX-Pad: " + std::string(17000, 'p') +
+                                                "\r\n\r\n",
+                                            "431 Request Header Fields Too Large"},
+        {"GARBAGE \x01\xff\r\n\r\n", "400 Bad Request"}}) {
+    const int c = connect_to(h.port);
+    ASSERT_GE(c, 0);
+    ASSERT_TRUE(send_all(c, request));
+    const std::string reply = read_to_close(c);
+    close(c);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + status + "\r\n", 0), 0u) << reply.substr(0, 80);
+    EXPECT_NE(reply.find("Connection: close\r\n"), std::string::npos);
+  }
   serve::http::Server second(l, plain_routes());
   try {
     second.bind("127.0.0.1", h.port);
