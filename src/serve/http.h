@@ -72,7 +72,9 @@ struct Response {
 class Connection;
 
 // A request handed to a worker (Server::Routes::work). Its reply goes back through the I/O
-// thread: either respond() once, or begin_stream(), send_chunk()..., end_stream(). Thread-safe.
+// thread: either respond() once, or begin_stream(), send_chunk()..., end_stream(), all called by
+// the one worker that handles it; gone() and on_gone() may be called from any thread. A chunk is
+// queued, not waited for: a client that does not take it within --write-timeout is dropped.
 class Exchange : public std::enable_shared_from_this<Exchange> {
  public:
   Exchange(const Exchange&) = delete;

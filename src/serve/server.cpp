@@ -152,7 +152,7 @@ struct ServerState {
   std::string model_name;  // the checkpoint's file name (/v1/models, responses)
   Scheduler& sched;
   std::atomic<bool> draining{false};
-  http::Server* http = nullptr;  // its counters (/metrics)
+  http::Server* http_server = nullptr;  // its counters (/metrics)
   std::atomic<std::int64_t> next_id{1};
   std::int64_t vocab_size = 0;           // logit_bias ids are checked against it
   const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
@@ -310,7 +310,7 @@ bool dispatch(ServerState& state, const http::Request& req, http::Headers& commo
     // The scheduler's counters are copied under its lock, which a step holds only for its
     // bookkeeping, never for its forward.
     res.content_type = "text/plain; version=0.0.4";
-    res.body = metrics_text(state.sched.metrics(), state.http->stats());
+    res.body = metrics_text(state.sched.metrics(), state.http_server->stats());
   } else if (req.path == "/") {
     res.content_type = "text/html; charset=utf-8";
     res.body = chat_page_html();
@@ -631,7 +631,7 @@ int run_server(const ServeOptions& o) {
                                  message, "", 0});
   };
   http::Server svr(http_limits(o), std::move(routes));
-  state.http = &svr;
+  state.http_server = &svr;
   const int port = svr.bind(o.host, o.port);
   std::printf("veloxquant serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
