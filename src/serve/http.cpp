@@ -3,8 +3,8 @@
 #include <strings.h>
 #include <sys/resource.h>
 
-// Boost 1.74's Beast parser trips GCC 12's -Wmaybe-uninitialized (a boost::optional read after
-// its own emptiness check) when built with -fsanitize=address: a false positive in the library.
+// Boost 1.74's Beast parser trips GCC 12's -Wmaybe-uninitialized (on a boost::optional inside
+// basic_parser) when built with -fsanitize=address: a false positive in the library.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <boost/asio.hpp>
@@ -13,9 +13,9 @@
 #pragma GCC diagnostic pop
 #include <array>
 #include <chrono>
-#include <cstring>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -311,10 +311,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     reading_ = true;
     auto self = shared_from_this();
     // Into a buffer of its own: buffer_ may be parsed and consumed while this read is pending.
-    socket_.async_read_some(net::buffer(rbuf_),
-                            [self](const boost::system::error_code& ec, std::size_t n) {
-                              self->on_read(ec, n);
-                            });
+    socket_.async_read_some(net::buffer(rbuf_), [self](const boost::system::error_code& ec,
+                                                       std::size_t n) { self->on_read(ec, n); });
   }
 
   void on_read(const boost::system::error_code& ec, std::size_t n) {
@@ -393,7 +391,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     arm(Deadline::kBody, Clock::now() + seconds(limits().body_timeout_s));
     const auto& h = parser_->get();
     const auto expect = h[bhttp::field::expect];
-    if (h.version() >= 11 && iequals(std::string_view(expect.data(), expect.size()), "100-continue"))
+    if (h.version() >= 11 &&
+        iequals(std::string_view(expect.data(), expect.size()), "100-continue"))
       enqueue("HTTP/1.1 100 Continue\r\n\r\n");
   }
 
@@ -468,9 +467,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       res.status = 503;
       res.content_type = "application/json";
       res.set_header("Retry-After", "1");
-      res.body = srv_.routes_.error_body(
-          503, "every request handler is busy (--http-workers " +
-                   std::to_string(limits().workers) + "); retry");
+      res.body = srv_.routes_.error_body(503, "every request handler is busy (--http-workers " +
+                                                  std::to_string(limits().workers) + "); retry");
     }
     for (const auto& [k, v] : common)
       if (res.header(k).empty()) res.headers.emplace_back(k, v);
@@ -718,9 +716,7 @@ void Exchange::end_stream() {
 Server::Server(Limits limits, Routes routes)
     : limits_(limits), routes_(std::move(routes)), impl_(std::make_unique<Impl>(limits.workers)) {}
 
-Server::~Server() {
-  impl_->pool.join();
-}
+Server::~Server() { impl_->pool.join(); }
 
 int Server::bind(const std::string& host, int port) {
   const std::string where = host + ":" + std::to_string(port);
@@ -781,7 +777,7 @@ void Server::Impl::accept(Server& srv) {
 void Server::Impl::on_accept(Server& srv, tcp::socket s) {
   boost::system::error_code ec;
   const tcp::endpoint peer = s.remote_endpoint(ec);
-  if (ec) return;  // already gone
+  if (ec) return;                         // already gone
   s.set_option(tcp::no_delay(true), ec);  // a stream's events leave as they are written
   std::string addr = peer.address().to_string();
   const Limits& l = srv.limits_;

@@ -35,10 +35,10 @@ struct Limits {
   double body_timeout_s = 30;
   double keep_alive_timeout_s = 5;
   double write_timeout_s = 30;
-  std::int64_t keep_alive_requests = 100;         // responses per connection, then close
-  std::int64_t max_connections = 1024;            // open connections in total
+  std::int64_t keep_alive_requests = 100;          // responses per connection, then close
+  std::int64_t max_connections = 1024;             // open connections in total
   std::int64_t max_connections_per_address = 256;  // 0: no cap
-  std::int64_t max_header_bytes = 16 * 1024;      // request line + headers
+  std::int64_t max_header_bytes = 16 * 1024;       // request line + headers
   std::int64_t max_body = 1 << 20;
   int workers = 8;  // the handler pool: requests handed to workers at once (then 503)
 };
@@ -114,23 +114,23 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   // Touched by the one worker that handles the exchange only:
   bool answered_ = false;  // respond() or begin_stream() called
   bool streaming_ = false, ended_ = false;
-  std::mutex m_;                  // guards on_gone_ and done_
+  std::mutex m_;  // guards on_gone_ and done_
   std::function<void()> on_gone_;
-  bool done_ = false;             // the reply is written (on_gone_ dropped)
+  bool done_ = false;  // the reply is written (on_gone_ dropped)
 };
 
 // What the layer has seen (for /metrics); read from any thread.
 struct Stats {
   std::atomic<std::int64_t> connections_open{0}, connections_total{0};
-  std::atomic<std::int64_t> rejected_total{0};       // 503 at accept (a connection cap)
+  std::atomic<std::int64_t> rejected_total{0};        // 503 at accept (a connection cap)
   std::atomic<std::int64_t> rejected_per_address{0};  // of which by the per-address cap
   std::atomic<std::int64_t> header_timeouts{0}, body_timeouts{0}, write_timeouts{0};
-  std::atomic<std::int64_t> keep_alive_closed{0};     // idle past keep_alive_timeout_s
-  std::atomic<std::int64_t> keep_alive_limit{0};      // closed after keep_alive_requests
-  std::atomic<std::int64_t> bad_requests{0};          // 400, 413, 431 written by the layer
-  std::atomic<std::int64_t> workers_busy{0};          // requests on the worker pool now
-  std::atomic<std::int64_t> workers_refused{0};       // 503: every worker busy
-  std::atomic<std::int64_t> exchanges_open{0};        // handed to workers, reply not yet written
+  std::atomic<std::int64_t> keep_alive_closed{0};  // idle past keep_alive_timeout_s
+  std::atomic<std::int64_t> keep_alive_limit{0};   // closed after keep_alive_requests
+  std::atomic<std::int64_t> bad_requests{0};       // 400, 413, 431 written by the layer
+  std::atomic<std::int64_t> workers_busy{0};       // requests on the worker pool now
+  std::atomic<std::int64_t> workers_refused{0};    // 503: every worker busy
+  std::atomic<std::int64_t> exchanges_open{0};     // handed to workers, reply not yet written
 };
 
 class Server {

@@ -5,10 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +18,8 @@
 #include "engine/model/transformer.h"
 #include "engine/run/chat_template.h"
 #include "engine/tokenizers/tokenizer.h"
-#include "serve/openai.h"
 #include "serve/http.h"
+#include "serve/openai.h"
 #include "veloxquant/errors.h"
 
 namespace vq::serve {
