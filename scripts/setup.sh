@@ -8,8 +8,9 @@ packages=(g++ make cmake git libgtest-dev libgmock-dev libbenchmark-dev libcli11
           nlohmann-json3-dev libfmt-dev libpcre2-dev libicu-dev pkg-config)
 # The Python bindings and their tests (issue 12), and pkg-config for the installed-package test.
 packages+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest pkg-config)
-# `veloxquant serve` (issue 22): the HTTP library; chromium for the chat page's browser test.
-packages+=(libcpp-httplib-dev chromium)
+# `veloxquant serve` (issues 22, 32): Boost.Beast + Boost.Asio for HTTP (header-only);
+# chromium for the chat page's browser test.
+packages+=(libboost-dev chromium)
 # The replica test (issue 32): three servers behind HAProxy (deploy/haproxy.cfg).
 packages+=(haproxy)
 # scripts/fuzz.sh (`setup.sh --fuzz`) also needs clang with its libFuzzer and sanitizer runtimes.

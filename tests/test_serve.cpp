@@ -30,7 +30,7 @@
 #include "serve/footprint.h"
 #include "serve/json_body.h"
 #include "serve/openai.h"
-#include "serve/peer.h"
+#include "serve/http.h"
 #include "serve/scheduler.h"
 #include "veloxquant/builder.h"
 
@@ -363,82 +363,222 @@ TEST(Scheduler, AQueuedRequestWhoseClientLeftGivesUpItsPlace) {
   for (auto& j : jobs) finish(j);
 }
 
-// A loopback TCP connection: `server` is the accepted end.
-struct Loopback {
-  int listener = -1, client = -1, server = -1;
-  int server_port = 0, client_port = 0;
-  Loopback() {
-    listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        listen(listener, 1) != 0 ||
-        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      return;
-    server_port = ntohs(a.sin_port);
-    client = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
-    server = accept(listener, nullptr, nullptr);
-    sockaddr_in c{};
-    len = sizeof c;
-    getsockname(client, reinterpret_cast<sockaddr*>(&c), &len);
-    client_port = ntohs(c.sin_port);
+
+// ---- The HTTP layer (serve/http.h), on loopback, with routes of the test's own -----------------
+
+// A server on 127.0.0.1 (any free port) running on a thread of its own until destroyed.
+struct TestHttp {
+  explicit TestHttp(serve::http::Limits l, serve::http::Server::Routes r)
+      : server(l, std::move(r)) {
+    port = server.bind("127.0.0.1", 0);
+    thread = std::thread([this] { server.run(); });
   }
-  ~Loopback() {
-    for (int fd : {listener, client, server})
-      if (fd >= 0) close(fd);
+  ~TestHttp() {
+    server.stop();
+    thread.join();
   }
+  serve::http::Server server;
+  int port = 0;
+  std::thread thread;
 };
 
-// Polls peer_gone for up to a second (the FIN or RST crosses loopback at once, but the test
-// machine may be loaded).
-bool gone_within_1s(int fd) {
-  for (int i = 0; i < 100; ++i) {
-    if (serve::peer_gone(fd)) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
+serve::http::Server::Routes plain_routes() {
+  serve::http::Server::Routes r;
+  r.error_body = [](int status, const std::string& message) {
+    return "{\"status\":" + std::to_string(status) + ",\"message\":\"" + message + "\"}";
+  };
+  return r;
 }
 
-TEST(ServePeer, FindsTheConnectionsSocketByItsAddresses) {
-  Loopback l;
-  ASSERT_GE(l.server, 0);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.1", l.client_port),
-            l.server);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.client_port, "127.0.0.1", l.server_port),
-            l.client);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", l.server_port, "127.0.0.2", l.client_port), -1);
-  EXPECT_EQ(serve::connection_socket("127.0.0.1", -1, "127.0.0.1", -1), -1);
+// A connected client socket (blocking, 5 s receive timeout); -1 on failure.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
-TEST(ServePeer, AClosedOrResetPeerIsGoneAndALiveOneIsNot) {
-  EXPECT_FALSE(serve::peer_gone(-1));
-  {
-    Loopback l;
-    ASSERT_GE(l.server, 0);
-    EXPECT_FALSE(serve::peer_gone(l.server));  // connected, silent
-    ASSERT_EQ(send(l.client, "x", 1, 0), 1);
-    std::this_thread::sleep_for(20ms);
-    EXPECT_FALSE(serve::peer_gone(l.server));  // bytes waiting: there (and nothing consumed)
-    char c = 0;
-    EXPECT_EQ(recv(l.server, &c, 1, 0), 1);
-    EXPECT_EQ(c, 'x');
-    close(l.client);  // FIN
-    l.client = -1;
-    EXPECT_TRUE(gone_within_1s(l.server));
-  }
-  {
-    Loopback l;
-    ASSERT_GE(l.server, 0);
-    linger lg{1, 0};  // close with RST
-    setsockopt(l.client, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    close(l.client);
-    l.client = -1;
-    EXPECT_TRUE(gone_within_1s(l.server));
+// Everything the server sends until it closes (or 5 s pass without a byte).
+std::string read_to_close(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
   }
 }
+
+bool send_all(int fd, const std::string& s) {
+  return send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+TEST(ServeHttp, PipelinedRequestsAreAnsweredInOrderAndAStreamIsChunked) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request& req, serve::http::Headers& common,
+                  serve::http::Response& res) {
+    common.emplace_back("X-Common", "1");
+    if (req.path != "/a") return false;  // "/s": a stream from a worker
+    res.content_type = "text/plain";
+    res.body = "A";
+    return true;
+  };
+  r.work = [](const std::shared_ptr<serve::http::Exchange>& ex) {
+    serve::http::Response head;
+    head.content_type = "text/plain";
+    ASSERT_TRUE(ex->begin_stream(head));
+    ex->send_chunk("x");
+    ex->send_chunk("yz");
+    ex->end_stream();
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  // Both requests in one write; the second says Connection: close.
+  ASSERT_TRUE(send_all(fd, "GET /s HTTP/1.1\r\nHost: t\r\n\r\n"
+                           "GET /a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  // Written out by hand from RFC 9112: a chunk is its size in hex, CRLF, the bytes, CRLF; the
+  // last chunk is "0" CRLF CRLF.
+  EXPECT_EQ(read_to_close(fd),
+            "HTTP/1.1 200 OK\r\nX-Common: 1\r\nContent-Type: text/plain\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n2\r\nyz\r\n0\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nX-Common: 1\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n"
+            "Connection: close\r\n\r\nA");
+  close(fd);
+}
+
+TEST(ServeHttp, ANextRequestSentWhileAWorkerHoldsTheFirstIsKeptForLater) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request& req, serve::http::Headers&,
+                  serve::http::Response& res) {
+    if (req.path == "/slow") return false;
+    res.body = req.path;
+    return true;
+  };
+  r.work = [](const std::shared_ptr<serve::http::Exchange>& ex) {
+    std::this_thread::sleep_for(300ms);  // the next request arrives meanwhile
+    serve::http::Response res;
+    res.body = "/slow";
+    ex->respond(res);
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(send_all(fd, "GET /b HTTP/1.1\r\nHost: t\r\n\r\n"));
+  const std::string first = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n/slow"
+                            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n/b";
+  std::string got;
+  char buf[4096];
+  while (got.size() < first.size()) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(got, first);
+  // A third, in two pieces, after the buffered second was parsed.
+  ASSERT_TRUE(send_all(fd, "GET /c HTTP/1.1\r\nHost: t\r\n"));
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(send_all(fd, "Connection: close\r\n\r\n"));
+  EXPECT_EQ(read_to_close(fd),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n/c");
+  close(fd);
+}
+
+TEST(ServeHttp, AClientThatClosesIsGoneWhileItsRequestIsHandled) {
+  std::atomic<bool> called{false}, saw_gone{false};
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return false;
+  };
+  r.work = [&](const std::shared_ptr<serve::http::Exchange>& ex) {
+    ex->on_gone([&] { called = true; });
+    for (int i = 0; i < 500 && !ex->gone(); ++i) std::this_thread::sleep_for(10ms);
+    saw_gone = ex->gone();
+  };
+  TestHttp h({}, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"));
+  std::this_thread::sleep_for(100ms);
+  close(fd);  // nothing was answered yet: the worker still holds the request
+  for (int i = 0; i < 300 && !(called && saw_gone); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(called.load());
+  EXPECT_TRUE(saw_gone.load());
+}
+
+TEST(ServeHttp, AHeadPastItsDeadlineGets408AndClose) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return true;
+  };
+  serve::http::Limits l;
+  l.header_timeout_s = 0.3;
+  TestHttp h(l, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(send_all(fd, "GET / HT"));  // and no more
+  const std::string got = read_to_close(fd);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408 Request Timeout\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos);
+  EXPECT_NE(got.find("{\"status\":408,\"message\":\"the request head did not arrive within "
+                     "--header-timeout (0.3 s)\"}"),
+            std::string::npos)
+      << got;
+  EXPECT_GE(took, 0.25);
+  EXPECT_LT(took, 2.0);
+}
+
+TEST(ServeHttp, OversizedOrMalformedRequestsGetTheirStatusAndAPortInUseIsAnError) {
+  auto r = plain_routes();
+  r.dispatch = [](const serve::http::Request&, serve::http::Headers&, serve::http::Response&) {
+    return true;
+  };
+  serve::http::Limits l;
+  l.max_body = 10;
+  TestHttp h(l, r);
+  const int fd = connect_to(h.port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(send_all(fd, "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n01234567890"));
+  const std::string got = read_to_close(fd);
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("larger than --max-body (10 bytes)"), std::string::npos) << got;
+  // A head over max_header_bytes (16 KiB by default): 431; bytes that are not HTTP: 400.
+  for (const auto& [request, status] :
+       {std::pair<std::string, std::string>{"GET / HTTP/1.1\r\nX-Pad: " + std::string(17000, 'p') +
+                                                "\r\n\r\n",
+                                            "431 Request Header Fields Too Large"},
+        {"GARBAGE \x01\xff\r\n\r\n", "400 Bad Request"}}) {
+    const int c = connect_to(h.port);
+    ASSERT_GE(c, 0);
+    ASSERT_TRUE(send_all(c, request));
+    const std::string reply = read_to_close(c);
+    close(c);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + status + "\r\n", 0), 0u) << reply.substr(0, 80);
+    EXPECT_NE(reply.find("Connection: close\r\n"), std::string::npos);
+  }
+  serve::http::Server second(l, plain_routes());
+  try {
+    second.bind("127.0.0.1", h.port);
+    ADD_FAILURE() << "a second bind of port " << h.port << " succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already in use"), std::string::npos) << e.what();
+  }
+}
+
 
 // ---- Chat templates and requests -------------------------------------------------------------
 

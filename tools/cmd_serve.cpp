@@ -105,7 +105,56 @@ void add_scheduler_options(CLI::App& cmd, serve::ServeOptions& o) {
       ->check(real_range(0, 3600));
 }
 
-// The chat template and the HTTP side: address, port, key, worker threads.
+// The HTTP layer's deadlines, caps and handler pool (src/serve/http.h). --http-threads (a
+// thread per connection, before issue 32) is refused with what replaced it, not ignored.
+void add_connection_options(CLI::App& cmd, serve::ServeOptions& o) {
+  cmd.add_option("--header-timeout", o.header_timeout_s,
+                 "Seconds a request head may take to arrive, counted from the accept or the end "
+                 "of the previous response (then 408 and close)")
+      ->capture_default_str()
+      ->check(real_range(0.1, 3600));
+  cmd.add_option("--body-timeout", o.body_timeout_s,
+                 "Seconds a request body may take to arrive after its head (then 408 and close)")
+      ->capture_default_str()
+      ->check(real_range(0.1, 3600));
+  cmd.add_option("--keep-alive-timeout", o.keep_alive_timeout_s,
+                 "Seconds a keep-alive connection may stay idle between requests (then closed)")
+      ->capture_default_str()
+      ->check(real_range(0.1, 3600));
+  cmd.add_option("--keep-alive-requests", o.keep_alive_requests,
+                 "Responses per connection (the last says Connection: close)")
+      ->capture_default_str()
+      ->check(int_range(1, 1000000));
+  cmd.add_option("--write-timeout", o.write_timeout_s,
+                 "Seconds one write to a client may take (a client that stops reading is "
+                 "dropped and its request cancelled)")
+      ->capture_default_str()
+      ->check(real_range(0.1, 3600));
+  cmd.add_option("--max-connections", o.max_connections,
+                 "Open connections in total; past it a new one gets 503 and is closed")
+      ->capture_default_str()
+      ->check(int_range(1, 1000000));
+  cmd.add_option("--max-connections-per-address", o.max_connections_per_address,
+                 "Open connections from one client address (0: no cap); past it 503 and close")
+      ->capture_default_str()
+      ->check(int_range(0, 1000000));
+  cmd.add_option("--http-workers", o.http_workers,
+                 "Threads that run generation requests (queued, generating, streaming) at once; "
+                 "past it 503 (default: max-sessions + max-queue + 8, at most 4096)")
+      ->check(int_range(1, 4096));
+  cmd.add_option_function<std::string>(
+         "--http-threads",
+         [](const std::string&) {
+           throw vq::Error(vq::ErrorCode::kInvalidArgument,
+                           "--http-threads is gone: connections no longer take a thread each (one "
+                           "event loop serves them all); use --http-workers N for the threads that "
+                           "run generation requests");
+         },
+         "Removed: see --http-workers")
+      ->group("");
+}
+
+// The chat template and the HTTP side: address, port, key.
 void add_http_options(CLI::App& cmd, serve::ServeOptions& o) {
   cmd.add_option("--chat-template", o.chat_template,
                  "plain|llama2|mistral|llama3|chatml (default: recognised from the model)");
@@ -122,9 +171,7 @@ void add_http_options(CLI::App& cmd, serve::ServeOptions& o) {
                  "to call the API: CORS headers and preflights (default: no CORS)")
       ->type_name("ORIGIN")
       ->allow_extra_args(false);
-  cmd.add_option("--http-threads", o.http_threads,
-                 "HTTP worker threads (default 2 * max-sessions + 8, at most 256)")
-      ->check(int_range(1, 4096));
+  add_connection_options(cmd, o);
 }
 
 }  // namespace

@@ -1,14 +1,12 @@
 #include "serve/server.h"
 
-#include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +18,8 @@
 #include "engine/model/transformer.h"
 #include "engine/run/chat_template.h"
 #include "engine/tokenizers/tokenizer.h"
+#include "serve/http.h"
 #include "serve/openai.h"
-#include "serve/peer.h"
 #include "veloxquant/errors.h"
 
 namespace vq::serve {
@@ -30,23 +28,13 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-void send_error(httplib::Response& res, const ServeError& e) {
+http::Response error_response(const ServeError& e) {
+  http::Response res;
   res.status = e.status;
   if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
-  res.set_content(error_json(e), "application/json");
-}
-
-const char* reason_of(int status) {
-  switch (status) {
-    case 400: return "bad request";
-    case 401: return "missing or wrong API key";
-    case 404: return "no such endpoint";
-    case 405: return "method not allowed on this endpoint";
-    case 413: return "the request body is larger than --max-body";
-    case 415: return "unsupported request body type (send JSON)";
-    case 414: return "the request URI is too long";
-    default: return "request failed";
-  }
+  res.content_type = "application/json";
+  res.body = error_json(e);
+  return res;
 }
 
 std::int64_t process_rss_bytes() {
@@ -56,7 +44,7 @@ std::int64_t process_rss_bytes() {
   return resident * static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
 }
 
-std::string metrics_text(const Metrics& m) {
+std::string metrics_text(const Metrics& m, const http::Stats& h) {
   std::ostringstream o;
   auto gauge = [&](const char* name, const char* help, auto value, const char* type = "gauge") {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
@@ -131,6 +119,32 @@ std::string metrics_text(const Metrics& m) {
   gauge("veloxquant_kv_footprint_exceeded_total",
         "Steps after which a session held more than its reservation (should stay 0)",
         m.footprint_exceeded, "counter");
+  // The HTTP layer (src/serve/http.h).
+  gauge("veloxquant_http_connections", "Open HTTP connections", h.connections_open.load());
+  gauge("veloxquant_http_connections_total", "HTTP connections accepted (not counting those "
+        "refused at a cap)", h.connections_total.load(), "counter");
+  o << "# HELP veloxquant_http_connections_refused_total Connections answered 503 at accept by "
+       "a cap\n# TYPE veloxquant_http_connections_refused_total counter\n"
+    << "veloxquant_http_connections_refused_total{cap=\"total\"} "
+    << h.rejected_total - h.rejected_per_address << "\n"
+    << "veloxquant_http_connections_refused_total{cap=\"per_address\"} "
+    << h.rejected_per_address << "\n";
+  o << "# HELP veloxquant_http_timeouts_total Connections closed for a missed deadline\n"
+       "# TYPE veloxquant_http_timeouts_total counter\n"
+    << "veloxquant_http_timeouts_total{phase=\"header\"} " << h.header_timeouts << "\n"
+    << "veloxquant_http_timeouts_total{phase=\"body\"} " << h.body_timeouts << "\n"
+    << "veloxquant_http_timeouts_total{phase=\"write\"} " << h.write_timeouts << "\n"
+    << "veloxquant_http_timeouts_total{phase=\"keep_alive\"} " << h.keep_alive_closed << "\n";
+  gauge("veloxquant_http_keep_alive_limit_total",
+        "Connections closed after --keep-alive-requests responses", h.keep_alive_limit.load(),
+        "counter");
+  gauge("veloxquant_http_bad_requests_total",
+        "Requests refused by the HTTP layer (400 malformed, 413 body, 431 head)",
+        h.bad_requests.load(), "counter");
+  gauge("veloxquant_http_workers_busy", "Generation requests on the --http-workers pool",
+        h.workers_busy.load());
+  gauge("veloxquant_http_workers_refused_total", "Requests answered 503: every worker busy",
+        h.workers_refused.load(), "counter");
   return o.str();
 }
 
@@ -149,7 +163,7 @@ struct StreamState {
   std::string id, model;
   std::int64_t created = 0;
   bool chat = true, include_usage = false, logprobs = false;
-  int sock = -1;  // the connection's socket (peer_gone), -1 when it was not found
+  std::shared_ptr<http::Exchange> ex;  // the request and its connection
   void cancel_all() {
     for (auto& c : choices) c.job->cancel();
   }
@@ -163,7 +177,7 @@ struct ServerState {
   std::string model_name;  // the checkpoint's file name (/v1/models, responses)
   Scheduler& sched;
   std::atomic<bool> draining{false};
-  std::atomic<int> inflight{0};  // streams still writing
+  http::Server* http_server = nullptr;  // its counters (/metrics)
   std::atomic<std::int64_t> next_id{1};
   std::int64_t vocab_size = 0;           // logit_bias ids are checked against it
   const engine::Model* model = nullptr;  // its mapped files are checked per request (issue 33)
@@ -250,9 +264,9 @@ bool method_allowed(const std::string& method, const std::string& allow) {
 
 // The CORS origin to answer `req` with: "" when --cors-origin is not given or does not list
 // the request's Origin; "*" when it lists "*".
-std::string cors_origin(const ServeOptions& o, const httplib::Request& req) {
+std::string cors_origin(const ServeOptions& o, const http::Request& req) {
   if (o.cors_origins.empty() || !req.has_header("Origin")) return "";
-  const std::string origin = req.get_header_value("Origin");
+  const std::string origin = req.header("Origin");
   for (const auto& allowed : o.cors_origins) {
     if (allowed == "*") return "*";
     if (allowed == origin) return origin;
@@ -260,90 +274,79 @@ std::string cors_origin(const ServeOptions& o, const httplib::Request& req) {
   return "";
 }
 
-// The listening socket gets SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT,
-// which let a second server bind the same port and silently take half the connections.
-void listen_socket_options(socket_t sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
-}
-
-// Thread pool, size and time limits, JSON error bodies, CORS (opt-in), 405 for a known path's
-// wrong method, and the API key check on /v1/.
-void configure_http(httplib::Server& svr, const ServeOptions& o) {
-  const int pool = o.http_threads > 0
-                       ? o.http_threads
-                       : static_cast<int>(std::min<std::int64_t>(256, 2 * o.max_sessions + 8));
-  svr.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<size_t>(pool)); };
-  svr.set_socket_options(listen_socket_options);
-  svr.set_payload_max_length(static_cast<size_t>(o.max_body));
-  svr.set_read_timeout(5, 0);
-  svr.set_write_timeout(5, 0);
-  svr.set_keep_alive_timeout(5);
-  svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) {
-      res.set_content(error_json(ServeError{res.status,
-                                            res.status >= 500 ? "server_error"
-                                                              : "invalid_request_error",
-                                            reason_of(res.status), "", 0}),
-                      "application/json");
-    }
-  });
-  // A handler that throws: 500 with a fixed message (cpp-httplib's default would copy the
-  // exception's text into an EXCEPTION_WHAT header); the text goes to stderr only.
-  svr.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        std::fprintf(stderr, "veloxquant serve: %s %s failed: %s\n", req.method.c_str(),
-                     req.path.c_str(), what.c_str());
-        send_error(res,
-                   ServeError{500, "server_error", "internal error (logged by the server)", "", 0});
-      });
-  svr.set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
-    const std::string origin = cors_origin(o, req);
+// On the I/O thread, for every request: CORS (opt-in), OPTIONS and 405 for a known path's
+// methods, the API key on /v1/, then the routes that never wait (/health, /metrics,
+// /v1/models, the page, 404) answered here; the two generation routes go to a worker (false).
+bool dispatch(ServerState& state, const http::Request& req, http::Headers& common,
+              http::Response& res) {
+  const ServeOptions& o = state.o;
+  const std::string origin = cors_origin(o, req);
+  if (!origin.empty()) {
+    common.emplace_back("Access-Control-Allow-Origin", origin);
+    common.emplace_back("Access-Control-Expose-Headers", "Retry-After");
+  }
+  if (!o.cors_origins.empty()) common.emplace_back("Vary", "Origin");
+  const char* allow = allowed_methods(req.path);
+  if (allow != nullptr && req.method == "OPTIONS") {
+    // A CORS preflight (or a plain OPTIONS): answered before the key check, which a
+    // preflight cannot pass (browsers send it without the Authorization header).
+    res.status = 204;
+    res.set_header("Allow", allow);
     if (!origin.empty()) {
-      res.set_header("Access-Control-Allow-Origin", origin);
-      res.set_header("Access-Control-Expose-Headers", "Retry-After");
+      res.set_header("Access-Control-Allow-Methods", allow);
+      const std::string asked = req.header("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? std::string("Authorization, Content-Type") : asked);
+      res.set_header("Access-Control-Max-Age", "600");
     }
-    if (!o.cors_origins.empty()) res.set_header("Vary", "Origin");
-    const char* allow = allowed_methods(req.path);
-    if (allow != nullptr && req.method == "OPTIONS") {
-      // A CORS preflight (or a plain OPTIONS): answered before the key check, which a
-      // preflight cannot pass (browsers send it without the Authorization header).
-      res.status = 204;
-      res.set_header("Allow", allow);
-      if (!origin.empty()) {
-        res.set_header("Access-Control-Allow-Methods", allow);
-        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
-        res.set_header("Access-Control-Allow-Headers",
-                       asked.empty() ? std::string("Authorization, Content-Type") : asked);
-        res.set_header("Access-Control-Max-Age", "600");
-      }
-      return httplib::Server::HandlerResponse::Handled;
+    return true;
+  }
+  if (allow != nullptr && !method_allowed(req.method, allow)) {
+    res = error_response(ServeError{405, "invalid_request_error",
+                                    req.method.substr(0, 16) + " is not allowed on " + req.path +
+                                        " (allowed: " + allow + ")",
+                                    "", 0});
+    res.set_header("Allow", allow);
+    return true;
+  }
+  if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+      req.header("Authorization") != "Bearer " + o.api_key) {
+    res = error_response(ServeError{401, "invalid_request_error",
+                                    "missing or wrong API key (send Authorization: Bearer KEY)",
+                                    "", 0});
+    return true;
+  }
+  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions") return false;
+  if (req.path == "/v1/models") {
+    json j = {{"object", "list"},
+              {"data", json::array({{{"id", state.model_name},
+                                     {"object", "model"},
+                                     {"created", 0},
+                                     {"owned_by", "veloxquant"}}})}};
+    res.content_type = "application/json";
+    res.body = dump(j);
+  } else if (req.path == "/health") {
+    res.content_type = "application/json";
+    if (state.draining) {
+      res.status = 503;
+      res.body = R"({"status":"draining"})";
+    } else {
+      res.body = R"({"status":"ok"})";
     }
-    if (allow != nullptr && !method_allowed(req.method, allow)) {
-      send_error(res, ServeError{405, "invalid_request_error",
-                                 req.method.substr(0, 16) + " is not allowed on " + req.path +
-                                     " (allowed: " + allow + ")",
-                                 "", 0});
-      res.set_header("Allow", allow);
-      if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
-        res.set_header("Connection", "close");  // its body is left unread
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!o.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
-        req.get_header_value("Authorization") != "Bearer " + o.api_key) {
-      send_error(res, ServeError{401, "invalid_request_error",
-                                 "missing or wrong API key (send Authorization: Bearer KEY)", "", 0});
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+  } else if (req.path == "/metrics") {
+    // The scheduler's counters are copied under its lock, which a step holds only for its
+    // bookkeeping, never for its forward.
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = metrics_text(state.sched.metrics(), state.http_server->stats());
+  } else if (req.path == "/") {
+    res.content_type = "text/html; charset=utf-8";
+    res.body = chat_page_html();
+  } else {
+    res = error_response(
+        ServeError{404, "invalid_request_error", "no such endpoint: " + req.path.substr(0, 64), "",
+                   0});
+  }
+  return true;
 }
 
 // Answers a streamed request with server-sent events: each choice's text as it comes (chunks
@@ -351,156 +354,116 @@ void configure_http(httplib::Server& svr, const ServeOptions& o) {
 // finish_reason, then (stream_options.include_usage) a chunk with no choices and the usage,
 // then [DONE]. Without include_usage a choice's last chunk carries the usage of that choice
 // (an extension, as before). An error ends the stream with an error event and [DONE] (the
-// other choices are cancelled). A client gone cancels the jobs.
-void stream_reply(httplib::Response& res, std::shared_ptr<StreamState> st,
-                  std::atomic<int>& inflight) {
-  ++inflight;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& data) {
-          const std::string line =
-              "data: " + (data.is_string() ? data.get<std::string>() : dump(data)) + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        const std::uint64_t seen = st->wake->current();
-        bool ok = true, news = false, all_done = true;
-        std::optional<ServeError> error;
-        for (std::size_t i = 0; i < st->choices.size() && ok && !error; ++i) {
-          StreamChoice& c = st->choices[i];
-          if (c.finished) continue;
-          Job::Snapshot s = c.job->take(std::chrono::milliseconds(0));
-          std::string text = std::move(c.carry) + s.text;
-          std::vector<TokenLogprob> lps = std::move(c.carry_lp);
-          for (auto& e : s.logprobs) lps.push_back(std::move(e));
-          c.carry.clear();
-          c.carry_lp.clear();
-          if (!text.empty() || !lps.empty() || c.first) {
-            json chunk =
-                chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), text,
-                           st->logprobs && !lps.empty() ? &lps : nullptr, nullptr, s, c.first);
-            if (st->include_usage) chunk["usage"] = nullptr;
-            ok = send(chunk);
-            c.first = false;
-            news = true;
-          }
-          if (!s.done) {
-            all_done = false;
-            continue;
-          }
-          if (s.error) {
-            error = s.error;
-            break;
-          }
-          json last = chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), "",
-                                 nullptr, s.finish_reason.c_str(), s, false);
-          last["usage"] = st->include_usage ? json(nullptr) : usage_json({s});
-          ok = ok && send(last);
-          c.finished = true;
-          c.last = s;
-          news = true;
-        }
-        if (ok && error) {
-          st->cancel_all();
-          ok = send(json(error_json(*error))) && send(json("[DONE]"));
-          if (ok) sink.done();
-        } else if (ok && all_done) {
-          if (st->include_usage) {
-            std::vector<Job::Snapshot> snaps;
-            for (const auto& c : st->choices) snaps.push_back(c.last);
-            ok = send(json{{"id", st->id},
-                           {"object", st->chat ? "chat.completion.chunk" : "text_completion"},
-                           {"created", st->created},
-                           {"model", st->model},
-                           {"choices", json::array()},
-                           {"usage", usage_json(snaps)}});
-          }
-          ok = ok && send(json("[DONE]"));
-          if (ok) sink.done();
-        } else if (ok && !news) {
-          // Nothing to write: a client gone is seen here, not only at the next failed write.
-          if (peer_gone(st->sock))
-            ok = false;
-          else
-            st->wake->wait(seen, 100ms);
-        }
-        if (!ok) {
-          st->cancel_all();
-          return false;
-        }
-        return true;
-      },
-      [st, &inflight](bool success) {
-        if (!success) st->cancel_all();
-        --inflight;
-      });
-}
-
-// Reads a POST body into `body` with --max-body as its only limit, whatever the Content-Type.
-// (cpp-httplib's own reading caps application/x-www-form-urlencoded bodies, curl's default type,
-// at 8 KiB and parses them as a form; a handler with a content reader bypasses both.) A
-// multipart body is drained and refused with 415: the API takes JSON. False: `res` holds the
-// error.
-bool read_body(const httplib::Request& req, httplib::Response& res,
-               const httplib::ContentReader& reader, std::int64_t max_body, std::string& body) {
-  if (req.is_multipart_form_data()) {
-    reader([](const httplib::MultipartFormData&) { return true; },
-           [](const char*, size_t) { return true; });
-    send_error(res, ServeError{415, "invalid_request_error",
-                               "multipart/form-data bodies are not accepted; send the request as "
-                               "JSON (Content-Type: application/json)",
-                               "", 0});
-    return false;
+// other choices are cancelled). A client gone (closed, reset, or not reading within
+// --write-timeout) cancels the jobs.
+void stream_reply(const std::shared_ptr<StreamState>& st) {
+  http::Exchange& ex = *st->ex;
+  http::Response head;
+  head.content_type = "text/event-stream";
+  head.set_header("Cache-Control", "no-cache");
+  if (!ex.begin_stream(std::move(head))) {
+    st->cancel_all();
+    return;
   }
-  bool too_big = false;
-  const bool ok = reader([&](const char* data, size_t n) {
-    if (body.size() + n > static_cast<std::size_t>(max_body)) {
-      too_big = true;
-      return false;
+  auto send = [&](const json& data) {
+    return ex.send_chunk("data: " + (data.is_string() ? data.get<std::string>() : dump(data)) +
+                         "\n\n");
+  };
+  for (;;) {
+    const std::uint64_t seen = st->wake->current();
+    bool ok = true, news = false, all_done = true;
+    std::optional<ServeError> error;
+    for (std::size_t i = 0; i < st->choices.size() && ok && !error; ++i) {
+      StreamChoice& c = st->choices[i];
+      if (c.finished) continue;
+      Job::Snapshot s = c.job->take(std::chrono::milliseconds(0));
+      std::string text = std::move(c.carry) + s.text;
+      std::vector<TokenLogprob> lps = std::move(c.carry_lp);
+      for (auto& e : s.logprobs) lps.push_back(std::move(e));
+      c.carry.clear();
+      c.carry_lp.clear();
+      if (!text.empty() || !lps.empty() || c.first) {
+        json chunk = chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i),
+                                text, st->logprobs && !lps.empty() ? &lps : nullptr, nullptr, s,
+                                c.first);
+        if (st->include_usage) chunk["usage"] = nullptr;
+        ok = send(chunk);
+        c.first = false;
+        news = true;
+      }
+      if (!s.done) {
+        all_done = false;
+        continue;
+      }
+      if (s.error) {
+        error = s.error;
+        break;
+      }
+      json last = chunk_json(st->id, st->chat, st->model, st->created, static_cast<int>(i), "",
+                             nullptr, s.finish_reason.c_str(), s, false);
+      last["usage"] = st->include_usage ? json(nullptr) : usage_json({s});
+      ok = ok && send(last);
+      c.finished = true;
+      c.last = s;
+      news = true;
     }
-    body.append(data, n);
-    return true;
-  });
-  if (too_big || res.status == 413) {
-    send_error(res, ServeError{413, "invalid_request_error",
-                               "the request body is larger than --max-body (" +
-                                   std::to_string(max_body) + " bytes)",
-                               "", 0});
-    res.set_header("Connection", "close");  // the rest of a chunked body is left unread
-    return false;
+    if (ok && error) {
+      st->cancel_all();
+      if (send(json(error_json(*error))) && send(json("[DONE]"))) ex.end_stream();
+      return;
+    }
+    if (ok && all_done) {
+      if (st->include_usage) {
+        std::vector<Job::Snapshot> snaps;
+        for (const auto& c : st->choices) snaps.push_back(c.last);
+        ok = send(json{{"id", st->id},
+                       {"object", st->chat ? "chat.completion.chunk" : "text_completion"},
+                       {"created", st->created},
+                       {"model", st->model},
+                       {"choices", json::array()},
+                       {"usage", usage_json(snaps)}});
+      }
+      if (ok && send(json("[DONE]"))) ex.end_stream();
+      return;
+    }
+    if (!ok || ex.gone()) {
+      st->cancel_all();
+      return;
+    }
+    if (!news) st->wake->wait(seen, 100ms);  // the exchange's on_gone wakes it too
   }
-  if (!ok) {
-    send_error(res, ServeError{400, "invalid_request_error", "the request body could not be read",
-                               "", 0});
-    res.set_header("Connection", "close");
-    return false;
-  }
-  return true;
 }
 
-// POST /v1/chat/completions (chat_endpoint) or /v1/completions: read and parse the body, queue,
-// wait for admission and, for a stream, its first token (errors keep their status: a model whose
-// first output is not finite answers 500, not a 200 stream holding an error), then the whole
-// reply or a stream.
-void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Request& req,
-                     httplib::Response& res, const httplib::ContentReader& reader) {
-  std::string body;
-  if (!read_body(req, res, reader, state.o.max_body, body)) return;
+// POST /v1/chat/completions (chat_endpoint) or /v1/completions, on a worker: parse the body
+// (read whole by the HTTP layer, --max-body its only limit whatever the Content-Type; a
+// multipart body is refused with 415: the API takes JSON), queue, wait for admission and, for a
+// stream, its first token (errors keep their status: a model whose first output is not finite
+// answers 500, not a 200 stream holding an error), then the whole reply or a stream.
+void handle_generate(ServerState& state, bool chat_endpoint,
+                     const std::shared_ptr<http::Exchange>& ex) {
+  const http::Request& req = ex->request();
+  auto send_error = [&](const ServeError& e) { ex->respond(error_response(e)); };
+  if (req.header("Content-Type").rfind("multipart/form-data", 0) == 0) {
+    send_error(ServeError{415, "invalid_request_error",
+                          "multipart/form-data bodies are not accepted; send the request as "
+                          "JSON (Content-Type: application/json)",
+                          "", 0});
+    return;
+  }
   if (state.draining) {
-    send_error(res, ServeError{503, "server_error", "the server is shutting down", "", 1});
+    send_error(ServeError{503, "server_error", "the server is shutting down", "", 1});
     return;
   }
   // A model file truncated under its mapping would kill the process (SIGBUS): refused instead.
   if (const std::string changed = state.model ? state.model->file_change() : ""; !changed.empty()) {
-    send_error(res, ServeError{503, "server_error", changed + "; restart the server", "", 0});
+    send_error(ServeError{503, "server_error", changed + "; restart the server", "", 0});
     return;
   }
   ParsedRequest p;
   try {
-    p = parse_request(body, chat_endpoint, state.method, state.max_context, state.vocab_size);
+    p = parse_request(req.body, chat_endpoint, state.method, state.max_context, state.vocab_size);
   } catch (const ServeError& e) {
-    send_error(res, e);
+    send_error(e);
     return;
   }
   p.gen.client = req.remote_addr;  // the per-client method-spec budget (--client-methods)
@@ -518,28 +481,23 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
       state.sched.submit(job);
     } catch (const ServeError& e) {
       cancel_all();
-      send_error(res, e);
+      send_error(e);
       return;
     } catch (const Error& e) {
       cancel_all();
-      send_error(res, ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
+      send_error(ServeError{400, "invalid_request_error", e.what(), "veloxquant.method", 0});
       return;
     }
     jobs.push_back(std::move(job));
   }
-  // A client that goes away while the request waits (queued, generating a non-streamed reply,
-  // or before a stream's first token) cancels its jobs: the scheduler drops them from the queue
-  // or ends them after the current step and frees their sessions.
-  const int sock =
-      connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  auto client_gone = [&] {
-    if (!peer_gone(sock)) return false;
-    cancel_all();
-    // Nobody reads this answer; it is what a log of the request shows.
-    send_error(res, ServeError{499, "invalid_request_error", "the client disconnected", "", 0});
-    res.set_header("Connection", "close");
-    return true;
-  };
+  // A client that goes away while the request waits (queued, generating, streaming) cancels
+  // its jobs at once: the HTTP layer sees the connection's end of file or reset (or a write
+  // past --write-timeout) and runs this; the scheduler drops a queued job from the queue or
+  // ends a running one after the current step and frees its session.
+  ex->on_gone([jobs, wake] {
+    for (auto& j : jobs) j->cancel();
+    wake->notify();
+  });
   // Wait for choice 0's admission and, for a stream, its first token (or its end).
   std::vector<std::string> carry(jobs.size());
   std::vector<std::vector<TokenLogprob>> carry_lp(jobs.size());
@@ -554,11 +512,11 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
     if (snap[0].done ||
         (snap[0].admitted && (!p.stream || !carry[0].empty() || snap[0].completion_tokens > 0)))
       break;
-    if (client_gone()) return;
+    if (ex->gone()) return;  // nobody reads an answer
   }
   if (snap[0].error) {
     cancel_all();
-    send_error(res, *snap[0].error);
+    send_error(*snap[0].error);
     return;
   }
   const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
@@ -568,21 +526,24 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       while (!snap[i].done) {
         take(i, 100ms);
-        if (!snap[i].done && client_gone()) return;
+        if (!snap[i].done && ex->gone()) return;
       }
       if (snap[i].error) {
         cancel_all();
-        send_error(res, *snap[i].error);
+        send_error(*snap[i].error);
         return;
       }
       out[i] = ChoiceOutput{std::move(carry[i]), std::move(carry_lp[i]), snap[i]};
     }
-    res.set_content(
-        dump(completion_json(id, chat_endpoint, state.model_name, created, out, p.gen.logprobs)),
-        "application/json");
+    http::Response res;
+    res.content_type = "application/json";
+    res.body =
+        dump(completion_json(id, chat_endpoint, state.model_name, created, out, p.gen.logprobs));
+    ex->respond(std::move(res));
     return;
   }
   auto st = std::make_shared<StreamState>();
+  st->ex = ex;
   st->wake = wake;
   st->id = id;
   st->model = state.model_name;
@@ -590,7 +551,6 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
   st->chat = chat_endpoint;
   st->include_usage = p.include_usage;
   st->logprobs = p.gen.logprobs;
-  st->sock = sock;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     StreamChoice c;
     c.job = jobs[i];
@@ -598,68 +558,30 @@ void handle_generate(ServerState& state, bool chat_endpoint, const httplib::Requ
     c.carry_lp = std::move(carry_lp[i]);
     st->choices.push_back(std::move(c));
   }
-  stream_reply(res, std::move(st), state.inflight);
+  stream_reply(st);
 }
 
-// The endpoints: the two generation ones, /v1/models, /health, /metrics and the chat page.
-void add_routes(httplib::Server& svr, ServerState& state) {
-  svr.Post("/v1/chat/completions", [&state](const httplib::Request& req, httplib::Response& res,
-                                             const httplib::ContentReader& reader) {
-    handle_generate(state, true, req, res, reader);
-  });
-  svr.Post("/v1/completions", [&state](const httplib::Request& req, httplib::Response& res,
-                                        const httplib::ContentReader& reader) {
-    handle_generate(state, false, req, res, reader);
-  });
-  svr.Get("/v1/models", [&state](const httplib::Request&, httplib::Response& res) {
-    json j = {{"object", "list"},
-              {"data", json::array({{{"id", state.model_name},
-                                     {"object", "model"},
-                                     {"created", 0},
-                                     {"owned_by", "veloxquant"}}})}};
-    res.set_content(dump(j), "application/json");
-  });
-  svr.Get("/health", [&state](const httplib::Request&, httplib::Response& res) {
-    if (state.draining) {
-      res.status = 503;
-      res.set_content(R"({"status":"draining"})", "application/json");
-    } else {
-      res.set_content(R"({"status":"ok"})", "application/json");
-    }
-  });
-  svr.Get("/metrics", [&state](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_text(state.sched.metrics()), "text/plain; version=0.0.4");
-  });
-  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(chat_page_html(), "text/html; charset=utf-8");
-  });
-}
-
-// Binds --host:--port (0: any free port) and returns the port.
-int bind_port(httplib::Server& svr, const ServeOptions& o) {
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    if (port < 0) throw Error(ErrorCode::kIoError, "cannot bind to " + o.host + " (any port)");
-  } else {
-    errno = 0;
-    if (!svr.bind_to_port(o.host, port)) {
-      const int err = errno;
-      throw Error(ErrorCode::kIoError,
-                  "cannot bind to " + o.host + ":" + std::to_string(port) +
-                      (err == EADDRINUSE
-                           ? ": the address is already in use (another server listens there)"
-                           : " (in use, or not an address of this machine" +
-                                 (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")"));
-    }
-  }
-  return port;
+// The HTTP layer's limits from the flags.
+http::Limits http_limits(const ServeOptions& o) {
+  http::Limits l;
+  l.header_timeout_s = o.header_timeout_s;
+  l.body_timeout_s = o.body_timeout_s;
+  l.keep_alive_timeout_s = o.keep_alive_timeout_s;
+  l.write_timeout_s = o.write_timeout_s;
+  l.keep_alive_requests = o.keep_alive_requests;
+  l.max_connections = o.max_connections;
+  l.max_connections_per_address = o.max_connections_per_address;
+  l.max_body = o.max_body;
+  l.workers = static_cast<int>(
+      o.http_workers > 0 ? o.http_workers
+                         : std::min<std::int64_t>(4096, o.max_sessions + o.max_queue + 8));
+  return l;
 }
 
 // Serves until SIGTERM or SIGINT (blocked in every thread, waited for here on a thread of its
-// own): then stops admitting, lets requests finish within --shutdown-grace, lets the streams
-// write their last events (bounded) and stops the server. True when listening ended cleanly.
-bool serve_until_signal(httplib::Server& svr, ServerState& state, const sigset_t& sigs) {
+// own): then stops admitting, lets requests finish within --shutdown-grace, lets the replies
+// and streams write their last bytes (bounded) and stops the server.
+void serve_until_signal(http::Server& svr, ServerState& state, const sigset_t& sigs) {
   std::atomic<bool> quit{false};
   std::thread signals([&] {
     const timespec tick{0, 200 * 1000 * 1000};
@@ -670,16 +592,18 @@ bool serve_until_signal(httplib::Server& svr, ServerState& state, const sigset_t
       state.draining = true;
       state.sched.drain(
           std::chrono::milliseconds(static_cast<std::int64_t>(state.o.shutdown_grace_s * 1000)));
-      for (int i = 0; i < 100 && state.inflight > 0; ++i) std::this_thread::sleep_for(50ms);
+      const http::Stats& h = svr.stats();
+      for (int i = 0; i < 100 && (h.exchanges_open > 0 || h.workers_busy > 0); ++i)
+        std::this_thread::sleep_for(50ms);
       svr.stop();
       return;
     }
   });
-  const bool ok = svr.listen_after_bind();
+  svr.run();
   quit = true;
   signals.join();
-  return ok;
 }
+
 }  // namespace
 
 int run_server(const ServeOptions& o) {
@@ -723,15 +647,24 @@ int run_server(const ServeOptions& o) {
                static_cast<long long>(need), static_cast<long long>(o.kv_memory),
                static_cast<long long>(o.kv_memory / need));
 
-  httplib::Server svr;
-  configure_http(svr, o);
-  add_routes(svr, state);
-  const int port = bind_port(svr, o);
+  http::Server::Routes routes;
+  routes.dispatch = [&state](const http::Request& req, http::Headers& common,
+                             http::Response& res) { return dispatch(state, req, common, res); };
+  routes.work = [&state](const std::shared_ptr<http::Exchange>& ex) {
+    handle_generate(state, ex->request().path == "/v1/chat/completions", ex);
+  };
+  routes.error_body = [](int status, const std::string& message) {
+    return error_json(ServeError{status, status >= 500 ? "server_error" : "invalid_request_error",
+                                 message, "", 0});
+  };
+  http::Server svr(http_limits(o), std::move(routes));
+  state.http_server = &svr;
+  const int port = svr.bind(o.host, o.port);
   std::printf("veloxquant serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
-  const bool ok = serve_until_signal(svr, state, sigs);
+  serve_until_signal(svr, state, sigs);
   std::fprintf(stderr, "veloxquant serve: stopped\n");
-  return ok ? 0 : 1;
+  return 0;
 }
 
 }  // namespace vq::serve
