@@ -290,18 +290,7 @@ StepView LayerCache::begin_step(const TensorRef& keys, const TensorRef& values) 
       shape_error("n_query_heads (" + std::to_string(st.shape.n_query_heads) +
                   ") must be a multiple of n_kv_heads (" + std::to_string(H) + ")");
     }
-    st.heads.clear();
-    st.heads.resize(static_cast<std::size_t>(B * H));
-    for (HeadState& hs : st.heads) {
-      StoreAccess::set(hs, detail::make_store(st.config, D));
-      StoreAccess::of(hs).expect_rows(st.expected_rows);
-    }
-    st.rngs.clear();
-    const auto seed = static_cast<std::uint64_t>(st.config.seed());
-    for (std::int64_t h = 0; h < H; ++h) {
-      st.rngs.emplace_back(seed, static_cast<std::uint64_t>(ls.layer), static_cast<std::uint64_t>(h));
-    }
-    st.view_rows.resize(static_cast<std::size_t>(B * H));
+    detail::build_heads(st, B, H, D, ls.layer);
     st.shaped = true;
   }
   st.step_prev = 0;

@@ -217,19 +217,7 @@ void layer_section(StateIO& io, LayerState& st, detail::Policy& policy) {
       io.check(n <= io.remaining() / kMinHeadBytes,
                std::to_string(n) + " heads need at least " + std::to_string(n * kMinHeadBytes) +
                    " bytes, only " + std::to_string(io.remaining()) + " are left");
-      st.heads.clear();
-      st.heads.resize(n);
-      for (HeadState& hs : st.heads) {
-        StoreAccess::set(hs, detail::make_store(st.config, D));
-        StoreAccess::of(hs).expect_rows(st.expected_rows);
-      }
-      st.rngs.clear();
-      const auto seed = static_cast<std::uint64_t>(st.config.seed());
-      for (std::int64_t h = 0; h < H; ++h) {
-        st.rngs.emplace_back(seed, static_cast<std::uint64_t>(shape.layer),
-                             static_cast<std::uint64_t>(h));
-      }
-      st.view_rows.assign(n, HeadRows{});
+      detail::build_heads(st, st.batch, H, D, shape.layer);
     }
   }
   for (HeadState& hs : st.heads) {

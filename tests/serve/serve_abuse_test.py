@@ -20,15 +20,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Server  # noqa: E402
+from serve_util import Server, check, summary  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 MSGS = [{"role": "user", "content": "Once upon a time"}]
@@ -394,11 +387,7 @@ def main():
     check(p.returncode != 0 and "--http-workers" in p.stderr,
           "--http-threads is refused naming --http-workers (rc %s: %s)" %
           (p.returncode, p.stderr.strip()[-160:]))
-    if failures:
-        print("%d failed: %s" % (len(failures), "; ".join(failures)))
-        return 1
-    print("all passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,15 +17,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Server, stream_text  # noqa: E402
+from serve_util import Server, stream_text, check, summary  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def error_of(body):
@@ -652,11 +645,7 @@ def main():
             srv.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d failed: %s" % (len(failures), "; ".join(failures)))
-        return 1
-    print("all passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -18,18 +18,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Server  # noqa: E402
+from serve_util import Server, check, summary  # noqa: E402
 
-failures = []
 CHAT = "/v1/chat/completions"
 METHOD = "h2o:budget=32"
 N_CONV = 10
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def ask(srv, messages, max_tokens=12):
@@ -192,10 +185,7 @@ def main():
         if srv is not None:
             srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("all checks passed")
+    sys.exit(summary())
 
 
 if __name__ == "__main__":

@@ -23,19 +23,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Server  # noqa: E402
+from serve_util import Server, check, summary  # noqa: E402
 
-failures = []
 CHAT = "/v1/chat/completions"
 N_CONV = 9
 TURNS = 4
 MAX_TOKENS = 24
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def free_port():
@@ -214,10 +207,7 @@ def main():
         for r in replicas:
             r.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        sys.exit(1)
-    print("all checks passed")
+    sys.exit(summary())
 
 
 if __name__ == "__main__":

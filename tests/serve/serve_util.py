@@ -2,10 +2,27 @@
 only). Every wait here is bounded."""
 import http.client
 import json
-import os
 import re
 import subprocess
 import time
+
+# The checks of one test script: each printed as it runs, the failed ones kept for the summary.
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def summary():
+    """The script's exit status: 1 (with the failed checks listed) when any failed, else 0."""
+    if failures:
+        print("%d failed: %s" % (len(failures), "; ".join(failures)))
+        return 1
+    print("all passed")
+    return 0
 
 
 class Server:
