@@ -20,7 +20,8 @@
 //              head: scores, softmax, weighted values; heads
 //              in parallel, enough of them to exceed the cache
 //
-// Times are the best of `repeats` runs after an untimed one. Counts (the test re-derives them
+// Times are the best of `repeats` runs after an untimed one; a decode row's is the median of its
+// calls (copies x repeats of them), which one descheduled thread of a shared machine cannot move. Counts (the test re-derives them
 // by hand): prefill flops = 2 M N K per projection; decode bytes = N * weight_row_bytes(type, K);
 // attention bytes per head for N positions and head_dim D (groups of 32 channels or tokens):
 //   f16    N (2D + 2D + 4)                   keys, values, positions
