@@ -762,20 +762,23 @@ std::string roofline_table(const nlohmann::json& doc) {
     feats += (feats.empty() ? "" : ", ") + f.get<std::string>();
   s += feats + "\n";
   const std::string T = std::to_string(doc["settings"]["threads"].get<int>());
-  s += fmt::format("\n{:<12} {:>9} {:>12} {:>12}  {}\n", "peak", "unit", "1 thread", T + " threads",
-                   "instruction / note");
+  // With --threads 1 the peaks are measured once: the second column is left out.
+  const bool two = T != "1";
+  s += fmt::format("\n{:<12} {:>9} {:>12} {:>12}  {}\n", "peak", "unit", "1 thread",
+                   two ? T + " threads" : "", "instruction / note");
   for (const auto& p : doc["peaks"]) {
     const auto& per = p["per_threads"];
     s +=
         fmt::format("{:<12} {:>9} {:>12} {:>12}  {}\n", p["name"].get<std::string>(),
                     p["unit"].get<std::string>(), per.contains("1") ? num(per["1"], "{:.1f}") : "-",
-                    per.contains(T) ? num(per[T], "{:.1f}") : "-",
+                    !two ? "" : per.contains(T) ? num(per[T], "{:.1f}") : "-",
                     p["available"].get<bool>() ? p["instruction"].get<std::string>()
                                                : p["note"].get<std::string>());
   }
-  s += fmt::format("\nWhole forward ({} layers; prefill M = {}), per weight type:\n",
+  s += fmt::format("\nWhole forward ({}, every layer and the classifier; prefill M = {}; {} "
+                   "thread(s)), per weight type:\n",
                    doc["settings"]["shape"].get<std::string>(),
-                   doc["settings"]["tokens"].get<std::int64_t>());
+                   doc["settings"]["tokens"].get<std::int64_t>(), T);
   s += fmt::format("{:<6} {:>8} {:>10} {:>9} {:<12} {:>10} {:>9} {:>9}\n", "type", "path",
                    "prefill", "unit", "x peak", "decode", "GB/s", "x BW");
   const auto& rows = doc["rows"];
