@@ -174,6 +174,9 @@ def main():
             (["--tokens", "many"], "--tokens", "got 'many'"),
             (["--types", "q9_0"], "--types", "got 'q9_0'"),
             (["--context", "100"], "--context", "got 100"),
+            # Qwen2.5-0.5B's rows of 896 values are not whole 256-value K-quant blocks.
+            (["--shape", "qwen2.5-0.5b", "--types", "f16,q4_k"], "--types",
+             "rows of 896 values, not a multiple of q4_k's 256-value blocks"),
         ]
         for extra, flag, detail in cases:
             r = run(*base, *extra, "--out", bad_out)

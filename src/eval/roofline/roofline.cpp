@@ -453,6 +453,18 @@ void validate_roofline_options(const RooflineOptions& o) {
     bad(fmt::format("--shape {}: head_dim {} is not a multiple of {} (the q8_0/q4_0 blocks)",
                     o.shape, c.head_dim, kGroup));
   }
+  // Every type's blocks must tile each projection's rows (the K-quants: 256 values).
+  for (const Projection& pr : projections(c)) {
+    for (const WeightType t : p.types) {
+      const std::int64_t block = engine::weight_block_size(t);
+      if (pr.K % block != 0) {
+        bad(fmt::format("--shape {}: its {} projection has rows of {} values, not a multiple of "
+                        "{}'s {}-value blocks; leave {} out of --types",
+                        o.shape, pr.names.front(), pr.K, weight_type_flag_name(t), block,
+                        weight_type_flag_name(t)));
+      }
+    }
+  }
   // Memory: the phases run one after another; the largest decides.
   double largest_matrix = 0, widest_in = 0;
   for (const Projection& pr : projections(c)) {
