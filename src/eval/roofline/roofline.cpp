@@ -8,18 +8,17 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "base/cpu.h"
-#include "base/kernels.h"
 #include "engine/compute/block_matmul.h"
 #include "engine/compute/matmul.h"
 #include "engine/compute/parallel.h"
 #include "engine/model/shapes.h"
 #include "engine/run/resources.h"
 #include "eval/report/results.h"
+#include "eval/roofline/attention_rows.h"
+#include "eval/roofline/counter_rng.h"
 #include "eval/roofline/peaks.h"
-#include "store/packed_attention.h"
 #include "veloxquant/errors.h"
 #include "veloxquant/types.h"
 
@@ -28,7 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using engine::WeightType;
-namespace attn = vq::detail::attn;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -39,20 +37,6 @@ double seconds_since(Clock::time_point t0) {
 }
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-// A counter-based generator: value i of stream `key` (splitmix64 of the mixed counter), so the
-// data do not depend on the thread that writes them.
-std::uint64_t mix(std::uint64_t seed, std::uint64_t key, std::uint64_t i) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + key * 0xD1B54A32D192ED03ull + i;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// Uniform in [-a, a).
-float uniform(std::uint64_t seed, std::uint64_t key, std::uint64_t i, float a) {
-  const double u = static_cast<double>(mix(seed, key, i) >> 11) * 0x1.0p-53;
-  return static_cast<float>((2.0 * u - 1.0) * a);
-}
 
 // Bytes of 8-byte-aligned storage (every weight and row type's alignment).
 struct Buffer {
@@ -102,23 +86,24 @@ void fill_weights(WeightType type, std::int64_t rows, std::int64_t cols, std::ui
       const std::uint64_t base = static_cast<std::uint64_t>(r * cols);
       if (type == WeightType::kF32) {
         float* p = reinterpret_cast<float*>(row);
-        for (std::int64_t c = 0; c < cols; ++c) p[c] = uniform(seed, 1, base + c, a);
+        for (std::int64_t c = 0; c < cols; ++c) p[c] = counter_uniform(seed, 1, base + c, a);
       } else if (type == WeightType::kF16 || type == WeightType::kBF16) {
         std::uint16_t* p = reinterpret_cast<std::uint16_t*>(row);
         for (std::int64_t c = 0; c < cols; ++c) {
-          const float v = uniform(seed, 1, base + c, a);
+          const float v = counter_uniform(seed, 1, base + c, a);
           p[c] = type == WeightType::kF16 ? float_to_half(v) : engine::float_to_bf16(v);
         }
       } else {
         for (std::int64_t i = 0; i < row_bytes; i += 8) {
-          const std::uint64_t w = mix(seed, 2, static_cast<std::uint64_t>(r * row_bytes + i));
+          const std::uint64_t w =
+              counter_mix(seed, 2, static_cast<std::uint64_t>(r * row_bytes + i));
           std::memcpy(row + i, &w,
                       static_cast<std::size_t>(std::min<std::int64_t>(8, row_bytes - i)));
         }
         const float scale = a / 8.0f;  // codes of a few bits times d: the float weights' order
         for (std::int64_t b = 0; b < cols / block; ++b) {
           for (const int f : fields) {
-            const float d = scale * (1.0f + uniform(seed, 3, base + b * 2 + f, 0.5f));
+            const float d = scale * (1.0f + counter_uniform(seed, 3, base + b * 2 + f, 0.5f));
             const std::uint16_t h = float_to_half(d);
             std::memcpy(row + b * block_bytes + f, &h, 2);
           }
@@ -204,143 +189,6 @@ Plan make_plan(const RooflineOptions& o) {
   return p;
 }
 
-// ---- attention rows ----
-
-struct AttnFormat {
-  const char* name;
-  attn::Fmt fmt;
-  bool kivi;  // keys per channel (groups of 32 tokens), values per token, asymmetric
-};
-constexpr AttnFormat kAttnFormats[] = {{"f16", attn::Fmt::kF16, false},
-                                       {"q8_0", attn::Fmt::kQ8_0, false},
-                                       {"q4_0", attn::Fmt::kQ4_0, false},
-                                       {"kivi2", attn::Fmt::kU2, true},
-                                       {"kivi4", attn::Fmt::kU4, true}};
-constexpr std::int64_t kGroup = 32;  // q8_0/q4_0 blocks, KIVI's groups (its default)
-
-std::int64_t code_row_bytes(attn::Fmt f, std::int64_t D) {
-  switch (f) {
-    case attn::Fmt::kF32:
-      return 4 * D;
-    case attn::Fmt::kF16:
-      return 2 * D;
-    case attn::Fmt::kQ8_0:
-      return D;
-    case attn::Fmt::kQ4_0:
-    case attn::Fmt::kU4:
-      return D / 2;
-    case attn::Fmt::kU2:
-      return D / 4;
-  }
-  return 0;
-}
-
-// One KV head's rows: codes, fp16 parameters and positions, as the stores keep them.
-struct Head {
-  std::vector<std::uint8_t> k, v;
-  std::vector<std::uint16_t> kscale, kzero, vscale, vzero;
-  std::vector<std::int32_t> pos;
-
-  // Bytes the kernels read for one step (the header's formula, from the sizes held).
-  std::int64_t bytes() const {
-    const auto b = [](const auto& a) { return static_cast<std::int64_t>(a.size() * sizeof(a[0])); };
-    return b(k) + b(v) + b(kscale) + b(kzero) + b(vscale) + b(vzero) + b(pos);
-  }
-};
-
-Head make_head(const AttnFormat& f, std::int64_t N, std::int64_t D, std::uint64_t seed,
-               std::uint64_t key) {
-  Head h;
-  const std::int64_t rb = code_row_bytes(f.fmt, D);
-  h.k.resize(sz(N * rb));
-  h.v.resize(sz(N * rb));
-  if (f.fmt == attn::Fmt::kF16) {
-    auto* k = reinterpret_cast<std::uint16_t*>(h.k.data());
-    auto* v = reinterpret_cast<std::uint16_t*>(h.v.data());
-    for (std::int64_t i = 0; i < N * D; ++i) {
-      k[i] = float_to_half(uniform(seed, key, 2 * i, 1.0f));
-      v[i] = float_to_half(uniform(seed, key, 2 * i + 1, 1.0f));
-    }
-  } else {
-    for (std::size_t i = 0; i < h.k.size(); ++i) {
-      const std::uint64_t w = mix(seed, key, i);
-      h.k[i] = static_cast<std::uint8_t>(w);
-      h.v[i] = static_cast<std::uint8_t>(w >> 8);
-    }
-  }
-  const auto halves = [&](std::int64_t n, float base, float spread, std::uint64_t k2) {
-    std::vector<std::uint16_t> out(sz(n));
-    for (std::int64_t i = 0; i < n; ++i)
-      out[sz(i)] = float_to_half(base + uniform(seed, k2, i, spread));
-    return out;
-  };
-  const std::int64_t groups = (D + kGroup - 1) / kGroup;  // per-token parameter groups
-  if (f.kivi) {
-    const std::int64_t key_groups = (N + kGroup - 1) / kGroup;
-    h.kscale = halves(key_groups * D, 0.02f, 0.01f, key + 100);
-    h.kzero = halves(key_groups * D, 0.0f, 0.5f, key + 101);
-    h.vscale = halves(N * groups, 0.02f, 0.01f, key + 102);
-    h.vzero = halves(N * groups, 0.0f, 0.5f, key + 103);
-  } else if (f.fmt != attn::Fmt::kF16) {
-    h.kscale = halves(N * groups, 0.02f, 0.01f, key + 100);
-    h.vscale = halves(N * groups, 0.02f, 0.01f, key + 102);
-  }
-  h.pos.resize(sz(N));
-  for (std::int64_t i = 0; i < N; ++i) h.pos[sz(i)] = static_cast<std::int32_t>(i);
-  return h;
-}
-
-// Per-thread scratch of one attention step.
-struct AttnScratch {
-  std::vector<float> scores, acc, out;
-};
-
-// One query step over one head: scores (per key group for KIVI), softmax, value sums.
-void attend(const AttnFormat& f, const Head& h, std::int64_t N, std::int64_t D, const float* q,
-            std::int64_t n_q, AttnScratch& s) {
-  const cpu::Isa isa = cpu::best_isa();
-  const std::int64_t rb = code_row_bytes(f.fmt, D);
-  const std::int64_t groups = (D + kGroup - 1) / kGroup;
-  const std::int64_t pos = N;  // every row visible
-  float* scores = s.scores.data();
-  attn::RowSet k;
-  k.fmt = f.fmt;
-  k.row_bytes = rb;
-  if (f.kivi) {
-    for (std::int64_t a = 0, g = 0; a < N; a += kGroup, ++g) {
-      k.data = h.k.data() + a * rb;
-      k.positions = h.pos.data() + a;
-      k.n = std::min(kGroup, N - a);
-      attn::channel_scores(isa, k, h.kscale.data() + g * D, h.kzero.data() + g * D, D, q, n_q, pos,
-                           scores + a, N);
-    }
-  } else {
-    k.data = h.k.data();
-    k.positions = h.pos.data();
-    k.n = N;
-    k.scale = h.kscale.empty() ? nullptr : h.kscale.data();
-    k.param_stride = groups;
-    k.group = f.fmt == attn::Fmt::kF16 ? D : kGroup;
-    attn::token_scores(isa, k, D, q, n_q, pos, scores, N);
-  }
-  for (std::int64_t j = 0; j < n_q; ++j) kernels::softmax(scores + j * N, N);
-  attn::RowSet v;
-  v.fmt = f.fmt;
-  v.row_bytes = rb;
-  v.data = h.v.data();
-  v.positions = h.pos.data();
-  v.n = N;
-  v.scale = h.vscale.empty() ? nullptr : h.vscale.data();
-  v.zero = h.vzero.empty() ? nullptr : h.vzero.data();
-  v.param_stride = groups;
-  v.group = f.fmt == attn::Fmt::kF16 ? D : kGroup;
-  float* A = s.acc.data();
-  float* Z = f.kivi ? A + n_q * 4 * D : nullptr;
-  std::fill(s.acc.begin(), s.acc.end(), 0.0f);
-  attn::token_values(isa, v, 0, D, scores, n_q, N, pos, A, Z, f.kivi ? groups : 0);
-  attn::finish_values(A, Z, f.kivi ? groups : 0, v.group, n_q, D, s.out.data());
-}
-
 // ---- peaks ----
 
 const Peak* find_peak(const std::vector<Peak>& peaks, const std::string& name) {
@@ -399,8 +247,6 @@ std::string activations_of(WeightType t) {
   return engine::to_string(engine::activation_type(t));
 }
 
-std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
-
 }  // namespace
 
 const std::vector<WeightType>& roofline_weight_types() {
@@ -443,22 +289,23 @@ void validate_roofline_options(const RooflineOptions& o) {
                     kMaxRooflineBandwidthMib, o.bandwidth_mib));
   }
   for (const std::int64_t n : p.contexts) {
-    if (n < kGroup || n > kMaxRooflineContext || n % kGroup != 0) {
-      bad(fmt::format("--context values must be multiples of {} in [{}, {}], got {}", kGroup,
-                      kGroup, kMaxRooflineContext, n));
+    if (n < kAttentionGroup || n > kMaxRooflineContext || n % kAttentionGroup != 0) {
+      bad(fmt::format("--context values must be multiples of {} in [{}, {}], got {}",
+                      kAttentionGroup, kAttentionGroup, kMaxRooflineContext, n));
     }
   }
   const engine::ModelConfig& c = p.config;
-  if (c.head_dim % kGroup != 0) {
+  if (c.head_dim % kAttentionGroup != 0) {
     bad(fmt::format("--shape {}: head_dim {} is not a multiple of {} (the q8_0/q4_0 blocks)",
-                    o.shape, c.head_dim, kGroup));
+                    o.shape, c.head_dim, kAttentionGroup));
   }
   // Every type's blocks must tile each projection's rows (the K-quants: 256 values).
   for (const Projection& pr : projections(c)) {
     for (const WeightType t : p.types) {
       const std::int64_t block = engine::weight_block_size(t);
       if (pr.K % block != 0) {
-        bad(fmt::format("--shape {}: its {} projection has rows of {} values, not a multiple of "
+        bad(
+            fmt::format("--shape {}: its {} projection has rows of {} values, not a multiple of "
                         "{}'s {}-value blocks; leave {} out of --types",
                         o.shape, pr.names.front(), pr.K, weight_type_flag_name(t), block,
                         weight_type_flag_name(t)));
@@ -563,7 +410,8 @@ nlohmann::json run_roofline(const RooflineOptions& o, const std::string& command
   Buffer x(p.tokens * 4 * std::max(c.hidden_dim, c.dim) + 64);
   Buffer out(p.tokens * 4 * std::max({c.vocab_size, c.hidden_dim, c.dim}) + 64);
   for (std::int64_t i = 0; i < p.tokens * std::max(c.hidden_dim, c.dim); ++i) {
-    reinterpret_cast<float*>(x.data())[i] = uniform(o.seed, 9, static_cast<std::uint64_t>(i), 1.0f);
+    reinterpret_cast<float*>(x.data())[i] =
+        counter_uniform(o.seed, 9, static_cast<std::uint64_t>(i), 1.0f);
   }
   const float* xf = reinterpret_cast<const float*>(x.data());
   float* of = reinterpret_cast<float*>(out.data());
@@ -692,70 +540,30 @@ nlohmann::json run_roofline(const RooflineOptions& o, const std::string& command
     doc["rows"].push_back(drow);
   }
 
-  // 3. Packed-KV attention: one query step per head, heads in parallel.
-  const std::int64_t D = c.head_dim;
-  const std::int64_t n_q = c.n_heads / c.n_kv_heads;
-  const std::int64_t heads_per_step = c.n_layers * c.n_kv_heads;
-  std::vector<float> q(sz(n_q * D));
-  for (std::int64_t i = 0; i < n_q * D; ++i)
-    q[sz(i)] = uniform(o.seed, 7, static_cast<std::uint64_t>(i), 1.0f);
-  for (const std::int64_t N : p.contexts) {
-    for (const AttnFormat& f : kAttnFormats) {
-      const std::int64_t head_bytes = make_head(f, kGroup, D, 0, 0).bytes() / kGroup * N;
-      const std::int64_t h = std::min(
-          heads_per_step, std::max<std::int64_t>(T, (p.working_set + head_bytes - 1) / head_bytes));
-      std::vector<Head> heads;
-      heads.reserve(sz(h));
-      for (std::int64_t i = 0; i < h; ++i) {
-        heads.push_back(make_head(f, N, D, o.seed, 1000 + static_cast<std::uint64_t>(i) * 8));
-      }
-      const int threads = static_cast<int>(std::min<std::int64_t>(T, h));
-      std::vector<AttnScratch> scratch(sz(threads));
-      for (AttnScratch& s : scratch) {
-        s.scores.assign(sz(n_q * N), 0.0f);
-        s.acc.assign(sz(n_q * 4 * (D + round_up(D, kGroup) / kGroup)), 0.0f);
-        s.out.assign(sz(n_q * D), 0.0f);
-      }
-      const auto step = [&] {
-        engine::parallel_for(threads, threads, [&](std::int64_t t0, std::int64_t t1) {
-          for (std::int64_t t = t0; t < t1; ++t) {
-            for (std::int64_t i = h * t / threads; i < h * (t + 1) / threads; ++i) {
-              attend(f, heads[sz(i)], N, D, q.data(), n_q, scratch[sz(t)]);
-            }
-          }
-        });
-      };
-      step();  // untimed
-      double best = 1e300;
-      for (int r = 0; r < p.repeats; ++r) {
-        const auto t0 = Clock::now();
-        step();
-        best = std::min(best, seconds_since(t0));
-      }
-      std::int64_t measured_bytes = 0;
-      for (const Head& hd : heads) measured_bytes += hd.bytes();
-      nlohmann::json row = {{"kind", "attention"},
-                            {"format", f.name},
-                            {"positions", N},
-                            {"head_dim", D},
-                            {"queries_per_head", n_q},
-                            {"heads", h},
-                            {"heads_per_step", heads_per_step},
-                            {"bytes_per_head", head_bytes},
-                            {"bytes", measured_bytes},
-                            {"time_s", best},
-                            {"time_per_head_us", best / static_cast<double>(h) * 1e6},
-                            {"rate_unit", "GB/s"}};
-      set_peak(row, static_cast<double>(measured_bytes) / best / 1e9, used.bandwidth,
-               "one query step reads every kept row once: bounded by the read bandwidth");
-      doc["rows"].push_back(row);
-      say(
-          fmt::format("[kernels] attention {} N={} x {} heads: {:.3f} ms, {:.1f} GB/s, {:.3f} of "
-                      "read_bw",
-                      f.name, N, h, best * 1e3, row["rate"].get<double>(),
-                      row["fraction"].is_number() ? row["fraction"].get<double>() : 0.0));
-    }
-  }
+  // 3. Packed-KV attention: one query step per head, heads in parallel (attention_rows.h).
+  AttentionPlan ap{c, p.contexts, T, p.repeats, p.working_set, o.seed};
+  measure_attention(ap, [&](const AttentionMeasure& m) {
+    nlohmann::json row = {{"kind", "attention"},
+                          {"format", m.format},
+                          {"positions", m.positions},
+                          {"head_dim", m.head_dim},
+                          {"queries_per_head", m.queries_per_head},
+                          {"heads", m.heads},
+                          {"heads_per_step", m.heads_per_step},
+                          {"bytes_per_head", m.bytes_per_head},
+                          {"bytes", m.bytes},
+                          {"time_s", m.time_s},
+                          {"time_per_head_us", m.time_s / static_cast<double>(m.heads) * 1e6},
+                          {"rate_unit", "GB/s"}};
+    set_peak(row, static_cast<double>(m.bytes) / m.time_s / 1e9, used.bandwidth,
+             "one query step reads every kept row once: bounded by the read bandwidth");
+    doc["rows"].push_back(row);
+    say(
+        fmt::format("[kernels] attention {} N={} x {} heads: {:.3f} ms, {:.1f} GB/s, {:.3f} of "
+                    "read_bw",
+                    m.format, m.positions, m.heads, m.time_s * 1e3, row["rate"].get<double>(),
+                    row["fraction"].is_number() ? row["fraction"].get<double>() : 0.0));
+  });
   doc["cpu"]["load_average_end"] = [] {
     double l[3] = {0, 0, 0};
     return getloadavg(l, 3) == 3 ? nlohmann::json(l[0]) : nlohmann::json();
@@ -783,14 +591,17 @@ std::string roofline_table(const nlohmann::json& doc) {
     s +=
         fmt::format("{:<12} {:>9} {:>12} {:>12}  {}\n", p["name"].get<std::string>(),
                     p["unit"].get<std::string>(), per.contains("1") ? num(per["1"], "{:.1f}") : "-",
-                    !two ? "" : per.contains(T) ? num(per[T], "{:.1f}") : "-",
+                    !two              ? ""
+                    : per.contains(T) ? num(per[T], "{:.1f}")
+                                      : "-",
                     p["available"].get<bool>() ? p["instruction"].get<std::string>()
                                                : p["note"].get<std::string>());
   }
-  s += fmt::format("\nWhole forward ({}, every layer and the classifier; prefill M = {}; {} "
-                   "thread(s)), per weight type:\n",
-                   doc["settings"]["shape"].get<std::string>(),
-                   doc["settings"]["tokens"].get<std::int64_t>(), T);
+  s += fmt::format(
+      "\nWhole forward ({}, every layer and the classifier; prefill M = {}; {} "
+      "thread(s)), per weight type:\n",
+      doc["settings"]["shape"].get<std::string>(), doc["settings"]["tokens"].get<std::int64_t>(),
+      T);
   s += fmt::format("{:<6} {:>8} {:>10} {:>9} {:<12} {:>10} {:>9} {:>9}\n", "type", "path",
                    "prefill", "unit", "x peak", "decode", "GB/s", "x BW");
   const auto& rows = doc["rows"];
