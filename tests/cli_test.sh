@@ -42,7 +42,7 @@ check "list --ids --with an unknown key" 2 "no registered method takes key 'nope
 check "list --with needs --ids" 2 "--with requires --ids|requires" -- "$bin" list --with budget
 check "list kivi lists {2, 4}" 0 "bit_width_inlier +int +2 +\{2, 4\}" -- "$bin" list kivi
 check "help" 0 "list" -- "$bin" --help
-for cmd in list demo bench "bench perturb" "bench table" "bench decode" make-model generate eval; do
+for cmd in list demo bench "bench perturb" "bench table" "bench decode" "bench kernels" make-model generate eval; do
   # shellcheck disable=SC2086
   check "$cmd --help" 0 "Usage|Options" -- "$bin" $cmd --help
 done
@@ -131,7 +131,7 @@ check "make-model writes" 0 "wrote .*config.json" -- \
 check "make-model loads" 0 "full +16 +1 " -- \
   "$bin" bench decode --model "$tmp/mm" --context 16 --method full --steps 1 --threads 1 \
   --bandwidth-mib 16 --quiet
-check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, decode, table" -- "$bin" bench nope
+check "bench unknown" 2 "unknown bench command 'nope'; bench commands: perturb, decode, kernels, table" -- "$bin" bench nope
 
 # A small run writes the JSON and the plot; the same command again gives the same file apart
 # from timing fields (one key per line in the JSON).

@@ -46,6 +46,14 @@ TEST(Cpu, FamiliesFollowTheFlagsLinuxReports) {
   EXPECT_EQ(f.avx512, avx512);
   EXPECT_EQ(f.avx512_vnni, avx512 && has("avx512_vnni"));
   EXPECT_EQ(f.avx512_vbmi, avx512 && has("avx512vbmi"));
+  // The features reported for measurements (bench kernels' peaks).
+  EXPECT_EQ(f.fma, has("fma") && has("avx"));
+  EXPECT_EQ(f.avx512_bf16, avx512 && has("avx512_bf16"));
+  // Linux lists AMX only where it enables the tile state; CPUID reports it regardless.
+  EXPECT_TRUE(f.amx_tile || !has("amx_tile"));
+  EXPECT_TRUE(f.amx_int8 || !has("amx_int8"));
+  EXPECT_TRUE(f.amx_bf16 || !has("amx_bf16"));
+  EXPECT_TRUE(!cpu::amx_usable() || (has("amx_tile") && f.amx_tile));
 
   EXPECT_TRUE(cpu::isa_supported(Isa::kScalar));
   EXPECT_EQ(cpu::isa_supported(Isa::kAvx2), avx2);

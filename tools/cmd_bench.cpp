@@ -2,6 +2,8 @@
 //   bench perturb  the model-free perturbation benchmark (src/eval/perturb/perturb_bench.h)
 //   bench table    markdown tables of perturb result files (docs/benchmarks.md's tables)
 //   bench decode   decode speed at real model shapes and long contexts (src/eval/model/decode_bench.h)
+//   bench kernels  the roofline: this machine's peaks and the kernels as fractions of them
+//                  (src/eval/roofline/roofline.h)
 #include <fmt/format.h>
 
 #include <iostream>
@@ -15,6 +17,7 @@
 #include "engine/formats/mapped_file.h"
 #include "eval/report/output_set.h"
 #include "eval/perturb/perturb_bench.h"
+#include "eval/roofline/roofline.h"
 #include "engine/run/resources.h"
 #include "eval/report/results.h"
 #include "engine/compute/parallel.h"
@@ -300,6 +303,96 @@ void add_bench_decode(CLI::App& bench, int argc, const char* const* argv) {
   });
 }
 
+struct KernelsArgs {
+  eval::RooflineOptions o;
+  std::string types, contexts, out;
+  int threads = 0;
+  bool quiet = false;
+  std::vector<std::string> argv;
+};
+
+void run_bench_kernels(KernelsArgs& a, const CLI::App& cmd) {
+  eval::RooflineOptions& o = a.o;
+  const int cores = engine::available_cores();
+  validate::check_threads(a.threads, "--threads", cores);
+  o.threads = a.threads == 0 ? cores : a.threads;
+  // --quick: small sizes and few repetitions, for tests (flags given explicitly still win).
+  if (o.quick) {
+    if (cmd.count("--tokens") == 0) o.tokens = 16;
+    if (cmd.count("--bandwidth-mib") == 0) o.bandwidth_mib = 64;
+    if (cmd.count("--repeats") == 0) o.repeats = 1;
+  }
+  o.types.clear();
+  if (!a.types.empty()) {
+    std::string item;
+    for (std::size_t i = 0; i <= a.types.size(); ++i) {
+      if (i == a.types.size() || a.types[i] == ',') {
+        o.types.push_back(eval::parse_roofline_weight_type(item, "--types"));
+        item.clear();
+      } else {
+        item += a.types[i];
+      }
+    }
+  }
+  o.contexts.clear();
+  if (!a.contexts.empty()) {
+    o.contexts = parse_int_list(a.contexts, "--context", 1, eval::kMaxRooflineContext);
+  }
+  eval::validate_roofline_options(o);
+  eval::OutputSet out;  // checked now, written at the end or not at all
+  if (!a.out.empty()) out.declare("--out", a.out);
+  const nlohmann::json doc =
+      eval::run_roofline(o, eval::command_line(a.argv), [&](const std::string& line) {
+        if (!a.quiet) std::cerr << line << "\n";
+      });
+  if (out.has("--out")) {
+    out.stage("--out", doc.dump(2) + "\n");
+    out.commit();
+  }
+  std::cout << eval::roofline_table(doc);
+  if (!a.out.empty()) std::cout << "wrote " << a.out << "\n";
+}
+
+// `bench kernels`: its flags, and the run on the parsed arguments.
+void add_bench_kernels(CLI::App& bench, int argc, const char* const* argv) {
+  auto k = std::make_shared<KernelsArgs>();
+  k->argv.assign(argv, argv + argc);
+  auto* cmd = bench.add_subcommand(
+      "kernels",
+      "The roofline, measured: this machine's peak FMA / VNNI / BF16 / AMX throughput and read "
+      "bandwidth (microbenchmarks), then the engine's prefill GEMM, decode GEMV and packed-KV "
+      "attention at a model shape's sizes as fractions of those peaks");
+  cmd->add_option("--shape", k->o.shape, "Named shape whose sizes are measured (make-model --list)")
+      ->capture_default_str();
+  cmd->add_option("--tokens", k->o.tokens, "Prompt tokens M of the prefill GEMMs (--quick: 16)")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxRooflineTokens));
+  add_threads_option(cmd, k->threads);
+  cmd->add_option("--types", k->types,
+                  "Weight types, comma-separated (default: every type the engine has)");
+  cmd->add_option("--context", k->contexts,
+                  "Attention positions, comma-separated multiples of 32 (default 8192,32768; "
+                  "--quick: 512,2048)");
+  cmd->add_option("--repeats", k->o.repeats, "Timed runs per kernel row, best kept (--quick: 1)")
+      ->capture_default_str()
+      ->check(int_range(1, 1000));
+  cmd->add_option("--bandwidth-mib", k->o.bandwidth_mib,
+                  "Buffer of the read-bandwidth measurement, MiB (--quick: 64)")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxRooflineBandwidthMib));
+  cmd->add_option("--seed", k->o.seed, "Random weights and rows seed")
+      ->capture_default_str()
+      ->check(uint_range(0, UINT64_MAX));
+  add_q8_activations_option(cmd);
+  cmd->add_flag("--quick", k->o.quick,
+                "Small sizes and few repetitions (for tests; the numbers are not measurements)");
+  cmd->add_option("--out", k->out, "JSON result file (kind kernels; written whole or not at all)")
+      ->check(non_empty_path());
+  add_max_memory_option(*cmd, k->o.max_memory);
+  cmd->add_flag("--quiet", k->quiet, "No progress lines on stderr");
+  cmd->callback([k, cmd]() { run_bench_kernels(*k, *cmd); });
+}
+
 // `bench table`: the result files to tabulate.
 void add_bench_table(CLI::App& bench) {
   auto files = std::make_shared<std::vector<std::string>>();
@@ -327,10 +420,11 @@ void add_bench_table(CLI::App& bench) {
 
 void add_bench_command(CLI::App& app, int argc, const char* const* argv) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that write result files (bench perturb, "
-                                            "bench decode) and tables of them (bench table)");
+                                            "bench decode, bench kernels) and tables of them (bench table)");
   bench->require_subcommand(1);
   add_bench_perturb(*bench, argc, argv);
   add_bench_decode(*bench, argc, argv);
+  add_bench_kernels(*bench, argc, argv);
   add_bench_table(*bench);
 }
 

@@ -2,6 +2,11 @@
 
 #include <initializer_list>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define VQ_CPU_X86 1
@@ -20,6 +25,7 @@ Features detect() noexcept {
   // XGETBV needs OSXSAVE (leaf 1 ECX bit 27); XCR0 says which register state the OS saves:
   // bits 1-2 SSE and AVX (ymm), bits 5-7 the opmask and the upper zmm registers.
   const bool f16c = bit(c, 29);
+  const bool fma = bit(c, 12);
   std::uint64_t xcr0 = 0;
   if (bit(c, 27)) {
     unsigned lo = 0, hi = 0;
@@ -36,9 +42,18 @@ Features detect() noexcept {
   f.avx512 = f.avx2 && zmm_state && bit(b, 16) && bit(b, 17) && bit(b, 30) && bit(b, 31);
   f.avx512_vnni = f.avx512 && bit(c, 11);
   f.avx512_vbmi = f.avx512 && bit(c, 1);
+  f.fma = ymm_state && fma;
+  // Leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8.
+  f.amx_tile = bit(d, 24);
+  f.amx_int8 = f.amx_tile && bit(d, 25);
+  f.amx_bf16 = f.amx_tile && bit(d, 22);
+  const unsigned max_subleaf = a;
   a = b = c = d = 0;
-  // Leaf 7.1 (present when leaf 7.0's EAX, the highest subleaf, is at least 1): EAX bit 4.
-  f.avx_vnni = f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && bit(a, 4);
+  // Leaf 7.1 (present when leaf 7.0's EAX, the highest subleaf, is at least 1): EAX bit 4
+  // AVX-VNNI, bit 5 AVX512_BF16.
+  const bool leaf71 = max_subleaf >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0;
+  f.avx_vnni = f.avx2 && leaf71 && bit(a, 4);
+  f.avx512_bf16 = f.avx512 && leaf71 && bit(a, 5);
 #endif
   return f;
 }
@@ -96,6 +111,24 @@ Isa best_isa() noexcept {
 Isa avx512_base() noexcept {
   static const Isa base = isa_supported(Isa::kAvx2Vnni) ? Isa::kAvx2Vnni : Isa::kAvx2;
   return base;
+}
+
+bool amx_usable() noexcept {
+  static const bool usable = [] {
+#if defined(__linux__) && defined(__x86_64__)
+    if (!features().amx_tile) return false;
+    // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): the kernel then saves the tile
+    // data of this process's threads (arch/x86/include/uapi/asm/prctl.h).
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & (3u << 17)) == (3u << 17);  // XTILECFG and XTILEDATA
+#else
+    return false;
+#endif
+  }();
+  return usable;
 }
 
 bool avx512_prefill_supported() noexcept {

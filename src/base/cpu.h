@@ -47,6 +47,12 @@ struct Features {
   bool avx512 = false;       // AVX-512 F, BW, VL, DQ, with the OS saving the zmm and opmask state
   bool avx512_vnni = false;  // AVX512_VNNI: CPUID.(7,0):ECX bit 11
   bool avx512_vbmi = false;  // AVX512_VBMI: CPUID.(7,0):ECX bit 1
+  // Reported for measurements (bench kernels); no kernel family uses them yet.
+  bool fma = false;          // FMA3: CPUID.1:ECX bit 12, with the OS saving the ymm state
+  bool avx512_bf16 = false;  // AVX512_BF16 (vdpbf16ps): CPUID.(7,1):EAX bit 5, with kAvx512's state
+  bool amx_tile = false;     // AMX-TILE: CPUID.(7,0):EDX bit 24 (the CPU's word; the OS grants the
+  bool amx_int8 = false;     // tile state per process: amx_usable()); AMX-INT8: EDX bit 25;
+  bool amx_bf16 = false;     // AMX-BF16: EDX bit 22
 };
 const Features& features() noexcept;
 
@@ -60,6 +66,11 @@ Isa best_isa() noexcept;
 // The family an AVX-512 family runs where it has no kernels of its own: kAvx2Vnni where the CPU
 // has AVX-VNNI, else kAvx2 (cached).
 Isa avx512_base() noexcept;
+
+// Whether AMX tiles may run in this process: the CPU has AMX-TILE and the OS, asked once (Linux:
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)), grants the tile data state and saves it (XCR0
+// bits 17 and 18). False off Linux/x86, on a CPU without AMX, or when the request is refused.
+bool amx_usable() noexcept;
 
 // Whether a family's kernels may use AVX-512 instructions (kAvx512, kAvx512Vnni).
 constexpr bool uses_avx512(Isa isa) noexcept {
