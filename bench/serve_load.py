@@ -93,6 +93,101 @@ class Server:
             self.proc.wait()
 
 
+class LlamaServer:
+    """llama.cpp's llama-server on the same GGUF at the same K/V memory: its slots (--parallel)
+    are the conversations --kv-memory holds at --max-context positions each with its cache type
+    (f16: 2 x layers x kv_dim x 2 bytes a position; q8_0 / q4_0: ggml's 34 / 18 bytes per 32
+    values, flash attention on), its context --parallel x --max-context; a request past the
+    slots waits in its queue."""
+
+    def __init__(self, a, cache_type):
+        meta = gguf_shape(a.gguf)
+        per_value = {"f16": 2.0, "q8_0": 34 / 32.0, "q4_0": 18 / 32.0}[cache_type]
+        per_pos = 2 * meta["n_layers"] * meta["kv_dim"] * per_value
+        self.capacity = max(1, int(parse_bytes(a.kv_memory) // (per_pos * a.max_context)))
+        self.reserve = int(per_pos * a.max_context)
+        port = free_port()
+        cmd = [a.peer_llama_server, "-m", a.gguf, "--host", "127.0.0.1", "--port", str(port),
+               "-c", str(self.capacity * a.max_context), "--parallel", str(self.capacity),
+               "-t", str(a.threads or os.cpu_count()), "-ctk", cache_type, "-ctv", cache_type,
+               "-fa", "on" if cache_type != "f16" else "auto", "--no-webui"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.port = port
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit("llama-server failed: " + self.proc.stderr.read()[-2000:])
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", "/health")
+                ok = c.getresponse().status == 200
+                c.close()
+                if ok:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            self.stop()
+            raise SystemExit("llama-server did not become healthy within 120 s")
+
+    def peak_rss(self):
+        return Server.peak_rss(self)
+
+    def stop(self):
+        Server.stop(self)
+
+
+def free_port():
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def parse_bytes(text):
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not m:
+        raise SystemExit("--kv-memory: expected N, NK, NM or NG, got " + text)
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def gguf_shape(path):
+    """n_layers and kv_dim (n_kv_heads x head_dim) from a GGUF file's metadata (version 2/3)."""
+    import struct
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise SystemExit("--gguf %s: not a GGUF file" % path)
+        _version, _n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+        def read_str():
+            (n,) = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", "replace")
+
+        def read_val(t):
+            if t == 8:
+                return read_str()
+            if t == 9:
+                et, n = struct.unpack("<IQ", f.read(12))
+                return [read_val(et) for _ in range(n)] if et == 8 else f.read(sizes[et] * n)
+            fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                   10: "<Q", 11: "<q", 12: "<d"}[t]
+            return struct.unpack(fmt, f.read(sizes[t]))[0]
+
+        kv = {}
+        for _ in range(n_kv):
+            key = read_str()
+            (t,) = struct.unpack("<I", f.read(4))
+            kv[key] = read_val(t)
+    arch = kv["general.architecture"]
+    heads = kv["%s.attention.head_count" % arch]
+    kv_heads = kv.get("%s.attention.head_count_kv" % arch, heads)
+    dim = kv["%s.embedding_length" % arch]
+    head_dim = kv.get("%s.attention.key_length" % arch, dim // heads)
+    return {"n_layers": kv["%s.block_count" % arch], "kv_dim": kv_heads * head_dim}
+
+
 def client(port, idx, a, out):
     msgs, ttft, itl, tokens, errors = [], [], [], 0, 0
     later, resumed = 0, 0  # turns after the first, and those that resumed a cache
@@ -100,7 +195,8 @@ def client(port, idx, a, out):
         words = [WORDS[(idx * 7 + turn * 3 + i) % len(WORDS)] for i in range(a.prompt_words)]
         msgs.append({"role": "user", "content": " ".join(words)})
         body = json.dumps({"messages": msgs, "max_tokens": a.tokens, "temperature": 0.8,
-                           "seed": idx + 1, "stream": True})
+                           "seed": idx + 1, "stream": True,
+                           "stream_options": {"include_usage": True}})
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         t0 = time.perf_counter()
         c.request("POST", "/v1/chat/completions", body=body,
@@ -124,7 +220,8 @@ def client(port, idx, a, out):
                     done = True
                     break
                 j = json.loads(data)
-                piece = j["choices"][0].get("delta", {}).get("content", "")
+                choices = j.get("choices") or [{}]
+                piece = choices[0].get("delta", {}).get("content", "") or ""
                 if piece:
                     now = time.perf_counter()
                     if last is None:
@@ -148,13 +245,14 @@ def client(port, idx, a, out):
 
 
 def run_level(a, method, k):
-    srv = Server(a, method)
+    peer = method.startswith("llama-server:")
+    srv = LlamaServer(a, method.split(":", 1)[1]) if peer else Server(a, method)
     try:
         results, peak = {}, {"sessions": 0, "kv": 0, "full": 0, "reserved": 0}
         stop = threading.Event()
 
         def poll():
-            while not stop.is_set():
+            while not stop.is_set() and not peer:
                 m = srv.metrics()
                 live = m['veloxquant_sessions{state="active"}'] + m['veloxquant_sessions{state="idle"}']
                 peak["sessions"] = max(peak["sessions"], int(live))
@@ -174,7 +272,10 @@ def run_level(a, method, k):
         wall = time.perf_counter() - t0
         stop.set()
         poller.join()
-        m = srv.metrics()
+        m = {} if peer else srv.metrics()
+        if peer:  # its slots hold their conversations for the whole run
+            peak["sessions"] = min(k, srv.capacity)
+            peak["reserved"] = peak["sessions"] * srv.reserve
         ttft = [x for r in results.values() for x in r[0]]
         itl = [x for r in results.values() for x in r[1]]
         tokens = sum(r[2] for r in results.values())
@@ -186,13 +287,14 @@ def run_level(a, method, k):
                "ttft_p50_ms": round(1000 * pct(ttft, 50), 1), "ttft_p99_ms": round(1000 * pct(ttft, 99), 1),
                "itl_p50_ms": round(1000 * pct(itl, 50), 2) if itl else None,
                "itl_p99_ms": round(1000 * pct(itl, 99), 2) if itl else None,
-               "sessions_peak": peak["sessions"], "kv_resident_peak_bytes": int(m["veloxquant_kv_peak_resident_bytes"]),
+               "sessions_peak": peak["sessions"],
+               "kv_resident_peak_bytes": int(m.get("veloxquant_kv_peak_resident_bytes", peak["reserved"])),
                "kv_full_peak_bytes": peak["full"], "kv_reserved_peak_bytes": peak["reserved"],
                "session_reservation_bytes": srv.reserve, "sessions_capacity": srv.capacity,
-               "footprint_exceeded": int(m["veloxquant_kv_footprint_exceeded_total"]),
+               "footprint_exceeded": int(m.get("veloxquant_kv_footprint_exceeded_total", 0)),
                "rss_peak_bytes": srv.peak_rss(), "errors": errors,
                "later_turns": later, "later_turns_resumed": resumed,
-               "sessions_evicted": int(m["veloxquant_sessions_evicted_total"]),
+               "sessions_evicted": int(m.get("veloxquant_sessions_evicted_total", 0)),
                "sessions_restored": int(m.get("veloxquant_sessions_restored_total", 0)),
                "session_dir": bool(a.session_dir)}
         print(json.dumps(row), flush=True)
@@ -247,12 +349,22 @@ def main():
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="results/serve")
+    p.add_argument("--peer-llama-server", default="", help="llama.cpp's llama-server binary: "
+                   "each --peer-cache type runs it on --gguf at --kv-memory beside the methods")
+    p.add_argument("--gguf", default="", help="the GGUF file llama-server serves (--model should "
+                   "be the same file)")
+    p.add_argument("--peer-cache", action="append", help="llama-server cache types (f16, q8_0, "
+                   "q4_0; default f16)")
     p.add_argument("--max-sessions", type=int, default=0, help="the server's --max-sessions "
                    "(default 64)")
     p.add_argument("--session-dir", default="", help="give every server --session-dir "
                    "DIR/runN (sessions dropped for room are restored from disk)")
     a = p.parse_args()
     methods = a.method or ["full", "h2o:budget=512"]
+    if a.peer_llama_server:
+        if not a.gguf:
+            raise SystemExit("--peer-llama-server needs --gguf (the file both servers run)")
+        methods += ["llama-server:" + t for t in (a.peer_cache or ["f16"])]
     ks = [int(k) for k in a.clients.split(",")]
     if max(ks) > 64 or a.turns > 50 or a.tokens > 4096:
         raise SystemExit("bounded: at most 64 clients, 50 turns, 4096 tokens a turn")

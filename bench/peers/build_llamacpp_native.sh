@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own tools (llama-bench, llama-quantize, llama-perplexity) natively for this
+# Builds llama.cpp's own tools (llama-bench, llama-quantize, llama-perplexity, llama-server) natively for this
 # CPU from the llama.cpp source that npm's node-llama-cpp bundles (the same commit as the
 # prebuilt libraries bench/peers/llamacpp/setup.sh installs), into build/llamacpp-native/bin/.
 #
 #   bench/peers/build_llamacpp_native.sh [-jN]
 #
 # CMake, Release, -DGGML_NATIVE=ON (-march=native), static libraries, no CURL, no tests or
-# examples beyond the three tools. AMX is switched off (-mno-amx-tile -mno-amx-int8
+# examples beyond the four tools (llama-server: bench/serve_load.py --peer). AMX is switched off (-mno-amx-tile -mno-amx-int8
 # -mno-amx-bf16): on this project's machine (CPU flags amx_tile, amx_int8) a -march=native
 # build compiles ggml's AMX extra buffer type, and llama-bench then segfaults in
 # ggml_backend_amx_mul_mat on the first prompt batch of a Q4_0 file (gdb backtrace:
@@ -37,16 +37,16 @@ if command -v ccache >/dev/null 2>&1; then
 fi
 noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
   -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" "${launcher[@]}" >"$out.cmake.log" 2>&1 || {
   echo "build_llamacpp_native: cmake configure failed (see $out.cmake.log)" >&2
   exit 1
 }
-cmake --build "$out" "$jobs" --target llama-bench llama-quantize llama-perplexity >"$out.build.log" 2>&1 || {
+cmake --build "$out" "$jobs" --target llama-bench llama-quantize llama-perplexity llama-server >"$out.build.log" 2>&1 || {
   echo "build_llamacpp_native: build failed (see $out.build.log)" >&2
   exit 1
 }
-for t in llama-bench llama-quantize llama-perplexity; do
+for t in llama-bench llama-quantize llama-perplexity llama-server; do
   [ -x "$out/bin/$t" ] || { echo "build_llamacpp_native: $out/bin/$t is missing" >&2; exit 1; }
 done
 echo "$(pwd)/$out/bin"
