@@ -6,8 +6,8 @@
 #   bench/peers/build_llamacpp_native.sh [-jN]
 #
 # CMake, Release, -DGGML_NATIVE=ON (-march=native), static libraries, no CURL, no tests or
-# examples beyond the four tools (llama-server: bench/serve_load.py --peer). AMX is switched off (-mno-amx-tile -mno-amx-int8
-# -mno-amx-bf16): on this project's machine (CPU flags amx_tile, amx_int8) a -march=native
+# examples beyond the four tools (llama-server: bench/serve_load.py --peer-llama-server). AMX
+# is switched off (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16): on this project's machine (CPU flags amx_tile, amx_int8) a -march=native
 # build compiles ggml's AMX extra buffer type, and llama-bench then segfaults in
 # ggml_backend_amx_mul_mat on the first prompt batch of a Q4_0 file (gdb backtrace:
 # llama_decode -> ggml_cpu_extra_compute_forward -> amx::tensor_traits::compute_forward ->
