@@ -368,6 +368,7 @@ def main():
     ks = [int(k) for k in a.clients.split(",")]
     if max(ks) > 64 or a.turns > 50 or a.tokens > 4096:
         raise SystemExit("bounded: at most 64 clients, 50 turns, 4096 tokens a turn")
+    load_at_start = os.getloadavg()[0]
     rows = []
     # Alternate methods at each client count, so both see the same machine load.
     for k in ks:
@@ -378,8 +379,9 @@ def main():
     doc = {"command": " ".join(sys.argv), "model": a.model, "kv_memory": a.kv_memory,
            "max_context": a.max_context, "tokens_per_turn": a.tokens, "turns": a.turns,
            "cpu_features": feats, "cpus": os.cpu_count(), "machine": platform.machine(),
-           "load_average_at_end": os.getloadavg()[0],
-           "note": "shared machine: other builds ran at the same time; compare ratios within this file",
+           "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()[0],
+           "note": "compare ratios within this file; the load averages say how busy the machine "
+                   "was (the servers under test count in the one at the end)",
            "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, a.label + ".json"), "w") as f:
