@@ -34,328 +34,90 @@ using Kernel = double (*)(std::int64_t iters);
 constexpr int kChainsYmm = 12;  // 12 accumulators + 2 operands of 16 ymm registers
 constexpr int kChainsZmm = 24;  // 24 + 2 of 32 zmm registers
 
+// The loops' text, written once. VQ_REGSn(L) is L(0) L(1) ... L(n - 1), a string literal per
+// accumulator register. VQ_LOOP broadcasts a and b into registers R A and R B, zeroes every
+// accumulator with VQ_Z(n), then per iteration runs VQ_OP(n) for each accumulator and counts
+// down; the calling function defines VQ_Z and VQ_OP for its instructions.
+#define VQ_REGS12(L) L(0) L(1) L(2) L(3) L(4) L(5) L(6) L(7) L(8) L(9) L(10) L(11)
+#define VQ_REGS24(L) \
+  VQ_REGS12(L) L(12) L(13) L(14) L(15) L(16) L(17) L(18) L(19) L(20) L(21) L(22) L(23)
+#define VQ_CLOBBERS_YMM                                                                    \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+      "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"
+#define VQ_CLOBBERS_ZMM                                                                         \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
+      "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", \
+      "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", \
+      "xmm31", "cc"
+#define VQ_LOOP(BCAST, R, A, B, REGS, CLOBBERS) \
+  __asm__ volatile(BCAST " %[a], %%" R #A "\n\t" BCAST " %[b], %%" R #B "\n\t" REGS(VQ_Z) \
+                   "1:\n\t" REGS(VQ_OP) "dec %[n]\n\t"                                  \
+                   "jnz 1b"                                                                 \
+                   : [n] "+r"(iters)                                                        \
+                   : [a] "m"(a), [b] "m"(b)                                                 \
+                   : CLOBBERS)
+
 // acc += a * b (0.999 * 0.001: far from overflow for any run, never subnormal).
 __attribute__((target("avx2,fma"), noinline)) double fma_avx2(std::int64_t iters) {
   const float a = 0.999f, b = 1e-3f;
-  __asm__ volatile(
-      "vbroadcastss %[a], %%ymm14\n\t"
-      "vbroadcastss %[b], %%ymm15\n\t"
-      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
-      "1:\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm0\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm1\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm2\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm3\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm4\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm5\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm6\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm7\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm8\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm9\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm10\n\t"
-      "vfmadd231ps %%ymm15, %%ymm14, %%ymm11\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+#define VQ_Z(n) "vxorps %%ymm" #n ", %%ymm" #n ", %%ymm" #n "\n\t"
+#define VQ_OP(n) "vfmadd231ps %%ymm15, %%ymm14, %%ymm" #n "\n\t"
+  VQ_LOOP("vbroadcastss", "ymm", 14, 15, VQ_REGS12, VQ_CLOBBERS_YMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 // acc = acc * a, then acc += b: the separate multiply-add the kernels use today.
 __attribute__((target("avx2"), noinline)) double muladd_avx2(std::int64_t iters) {
   const float a = 0.999f, b = 1e-3f;
-  __asm__ volatile(
-      "vbroadcastss %[a], %%ymm14\n\t"
-      "vbroadcastss %[b], %%ymm15\n\t"
-      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
-      "1:\n\t"
-      "vmulps %%ymm14, %%ymm0, %%ymm0\n\t"
-      "vaddps %%ymm15, %%ymm0, %%ymm0\n\t"
-      "vmulps %%ymm14, %%ymm1, %%ymm1\n\t"
-      "vaddps %%ymm15, %%ymm1, %%ymm1\n\t"
-      "vmulps %%ymm14, %%ymm2, %%ymm2\n\t"
-      "vaddps %%ymm15, %%ymm2, %%ymm2\n\t"
-      "vmulps %%ymm14, %%ymm3, %%ymm3\n\t"
-      "vaddps %%ymm15, %%ymm3, %%ymm3\n\t"
-      "vmulps %%ymm14, %%ymm4, %%ymm4\n\t"
-      "vaddps %%ymm15, %%ymm4, %%ymm4\n\t"
-      "vmulps %%ymm14, %%ymm5, %%ymm5\n\t"
-      "vaddps %%ymm15, %%ymm5, %%ymm5\n\t"
-      "vmulps %%ymm14, %%ymm6, %%ymm6\n\t"
-      "vaddps %%ymm15, %%ymm6, %%ymm6\n\t"
-      "vmulps %%ymm14, %%ymm7, %%ymm7\n\t"
-      "vaddps %%ymm15, %%ymm7, %%ymm7\n\t"
-      "vmulps %%ymm14, %%ymm8, %%ymm8\n\t"
-      "vaddps %%ymm15, %%ymm8, %%ymm8\n\t"
-      "vmulps %%ymm14, %%ymm9, %%ymm9\n\t"
-      "vaddps %%ymm15, %%ymm9, %%ymm9\n\t"
-      "vmulps %%ymm14, %%ymm10, %%ymm10\n\t"
-      "vaddps %%ymm15, %%ymm10, %%ymm10\n\t"
-      "vmulps %%ymm14, %%ymm11, %%ymm11\n\t"
-      "vaddps %%ymm15, %%ymm11, %%ymm11\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+#define VQ_Z(n) "vxorps %%ymm" #n ", %%ymm" #n ", %%ymm" #n "\n\t"
+#define VQ_OP(n)                          \
+  "vmulps %%ymm14, %%ymm" #n ", %%ymm" #n \
+  "\n\t"                                  \
+  "vaddps %%ymm15, %%ymm" #n ", %%ymm" #n "\n\t"
+  VQ_LOOP("vbroadcastss", "ymm", 14, 15, VQ_REGS12, VQ_CLOBBERS_YMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 // The same with 24 zmm chains.
 __attribute__((target("avx512f"), noinline)) double fma_avx512(std::int64_t iters) {
   const float a = 0.999f, b = 1e-3f;
-  __asm__ volatile(
-      "vbroadcastss %[a], %%zmm30\n\t"
-      "vbroadcastss %[b], %%zmm31\n\t"
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
-      "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
-      "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
-      "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
-      "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
-      "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
-      "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
-      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
-      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
-      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
-      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
-      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
-      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
-      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
-      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-      "1:\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm0\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm1\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm2\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm3\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm4\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm5\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm6\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm7\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm8\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm9\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm10\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm11\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm12\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm13\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm14\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm15\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm16\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm17\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm18\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm19\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm20\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm21\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm22\n\t"
-      "vfmadd231ps %%zmm31, %%zmm30, %%zmm23\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "cc");
+#define VQ_Z(n) "vpxord %%zmm" #n ", %%zmm" #n ", %%zmm" #n "\n\t"
+#define VQ_OP(n) "vfmadd231ps %%zmm31, %%zmm30, %%zmm" #n "\n\t"
+  VQ_LOOP("vbroadcastss", "zmm", 30, 31, VQ_REGS24, VQ_CLOBBERS_ZMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 // acc += u8 a . s8 b per 4-byte group (int32 wraps: no trap, no effect on timing).
 __attribute__((target("avx512f,avx512vnni"), noinline)) double vnni_avx512(std::int64_t iters) {
   const std::int32_t a = 3 * 0x01010101, b = -2 * 0x01010101;
-  __asm__ volatile(
-      "vpbroadcastd %[a], %%zmm30\n\t"
-      "vpbroadcastd %[b], %%zmm31\n\t"
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
-      "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
-      "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
-      "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
-      "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
-      "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
-      "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
-      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
-      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
-      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
-      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
-      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
-      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
-      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
-      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-      "1:\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm0\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm1\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm2\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm3\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm4\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm5\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm6\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm7\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm8\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm9\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm10\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm11\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm12\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm13\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm14\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm15\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm16\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm17\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm18\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm19\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm20\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm21\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm22\n\t"
-      "vpdpbusd %%zmm31, %%zmm30, %%zmm23\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "cc");
+#define VQ_Z(n) "vpxord %%zmm" #n ", %%zmm" #n ", %%zmm" #n "\n\t"
+#define VQ_OP(n) "vpdpbusd %%zmm31, %%zmm30, %%zmm" #n "\n\t"
+  VQ_LOOP("vpbroadcastd", "zmm", 30, 31, VQ_REGS24, VQ_CLOBBERS_ZMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 // The VEX form (AVX-VNNI), 12 ymm chains.
 __attribute__((target("avx2,avxvnni"), noinline)) double vnni_avx(std::int64_t iters) {
   const std::int32_t a = 3 * 0x01010101, b = -2 * 0x01010101;
-  __asm__ volatile(
-      "vpbroadcastd %[a], %%ymm14\n\t"
-      "vpbroadcastd %[b], %%ymm15\n\t"
-      "vpxor %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vpxor %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vpxor %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vpxor %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vpxor %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vpxor %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vpxor %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vpxor %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vpxor %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
-      "1:\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm0\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm1\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm2\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm3\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm4\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm5\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm6\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm7\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm8\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm9\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm10\n\t"
-      "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm11\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+#define VQ_Z(n) "vpxor %%ymm" #n ", %%ymm" #n ", %%ymm" #n "\n\t"
+#define VQ_OP(n) "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm" #n "\n\t"
+  VQ_LOOP("vpbroadcastd", "ymm", 14, 15, VQ_REGS12, VQ_CLOBBERS_YMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 // acc += a . b over bf16 pairs (2^-7 each: the sums stay far from overflow).
 __attribute__((target("avx512f,avx512bf16"), noinline)) double bf16_avx512(std::int64_t iters) {
   const std::int32_t a = 0x3C003C00, b = 0x3C003C00;
-  __asm__ volatile(
-      "vpbroadcastd %[a], %%zmm30\n\t"
-      "vpbroadcastd %[b], %%zmm31\n\t"
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
-      "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
-      "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
-      "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
-      "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
-      "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
-      "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
-      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
-      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
-      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
-      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
-      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
-      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
-      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
-      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-      "1:\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm0\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm1\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm2\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm3\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm4\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm5\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm6\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm7\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm8\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm9\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm10\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm11\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm12\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm13\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm14\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm15\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm16\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm17\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm18\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm19\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm20\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm21\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm22\n\t"
-      "vdpbf16ps %%zmm31, %%zmm30, %%zmm23\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b"
-      : [n] "+r"(iters)
-      : [a] "m"(a), [b] "m"(b)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "cc");
+#define VQ_Z(n) "vpxord %%zmm" #n ", %%zmm" #n ", %%zmm" #n "\n\t"
+#define VQ_OP(n) "vdpbf16ps %%zmm31, %%zmm30, %%zmm" #n "\n\t"
+  VQ_LOOP("vpbroadcastd", "zmm", 30, 31, VQ_REGS24, VQ_CLOBBERS_ZMM);
+#undef VQ_Z
+#undef VQ_OP
   return 0.0;
 }
 
