@@ -20,6 +20,7 @@
 
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
+#include "engine/tokenizers/tokenizer.h"
 #include "test_util.h"
 #include "veloxquant/builder.h"
 #include "veloxquant/types.h"
@@ -59,6 +60,17 @@ inline std::string read_all(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The shipped stories260K checkpoint, loaded once per test binary.
+inline const engine::Model& stories() {
+  static const engine::Model m = engine::Model::load(data("stories260K.bin"));
+  return m;
+}
+// The first n ids (at most) of the shipped validation excerpt in stories260K's tokenizer.
+inline std::vector<std::int32_t> excerpt_ids(std::int64_t n) {
+  static const auto tok = engine::load_tokenizer("", stories());
+  return engine::encode_first(*tok, read_all(data("tinystories_validation_excerpt.txt")), n);
 }
 
 inline std::vector<std::int32_t> read_ids(const std::string& path) {

@@ -18,10 +18,7 @@ namespace {
 
 using engine::Model;
 
-const Model& stories() {
-  static const Model m = Model::load(test::data("stories260K.bin"));
-  return m;
-}
+using test::stories;
 
 std::vector<std::vector<std::int32_t>> kept_rows(const ModelCache& c) {
   std::vector<std::vector<std::int32_t>> out;
@@ -37,9 +34,7 @@ std::vector<std::vector<std::int32_t>> kept_rows(const ModelCache& c) {
 TEST(CriticalKVModel, TheEngineHandsEveryLayerItsOutputProjection) {
   const Model& m = stories();
   const engine::ModelConfig& mc = m.config();
-  const auto tok = engine::load_tokenizer("", m);
-  const std::vector<std::int32_t> ids = engine::encode_first(
-      *tok, test::read_all(test::data("tinystories_validation_excerpt.txt")), 40);
+  const std::vector<std::int32_t> ids = test::excerpt_ids(40);
   ASSERT_EQ(ids.size(), 40u);
   const CacheConfig config =
       CacheConfig::parse("criticalkv:budget=16,obs_window=4,source=attention");

@@ -18,10 +18,7 @@ namespace {
 using engine::Logits;
 using engine::Model;
 
-const Model& stories() {
-  static const Model m = Model::load(test::data("stories260K.bin"));
-  return m;
-}
+using test::stories;
 const engine::Tokenizer& stories_tok() {
   static const auto t = engine::load_tokenizer("", stories());
   return *t;

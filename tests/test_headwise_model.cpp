@@ -15,16 +15,9 @@ namespace vq {
 namespace {
 using engine::Model;
 
-const Model& stories() {
-  static const Model m = Model::load(test::data("stories260K.bin"));
-  return m;
-}
+using test::stories;
 
-std::vector<std::int32_t> tokens(std::int64_t n) {
-  const auto tok = engine::load_tokenizer("", stories());
-  return engine::encode_first(*tok,
-                              test::read_all(test::data("tinystories_validation_excerpt.txt")), n);
-}
+std::vector<std::int32_t> tokens(std::int64_t n) { return test::excerpt_ids(n); }
 
 const std::vector<std::string> kHeadwise = {
     "h2o:source=attention,headwise=true",     "tova:source=attention,headwise=true",

@@ -19,16 +19,10 @@ namespace {
 
 using engine::Model;
 
-const Model& stories() {
-  static const Model m = Model::load(test::data("stories260K.bin"));
-  return m;
-}
+using test::stories;
 
 std::vector<std::int32_t> prompt_ids(std::size_t n) {
-  const auto tok = engine::load_tokenizer("", stories());
-  return engine::encode_first(
-      *tok, test::read_all(test::data("tinystories_validation_excerpt.txt")),
-      static_cast<std::int64_t>(n));
+  return test::excerpt_ids(static_cast<std::int64_t>(n));
 }
 
 // Per (layer, head): position -> the stored key and value bytes (fp16 rows).
