@@ -173,6 +173,34 @@ vq::TensorRef tensor_of(const vq_tensor& t) {
   return r;
 }
 
+// Drops the layer's step view when the call that ends a step leaves no step open: every outcome
+// but a refusal that keeps the step (a step a registered scorer threw in is rolled back, so its
+// view goes too).
+struct CloseViewAtEnd {
+  vq_layer_cache& l;
+  ~CloseViewAtEnd() {
+    if (!l.cache->step_open()) l.view.reset();
+  }
+};
+
+// A step's attention as the cache's AttentionRef. Its values are scanned for non-finite ones
+// (the error names `fn`) only when data is set and the shape is the one the open step accepts;
+// otherwise the cache reports the data or the shape.
+vq::AttentionRef attention_of(const vq_attention& in, const vq_layer_cache& l, const char* fn) {
+  vq::AttentionRef a;
+  a.data = in.data;
+  a.batch = in.batch;
+  a.n_query_heads = in.n_query_heads;
+  a.n_queries = in.n_queries;
+  a.n_rows = in.n_rows;
+  if (a.data != nullptr && l.view && a.batch == l.view->batch() &&
+      a.n_queries == l.view->n_new() && a.n_rows == l.view->n_rows() &&
+      a.n_query_heads == l.cache->shape().n_query_heads) {
+    vq::detail::check_finite(a, fn);
+  }
+  return a;
+}
+
 void fill_rows(const vq::HeadRows& r, std::int64_t head_dim, vq_head_rows* out) {
   out->keys = r.keys;
   out->values = r.values;
@@ -585,25 +613,10 @@ vq_status vq_layer_view_head(vq_layer_cache* layer, int64_t b, int64_t h, vq_hea
 vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention) {
   VQ_LAYER_CALL(layer, {
     // A step the cache rolled back (a registered scorer threw) is over: so is its view.
-    struct CloseView {
-      vq_layer_cache& l;
-      ~CloseView() {
-        if (!l.cache->step_open()) l.view.reset();
-      }
-    } close_view{l};
+    const CloseViewAtEnd close_view{l};
     if (attention != nullptr) {
-      vq::AttentionRef a;
-      a.data = attention->data;
-      a.batch = attention->batch;
-      a.n_query_heads = attention->n_query_heads;
-      a.n_queries = attention->n_queries;
-      a.n_rows = attention->n_rows;
-      if (a.data == nullptr) throw bad_argument("attention->data must not be NULL");
-      // Scanned only when the shape is the one end_step accepts (else it reports the shape).
-      if (l.view && a.batch == l.view->batch() && a.n_queries == l.view->n_new() &&
-          a.n_rows == l.view->n_rows() && a.n_query_heads == l.cache->shape().n_query_heads) {
-        vq::detail::check_finite(a, "[capi] vq_layer_end_step");
-      }
+      if (attention->data == nullptr) throw bad_argument("attention->data must not be NULL");
+      const vq::AttentionRef a = attention_of(*attention, l, "[capi] vq_layer_end_step");
       l.cache->end_step(&a);
     } else {
       l.cache->end_step(nullptr);
@@ -614,12 +627,7 @@ vq_status vq_layer_end_step(vq_layer_cache* layer, const vq_attention* attention
 vq_status vq_layer_end_step_queries(vq_layer_cache* layer, const vq_attention* attention,
                                     const vq_tensor* queries) {
   VQ_LAYER_CALL(layer, {
-    struct CloseView {
-      vq_layer_cache& l;
-      ~CloseView() {
-        if (!l.cache->step_open()) l.view.reset();
-      }
-    } close_view{l};
+    const CloseViewAtEnd close_view{l};
     vq::TensorRef q;
     if (queries != nullptr) {
       q = tensor_of(*queries);
@@ -633,16 +641,8 @@ vq_status vq_layer_end_step_queries(vq_layer_cache* layer, const vq_attention* a
     }
     vq::AttentionRef a;
     if (attention != nullptr) {
-      a.data = attention->data;
-      a.batch = attention->batch;
-      a.n_query_heads = attention->n_query_heads;
-      a.n_queries = attention->n_queries;
-      a.n_rows = attention->n_rows;
-      if (a.data == nullptr) throw bad_argument("attention->data must not be NULL");
-      if (l.view && a.batch == l.view->batch() && a.n_queries == l.view->n_new() &&
-          a.n_rows == l.view->n_rows() && a.n_query_heads == l.cache->shape().n_query_heads) {
-        vq::detail::check_finite(a, "[capi] vq_layer_end_step_queries");
-      }
+      if (attention->data == nullptr) throw bad_argument("attention->data must not be NULL");
+      a = attention_of(*attention, l, "[capi] vq_layer_end_step_queries");
     }
     l.cache->end_step(attention != nullptr ? &a : nullptr, queries != nullptr ? &q : nullptr);
   });
@@ -789,27 +789,13 @@ vq_status vq_layer_set_reconstruction(vq_layer_cache* layer, int on) {
 
 vq_status vq_layer_end_reconstruction_step(vq_layer_cache* layer, const vq_attention* attention) {
   VQ_LAYER_CALL(layer, {
-    struct CloseView {  // every outcome but "no open step" closes the step
-      vq_layer_cache& l;
-      ~CloseView() {
-        if (!l.cache->step_open()) l.view.reset();
-      }
-    } close_view{l};
+    const CloseViewAtEnd close_view{l};
     if (attention == nullptr) {
       l.cache->end_reconstruction_step(nullptr);
       return;
     }
-    vq::AttentionRef a;
-    a.data = attention->data;
-    a.batch = attention->batch;
-    a.n_query_heads = attention->n_query_heads;
-    a.n_queries = attention->n_queries;
-    a.n_rows = attention->n_rows;
-    if (a.data != nullptr && l.view && a.batch == l.view->batch() &&
-        a.n_queries == l.view->n_new() && a.n_rows == l.view->n_rows() &&
-        a.n_query_heads == l.cache->shape().n_query_heads) {
-      vq::detail::check_finite(a, "[capi] vq_layer_end_reconstruction_step");
-    }
+    const vq::AttentionRef a =
+        attention_of(*attention, l, "[capi] vq_layer_end_reconstruction_step");
     l.cache->end_reconstruction_step(&a);
   });
 }
