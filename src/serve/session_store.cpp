@@ -266,11 +266,6 @@ bool SessionStore::put(SessionRecord r, std::function<void()> done) {
   return true;
 }
 
-void SessionStore::flush() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
-}
-
 SessionStoreStats SessionStore::stats() {
   std::lock_guard lock(mu_);
   return stats_;
@@ -285,31 +280,26 @@ void SessionStore::loop() {
     const std::function<void()> done = std::move(queue_.front().second);
     queue_.pop_front();
     queued_bytes_ -= static_cast<std::int64_t>(r.state.size());
-    writing_ = true;
     lock.unlock();
     const std::string path = path_of(r.spec, r.history);
-    bool ok = true;
+    enum { kWritten, kSkipped, kFailed } outcome = kWritten;
     try {
       const std::vector<std::uint8_t> bytes = encode_session(r, model_id_, template_);
       if (static_cast<std::int64_t>(bytes.size()) > max_bytes_) {
-        std::lock_guard l2(mu_);
-        ++stats_.skipped;
+        outcome = kSkipped;
       } else {
         write_one(path, bytes);
       }
     } catch (const std::exception& e) {
-      ok = false;
+      outcome = kFailed;
       std::fprintf(stderr, "serve: writing session file '%s' failed: %s\n", path.c_str(), e.what());
     }
-    enforce_bound_locked_out();
-    if (done) done();
+    if (done) done();  // the reply ends now; the directory's bound is kept after it
+    enforce_bound();
     lock.lock();
-    if (ok) ++stats_.writes; else ++stats_.write_errors;
-    writing_ = false;
-    idle_cv_.notify_all();
+    ++(outcome == kWritten ? stats_.writes : outcome == kSkipped ? stats_.skipped
+                                                                 : stats_.write_errors);
   }
-  writing_ = false;
-  idle_cv_.notify_all();
 }
 
 void SessionStore::write_one(const std::string& path, const std::vector<std::uint8_t>& bytes) {
@@ -347,7 +337,7 @@ void SessionStore::write_one(const std::string& path, const std::vector<std::uin
 
 // Recounts DIR (other replicas write to it too) and removes the oldest session files until the
 // rest fit --session-dir-bytes.
-void SessionStore::enforce_bound_locked_out() {
+void SessionStore::enforce_bound() {
   struct Entry {
     fs::path path;
     fs::file_time_type time;

@@ -105,23 +105,20 @@ class SessionStore {
   // damaged (the caller removes it).
   std::optional<SessionRecord> read(const std::string& path, const std::string& spec,
                                     const std::vector<engine::Message>& history) const;
-  // Waits until the queued records are written.
-  void flush();
   SessionStoreStats stats();
-  const std::string& dir() const noexcept { return dir_; }
 
  private:
   void loop();
   void write_one(const std::string& path, const std::vector<std::uint8_t>& bytes);
-  void enforce_bound_locked_out();  // called by the writer thread without mu_
+  void enforce_bound();  // the writer thread, without mu_: recounts DIR, removes the oldest past the bound
   std::string dir_;
   std::int64_t max_bytes_;
   std::string model_id_, template_;
   std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
+  std::condition_variable cv_;
   std::deque<std::pair<SessionRecord, std::function<void()>>> queue_;
   std::int64_t queued_bytes_ = 0;
-  bool writing_ = false, stop_ = false;
+  bool stop_ = false;
   SessionStoreStats stats_;
   std::uint64_t tmp_counter_ = 0;
   std::thread thread_;
