@@ -73,8 +73,8 @@ TEST(Cpu, FamiliesFollowTheFlagsLinuxReports) {
 
 TEST(Cpu, FamilyNamesAndAvx512Membership) {
   EXPECT_STREQ(cpu::to_string(Isa::kScalar), "scalar");
-  EXPECT_STREQ(cpu::to_string(Isa::kAvx2), "avx2+f16c");
-  EXPECT_STREQ(cpu::to_string(Isa::kAvx2Vnni), "avx2+f16c+avxvnni");
+  EXPECT_STREQ(cpu::to_string(Isa::kAvx2), "avx2+fma+f16c");
+  EXPECT_STREQ(cpu::to_string(Isa::kAvx2Vnni), "avx2+fma+f16c+avxvnni");
   EXPECT_STREQ(cpu::to_string(Isa::kAvx512), "avx512vl+bw+dq");
   EXPECT_STREQ(cpu::to_string(Isa::kAvx512Vnni), "avx512vnni+vbmi");
   EXPECT_FALSE(cpu::uses_avx512(Isa::kScalar));

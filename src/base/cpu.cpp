@@ -38,11 +38,11 @@ Features detect() noexcept {
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return f;
   // Leaf 7.0: EBX bit 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX bit 1
   // AVX512_VBMI, 11 AVX512_VNNI.
-  f.avx2 = ymm_state && f16c && bit(b, 5);
+  f.fma = ymm_state && fma;
+  f.avx2 = f.fma && f16c && bit(b, 5);
   f.avx512 = f.avx2 && zmm_state && bit(b, 16) && bit(b, 17) && bit(b, 30) && bit(b, 31);
   f.avx512_vnni = f.avx512 && bit(c, 11);
   f.avx512_vbmi = f.avx512 && bit(c, 1);
-  f.fma = ymm_state && fma;
   // Leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8.
   f.amx_tile = bit(d, 24);
   f.amx_int8 = f.amx_tile && bit(d, 25);
@@ -70,9 +70,9 @@ const char* to_string(Isa isa) noexcept {
     case Isa::kScalar:
       return "scalar";
     case Isa::kAvx2:
-      return "avx2+f16c";
+      return "avx2+fma+f16c";
     case Isa::kAvx2Vnni:
-      return "avx2+f16c+avxvnni";
+      return "avx2+fma+f16c+avxvnni";
     case Isa::kAvx512:
       return "avx512vl+bw+dq";
     case Isa::kAvx512Vnni:

@@ -8,8 +8,8 @@
 //
 //   family       needs (CPU and OS)                      string
 //   kScalar      nothing                                 scalar
-//   kAvx2        AVX2, F16C (OS saves ymm)               avx2+f16c
-//   kAvx2Vnni    kAvx2 and AVX-VNNI (vpdpbusd on ymm)    avx2+f16c+avxvnni
+//   kAvx2        AVX2, FMA3, F16C (OS saves ymm)         avx2+fma+f16c
+//   kAvx2Vnni    kAvx2 and AVX-VNNI (vpdpbusd on ymm)    avx2+fma+f16c+avxvnni
 //   kAvx512      kAvx2 and AVX-512 F/BW/VL/DQ (OS saves  avx512vl+bw+dq
 //                zmm and opmask state)
 //   kAvx512Vnni  kAvx512 and AVX-512 VNNI and VBMI       avx512vnni+vbmi
@@ -42,13 +42,13 @@ namespace vq::cpu {
 // What the CPU and the OS report, read once (CPUID leaves 1, 7.0 and 7.1; XCR0 by XGETBV).
 // All false off x86.
 struct Features {
-  bool avx2 = false;         // AVX2 and F16C, with the OS saving the ymm state
+  bool avx2 = false;         // AVX2, FMA3 and F16C, with the OS saving the ymm state
   bool avx_vnni = false;     // AVX-VNNI (VEX vpdpbusd): CPUID.(7,1):EAX bit 4
   bool avx512 = false;       // AVX-512 F, BW, VL, DQ, with the OS saving the zmm and opmask state
   bool avx512_vnni = false;  // AVX512_VNNI: CPUID.(7,0):ECX bit 11
   bool avx512_vbmi = false;  // AVX512_VBMI: CPUID.(7,0):ECX bit 1
-  // Reported for measurements (bench kernels); no kernel family uses them yet.
   bool fma = false;          // FMA3: CPUID.1:ECX bit 12, with the OS saving the ymm state
+  // Reported for measurements (bench kernels); no kernel family uses them yet.
   bool avx512_bf16 = false;  // AVX512_BF16 (vdpbf16ps): CPUID.(7,1):EAX bit 5, with kAvx512's state
   bool amx_tile = false;     // AMX-TILE: CPUID.(7,0):EDX bit 24 (the CPU's word; the OS grants the
   bool amx_int8 = false;     // tile state per process: amx_usable()); AMX-INT8: EDX bit 25;

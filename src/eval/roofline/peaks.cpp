@@ -301,7 +301,7 @@ std::vector<std::string> cpu_feature_names() {
   const auto add = [&](bool on, const char* name) {
     if (on) names.emplace_back(name);
   };
-  add(f.avx2, "avx2+f16c");
+  add(f.avx2, "avx2+fma+f16c");
   add(f.fma, "fma");
   add(f.avx_vnni, "avx_vnni");
   add(f.avx512, "avx512f+bw+vl+dq");
