@@ -13,6 +13,8 @@ are measurements of the machine and code of their day and are listed as skipped,
 training logs have no command. A command reading another result (--select-from) runs after it.
 The JSON files are written by the binary itself (atomically); a .txt goes to a temporary file
 renamed over the old one only when the command succeeds. Prints each file's wall time.
+A recorded --threads N above the cores this process may use (the CLI refuses it) runs with all of
+them instead, and says so: results do not depend on the thread count (the determinism rule).
 After it: `scripts/sweep_perturb.sh --tables-only` rewrites the docs' perturbation tables and
 `python3 scripts/quality_table.py results/eval/pareto_*_tinystories-test.json` prints the
 quality targets' table.
@@ -98,6 +100,12 @@ def main():
     total = time.time()
     for path, argv, _ in order:
         run = [args.bin] + argv[1:]
+        cores = len(os.sched_getaffinity(0))
+        for i, a in enumerate(run[:-1]):
+            if a == "--threads" and run[i + 1].isdigit() and int(run[i + 1]) > cores:
+                print(f"note  {path}: --threads {run[i + 1]} recorded, {cores} cores here: "
+                      f"--threads {cores}", flush=True)
+                run[i + 1] = str(cores)
         txt = os.path.splitext(path)[0] + ".txt"
         print(f"run   {path}: {shlex.join(run)}", flush=True)
         if args.dry_run:
