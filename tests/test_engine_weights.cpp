@@ -490,7 +490,7 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
 }
 
 // The AVX-512 GEMM's edges (matmul_gemm_avx512.inc: panels of 4 rows, micro-kernels of 1 to 6
-// token pairs, K blocks of 256 values, blocks of 24 pairs and of up to 64 rows) against
+// token pairs, K blocks of up to 96 chunks of 8, blocks of 24 pairs and of up to 64 rows) against
 // fma_dot over the stored values, bit for bit, for every family: token counts 2 to 20 (every
 // micro-kernel width, odd counts with a zero partner) and past one and two pair blocks, row
 // counts that are not multiples of 4 and past one row block, widths of one chunk, with a tail,
@@ -504,8 +504,8 @@ TEST(EngineWeights, GemmEdgesAreTheDefinitionBitForBit) {
   for (const WeightType type :
        {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0}) {
     const std::vector<std::int64_t> widths =
-        type == WeightType::kQ8_0 ? std::vector<std::int64_t>{32, 256, 288, 544}
-                                  : std::vector<std::int64_t>{8, 15, 256, 264, 523};
+        type == WeightType::kQ8_0 ? std::vector<std::int64_t>{32, 288, 800, 1568}
+                                  : std::vector<std::int64_t>{8, 15, 264, 776, 1037};
     for (const std::int64_t cols : widths) {
       for (const std::int64_t rows : {3, 5, 67, 131}) {
         const Typed t = make_typed(type, rows, cols, 900 + static_cast<std::uint64_t>(cols + rows));
