@@ -257,8 +257,9 @@ VQ_AVX2 void dot_rows_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const
 
 // Prefill tiles: out[t][r] for rows r < R and tokens t < TT, each the dot of row r (at
 // w0 + r * row_bytes) with token t's activations (at x0 + t * x_stride) in the definition's
-// order: lane l of (r, t)'s own accumulator adds w[j] * x[j] for j = l, l+8, ... in increasing
-// j, the tail j >= n - n % 8 is added to the lanes in scalar code, then tree(). The same
+// order: lane l of (r, t)'s own accumulator fuses w[j] * x[j] into it (one vfmadd, one rounding)
+// for j = l, l+8, ... in increasing j, the tail j >= n - n % 8 is added to the lanes in scalar
+// code (std::fma), then tree(). The same
 // operations as dot_rows_avx2 on each element; only which element is computed when differs.
 // Each chunk of 8 weights is loaded and converted once for TT tokens, each chunk of x once for
 // R rows. (R, TT) = (3, 4) keeps 12 accumulators, 3 weight chunks and a product in the 16 ymm
