@@ -556,6 +556,37 @@ TEST(EngineWeights, GemmEdgesAreTheDefinitionBitForBit) {
   engine::set_threads(saved);
 }
 
+// A long prompt of wide rows, past the 4 MiB the GEMM packs at once (97 tokens x 10763 values:
+// the tokens are packed a 48-token block at a time, again for each 64-row block), with a tail
+// and two row blocks: every family and 2 threads against fma_dot, bit for bit.
+TEST(EngineWeights, GemmLongWidePromptsAreTheDefinitionBitForBit) {
+  constexpr std::int64_t kRows = 67, kCols = 10763, kS = 97;
+  const int saved = engine::threads();
+  for (const WeightType type : {WeightType::kF32, WeightType::kBF16}) {
+    const Typed t = make_typed(type, kRows, kCols, 77);
+    const auto x = test::randn(static_cast<std::size_t>(kS * kCols), 78);
+    std::vector<float> want(static_cast<std::size_t>(kS * kRows));
+    for (std::int64_t s = 0; s < kS; ++s) {
+      for (std::int64_t i = 0; i < kRows; ++i)
+        want[static_cast<std::size_t>(s * kRows + i)] =
+            fma_dot(t.exact.data() + i * kCols, x.data() + s * kCols, kCols);
+    }
+    for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
+      if (!cpu::isa_supported(isa)) continue;
+      std::vector<float> got(want.size(), -1.0f);
+      engine::matmul_rows(isa, got.data(), x.data(), t.m, kS, 0, kRows);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+          << engine::to_string(type) << " " << cpu::to_string(isa);
+    }
+    engine::set_threads(2);
+    std::vector<float> got(want.size(), -1.0f);
+    engine::matmul(got.data(), x.data(), t.m, kS);
+    ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
+        << engine::to_string(type) << " matmul() on 2 threads";
+  }
+  engine::set_threads(saved);
+}
+
 TEST(EngineWeights, Q8_0BlockLayoutIsGgufs) {
   // One block by hand: bytes 0-1 the fp16 scale (little-endian), bytes 2..33 the int8 quants.
   std::uint8_t raw[34];
