@@ -6,9 +6,10 @@
 // matmul_prefill/<type>/<kernels>/threads:<n>: the matmuls of one llama-110m layer (dim 768,
 // hidden 2048: q/k/v fused, o, gate/up fused, down, as the engine's forward calls them) over a
 // 512-token prompt chunk, through matmul()/matmul_fused() with the best kernel family on n
-// threads; <kernels> is tiles (the prefill tiles) or rows (one matrix-vector product per token,
-// engine/matmul.h PrefillKernels). items_per_second is prompt tokens per second through the
-// layer's matmuls. Run with --benchmark_enable_random_interleaving=true
+// threads; <kernels> is tiles (the prefill tiles; for F32/F16/BF16 on an AVX-512 CPU the packed
+// GEMM) or rows (one matrix-vector product per token, engine/matmul.h PrefillKernels).
+// items_per_second is prompt tokens per second through the layer's matmuls, FLOP/s the same as
+// floating-point operations (2 per multiply-add: compare with bench kernels' fma_avx512 peak). Run with --benchmark_enable_random_interleaving=true
 // --benchmark_repetitions=N to alternate the cases.
 #include <benchmark/benchmark.h>
 
@@ -68,6 +69,10 @@ std::vector<std::uint8_t> prefill_matrix(vq::engine::WeightType type, std::int64
   }
   if (type == WeightType::kF16) {
     for (std::size_t i = 1; i < b.size(); i += 2) b[i] = static_cast<std::uint8_t>(0x20 | (b[i] & 0x9f));
+  } else if (type == WeightType::kBF16 || type == WeightType::kF32) {
+    // The top byte (sign and exponent's high bits): magnitudes about 2^-7, never NaN or inf.
+    const std::size_t el = type == WeightType::kBF16 ? 2 : 4;
+    for (std::size_t i = el - 1; i < b.size(); i += el) b[i] = static_cast<std::uint8_t>(0x3c | (b[i] & 0x81));
   } else if (type == WeightType::kQ8_0 || type == WeightType::kQ4_0 || type == WeightType::kQ4_K) {
     const auto bb = static_cast<std::size_t>(vq::engine::weight_block_bytes(type));
     for (std::size_t k = 0; k + bb <= b.size(); k += bb) {
@@ -116,13 +121,18 @@ void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
   vq::engine::set_threads(saved_threads);
   vq::engine::set_prefill_kernels(saved_kernels);
   state.SetItemsProcessed(state.iterations() * kS);
+  double flops = 0;  // 2 per multiply-add, the layer's matrices
+  for (const auto& sh : shapes) flops += 2.0 * static_cast<double>(kS * sh[0] * sh[1]);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void register_all() {
   using vq::engine::PrefillKernels;
   using vq::engine::WeightType;
   for (const WeightType type :
-       {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ4_0}) {
+       {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_K,
+        WeightType::kQ4_0}) {
     for (const int threads : {1, 2}) {
       for (const PrefillKernels k : {PrefillKernels::kRows, PrefillKernels::kTiles}) {
         benchmark::RegisterBenchmark(

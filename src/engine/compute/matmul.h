@@ -6,22 +6,30 @@
 // product over its dequantized rows (ggml's values), for tests.
 //
 // fp32 activations (F32/F16/BF16 weights always; Q8_0 weights when asked, see
-// Q8_0Activations): out[s][i] = ops::dot(row_i, x[s], cols), where row_i is row i converted to
-// fp32 exactly (engine/weights.h). ops::dot's order is
-// the library's fixed one: lane l of 8 sums the products j = l, l+8, ... in increasing j, then
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). SIMD paths keep that order lane for lane (the build
-// uses -ffp-contract=off and no fast-math), so they equal the scalar definition bit for bit;
-// threads split the output rows, each element is computed by one thread with the same code, so
-// the result does not depend on the thread count either. For S > 1 (prefill) the AVX2 kernels
-// compute tiles of 3 rows x 4 tokens (PrefillKernels below), each (row, token) pair with its
-// own 8 lanes: the same operations per element, in the same order.
+// Q8_0Activations): out[s][i] = dot(row_i, x[s], cols), where row_i is row i converted to fp32
+// exactly (engine/weights.h) and dot is the library's fused multiply-add definition: lane l
+// (l = 0..7) holds acc_l, +0 at the start; for j = l, l+8, ... in increasing j,
+// acc_l = fma(w_j, x_j, acc_l) with one rounding (std::fma in the scalar reference, vfmadd in the
+// vector kernels); then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). The build keeps
+// -ffp-contract=off (and no fast-math): a multiply-add is fused only where the code writes it.
+// SIMD paths keep that order lane for lane, so they equal the scalar definition bit for bit;
+// threads split the output rows (never K), each element is computed by one thread, so the result
+// does not depend on the thread count either. For S > 1 (prefill, batched decode) the AVX2
+// kernels compute tiles of 3 rows x 4 tokens (PrefillKernels below), each (row, token) pair with
+// its own 8 lanes; the AVX-512 families run a packed GEMM (matmul_gemm_avx512.inc): blocks of
+// weight rows converted to fp32 once for all S tokens, tokens packed in pairs, micro-kernels of
+// 4 rows x up to 12 tokens in zmm registers that each hold two (row, token) pairs' 8 lanes, K
+// blocked with the lanes carried between blocks exactly; up to 12 tokens read the weights
+// straight from the matrix instead. The same operations per element, in the same order.
+// The other block types with fp32 activations (matmul_rows only) dequantize a block, then the
+// same fused order.
 //
 // Q8_0 weights with Q8_0 activations (the default, as llama.cpp's CPU backend computes them):
 // each activation row x[s] is first quantized to Q8_0 blocks (quantize_activations_q8_0), then
 // out[s][i] = tree(lane[0..7]) where lane[l] sums, over the row's blocks b = l, l+8, ... in
 // increasing b, float(isum_b) * (d_w[b] * d_x[b]): isum_b = sum_j q_w[32b+j] * q_x[32b+j] is an
 // exact int32, d_w * d_x an exact fp32 product of two fp16 values, and the one rounding is the
-// multiplication, then the lane's addition; tree() is ops::dot's ((l0+l4)+(l2+l6)) +
+// multiplication, then the lane's addition; tree() is the fp32 definition's ((l0+l4)+(l2+l6)) +
 // ((l1+l5)+(l3+l7)). The AVX2 kernel (maddubs/madd integer dots, eight blocks' sums reduced to
 // one vector) keeps that order lane for lane and equals the scalar definition bit for bit; the
 // AVX-VNNI kernel is the same code with each block's integer dot formed by vpdpbusd (the sums
