@@ -246,6 +246,71 @@ TEST(PackedAttention, TokenKernelsMatchScalarAndReference) {
   }
 }
 
+// Per-token parameters spaced wider than the groups (param_stride > groups, as a store with
+// room for more groups keeps them): the families read them row by row, the contiguous case
+// eight at a time; both are bit for bit the scalar definition, which gives the same numbers
+// as with the parameters packed tight.
+TEST(PackedAttention, SpacedParametersMatchScalar) {
+  std::mt19937 rng(31337);
+  for (Fmt fmt : {Fmt::kU2, Fmt::kU4, Fmt::kQ8_0, Fmt::kQ4_0}) {
+    for (std::int64_t D : {64, 128}) {
+      for (std::int64_t n : {8, 24, 37}) {
+        for (std::int64_t n_q : {1, 3}) {
+          const std::int64_t G = 32, ng = D / G, stride = ng + 3, pos = 100;
+          const std::string what = std::string(name(fmt)) + " D " + std::to_string(D) + " n " +
+                                   std::to_string(n) + " n_q " + std::to_string(n_q);
+          Rows rows = make_rows(rng, fmt, n, D, G, pos);
+          for (std::int32_t& p : rows.positions) p = static_cast<std::int32_t>(rng() % (pos + 1));
+          std::vector<std::uint16_t> scale(static_cast<std::size_t>(n * stride), 0x7e00),
+              zero = scale;  // NaN in the gaps: read by mistake, they would show
+          for (std::int64_t r = 0; r < n; ++r) {
+            for (std::int64_t g = 0; g < ng; ++g) {
+              scale[static_cast<std::size_t>(r * stride + g)] =
+                  rows.scale[static_cast<std::size_t>(r * ng + g)];
+              zero[static_cast<std::size_t>(r * stride + g)] =
+                  rows.zero[static_cast<std::size_t>(r * ng + g)];
+            }
+          }
+          RowSet spaced = rows.set;
+          spaced.scale = scale.data();
+          if (spaced.zero != nullptr) spaced.zero = zero.data();
+          spaced.param_stride = stride;
+          const std::vector<float> q = random_vec(rng, n_q * D);
+          std::vector<float> tight(static_cast<std::size_t>(n_q * n)), s0 = tight, s1 = tight;
+          detail::attn::token_scores(Isa::kScalar, rows.set, D, q.data(), n_q, pos, tight.data(),
+                                     n);
+          detail::attn::token_scores(Isa::kScalar, spaced, D, q.data(), n_q, pos, s0.data(), n);
+          for (std::size_t i = 0; i < s0.size(); ++i)
+            ASSERT_EQ(bits_of(tight[i]), bits_of(s0[i])) << what << " score " << i;
+          std::vector<float> p(static_cast<std::size_t>(n_q * n));
+          for (float& x : p) x = static_cast<float>(rng() % 1000 + 1) / 1000.0f;
+          const std::int64_t zs = ng;
+          std::vector<float> A0(static_cast<std::size_t>(n_q * 4 * D), 0.0f), A1 = A0;
+          std::vector<float> Z0(static_cast<std::size_t>(n_q * 4 * zs), 0.0f), Z1 = Z0;
+          detail::attn::token_values(Isa::kScalar, spaced, 0, D, p.data(), n_q, n, pos, A0.data(),
+                                     Z0.data(), zs);
+          for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+            if (!cpu::isa_supported(isa)) continue;
+            const std::string w = what + " " + cpu::to_string(isa);
+            std::fill(s1.begin(), s1.end(), 7.0f);
+            detail::attn::token_scores(isa, spaced, D, q.data(), n_q, pos, s1.data(), n);
+            for (std::size_t i = 0; i < s0.size(); ++i)
+              ASSERT_EQ(bits_of(s0[i]), bits_of(s1[i])) << w << " score " << i;
+            std::fill(A1.begin(), A1.end(), 0.0f);
+            std::fill(Z1.begin(), Z1.end(), 0.0f);
+            detail::attn::token_values(isa, spaced, 0, D, p.data(), n_q, n, pos, A1.data(),
+                                       Z1.data(), zs);
+            for (std::size_t i = 0; i < A0.size(); ++i)
+              ASSERT_EQ(bits_of(A0[i]), bits_of(A1[i])) << w << " partial sum " << i;
+            for (std::size_t i = 0; i < Z0.size(); ++i)
+              ASSERT_EQ(bits_of(Z0[i]), bits_of(Z1[i])) << w << " zero sum " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Value sums over whole blocks of visible rows (the SIMD families' block path: the weights and
 // the zeros' sums eight at a time when the rows' parameters and Z are contiguous), with Z's
 // stride tight (the stores' layout: one partial sum per group) and loose, several queries (a GQA
