@@ -7,7 +7,7 @@
 
 #include "base/kernels.h"
 
-#if defined(__AVX__)
+#if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
 #define VQ_ENGINE_AVX 1
 #endif
@@ -66,13 +66,13 @@ inline void dot_rows(const float* w, const float* x, std::int64_t n, float* out)
   for (; j + 8 <= n; j += 8) {
     const __m256 xv = _mm256_loadu_ps(x + j);
     for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_loadu_ps(w + r * n + j), xv));
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * n + j), xv, acc[r]);
   }
-  if (j < n) {  // lanes past the end load 0: 0 * 0 adds +0, which leaves a lane unchanged
+  if (j < n) {  // lanes past the end load 0: fma(0, 0, acc) = acc, lanes unchanged
     const __m256i m = tail_mask(n - j);
     const __m256 xv = _mm256_maskload_ps(x + j, m);
     for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_maskload_ps(w + r * n + j, m), xv));
+      acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(w + r * n + j, m), xv, acc[r]);
   }
 #ifdef __AVX2__
   if constexpr (R == 8) {
@@ -246,8 +246,7 @@ std::int64_t score_blocks(const float* q, std::int64_t n_q, std::int64_t D,
       for (std::int64_t c = 0; c < C; ++c) {
         const __m256 qv = _mm256_loadu_ps(qj + 8 * c);
         for (int k = 0; k < 8; ++k) {
-          acc[k] = _mm256_add_ps(
-              acc[k], _mm256_mul_ps(qv, load8_as<kF16>(base + (r + k) * row_bytes, 8 * c)));
+          acc[k] = _mm256_fmadd_ps(qv, load8_as<kF16>(base + (r + k) * row_bytes, 8 * c), acc[k]);
         }
       }
       _mm256_storeu_ps(scores + j * ld + r,
@@ -287,8 +286,7 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
         const float* qj = q + j * D;
         __m256 acc = _mm256_setzero_ps();
         for (std::int64_t c = 0; c < C; ++c)
-          acc = _mm256_add_ps(acc,
-                              _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c)));
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c), acc);
         scores[j * ld + r] = reduce_tree(acc);
       }
     }
@@ -334,7 +332,34 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
     // Whether every row of the block is visible (the usual case): then no row is skipped.
     bool all_visible = r1 - r0 == kBlock;
     for (std::int64_t r = r0; r < r1 && all_visible; ++r) all_visible = positions[r] <= pos;
-    for (std::int64_t c = 0; c < C; ++c) {
+    std::int64_t c = 0;
+    if constexpr (NQ == 1) {
+      if (all_visible) {
+        // One query: two chunks at a time, eight independent fused chains in flight instead of
+        // four (four would leave the loop bound by an fma's latency); each partial sum still
+        // adds its rows in increasing r, so the results are the same.
+        for (; c + 2 <= C; c += 2) {
+          __m256 p0[4], p1[4];
+          for (int k = 0; k < 4; ++k) {
+            p0[k] = _mm256_loadu_ps(at(0, k, c));
+            p1[k] = _mm256_loadu_ps(at(0, k, c + 1));
+          }
+          for (std::int64_t r = r0; r < r1; r += 4) {
+            for (int k = 0; k < 4; ++k) {
+              const std::uint8_t* row = base + (r + k) * row_bytes;
+              const __m256 w = _mm256_set1_ps(probs[r + k]);
+              p0[k] = _mm256_fmadd_ps(w, load8_as<kF16>(row, 8 * c), p0[k]);
+              p1[k] = _mm256_fmadd_ps(w, load8_as<kF16>(row, 8 * c + 8), p1[k]);
+            }
+          }
+          for (int k = 0; k < 4; ++k) {
+            _mm256_storeu_ps(at(0, k, c), p0[k]);
+            _mm256_storeu_ps(at(0, k, c + 1), p1[k]);
+          }
+        }
+      }
+    }
+    for (; c < C; ++c) {
       __m256 part[NQ][4];
       for (int j = 0; j < NQ; ++j) {
         for (int k = 0; k < 4; ++k) part[j][k] = _mm256_loadu_ps(at(j, k, c));
@@ -346,8 +371,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
           for (int k = 0; k < 4; ++k) {
             const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
             for (int j = 0; j < NQ; ++j) {
-              part[j][k] = _mm256_add_ps(part[j][k],
-                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+              part[j][k] = _mm256_fmadd_ps(_mm256_set1_ps(probs[j * ld + r + k]), v, part[j][k]);
             }
           }
         }
@@ -358,8 +382,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
             const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
             for (int j = 0; j < NQ; ++j) {
               if (positions[r + k] > qpos[j]) continue;
-              part[j][k] = _mm256_add_ps(part[j][k],
-                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+              part[j][k] = _mm256_fmadd_ps(_mm256_set1_ps(probs[j * ld + r + k]), v, part[j][k]);
             }
           }
         }
@@ -436,7 +459,7 @@ void values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int6
           std::memcpy(&h, row + d * 2, 2);
           v = half_to_float(h);
         }
-        part[d] += p[r] * v;
+        part[d] = std::fma(p[r], v, part[d]);
       }
     }
   }

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "base/cpu.h"
-#include "base/kernels.h"
+#include "engine/compute/ops.h"
 #include "engine/compute/parallel.h"
 #include "eval/roofline/counter_rng.h"
 #include "store/packed_attention.h"
@@ -111,7 +112,9 @@ struct AttnScratch {
   std::vector<float> scores, acc, out;
 };
 
-// One query step over one head: scores (per key group for KIVI), softmax, value sums.
+// One query step over one head: scores (per key group for KIVI), softmax, value sums. The
+// softmax is the engine's (ops::softmax with the 1/sqrt(D) scale, as Transformer's attention
+// calls it between the two packed kernels), so the row times what a decode step runs.
 void attend(const AttnFormat& f, const Head& h, std::int64_t N, std::int64_t D, const float* q,
             std::int64_t n_q, AttnScratch& s) {
   const cpu::Isa isa = cpu::best_isa();
@@ -139,7 +142,8 @@ void attend(const AttnFormat& f, const Head& h, std::int64_t N, std::int64_t D, 
     k.group = f.fmt == attn::Fmt::kF16 ? D : kGroup;
     attn::token_scores(isa, k, D, q, n_q, pos, scores, N);
   }
-  for (std::int64_t j = 0; j < n_q; ++j) kernels::softmax(scores + j * N, N);
+  const float scale = std::sqrt(static_cast<float>(D));
+  for (std::int64_t j = 0; j < n_q; ++j) engine::ops::softmax(scores + j * N, N, scale);
   attn::RowSet v;
   v.fmt = f.fmt;
   v.row_bytes = rb;

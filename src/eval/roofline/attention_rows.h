@@ -1,9 +1,9 @@
 // The packed-KV attention rows of `bench kernels` (roofline.h): one decode step's query over N
 // positions of a model's KV heads, through store/packed_attention.h's kernels (scores per row
-// or per KIVI key group, softmax, weighted value sums), for f16, q8_0, q4_0, KIVI 2-bit and
-// KIVI 4-bit rows laid out as the stores keep them (random codes, finite fp16 parameters).
-// Heads are split over the threads; as many heads as one step has (layers x KV heads), but at
-// least enough to exceed `working_set` bytes, so the rows come from memory. Bytes per head:
+// or per KIVI key group, the engine's softmax, weighted value sums), for f16, q8_0, q4_0, KIVI
+// 2-bit and KIVI 4-bit rows laid out as the stores keep them (random codes, finite fp16
+// parameters). Heads are split over the threads; as many heads as one step has (layers x KV heads),
+// but at least enough to exceed `working_set` bytes, so the rows come from memory. Bytes per head:
 // roofline.h's table.
 #pragma once
 
