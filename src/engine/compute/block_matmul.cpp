@@ -849,7 +849,8 @@ std::atomic<bool> g_avx512_prefill{true};
 
 void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
 bool avx512_prefill() noexcept {
-  return g_avx512_prefill.load() && cpu::avx512_prefill_supported();
+  return g_avx512_prefill.load() &&
+         (cpu::avx512_prefill_supported() || cpu::isa_supported(Isa::kAvx512Vnni));
 }
 
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
@@ -909,6 +910,19 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
   }
 }
 
+bool prefill_q8_0_avx512(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                         const WeightMatrix& w, std::int64_t S, std::int64_t begin,
+                         std::int64_t end) noexcept {
+#ifdef VQ_BLOCKS_X86
+  if (!p512::use(isa, w, S)) return false;
+  p512::rows_legacy<WeightType::kQ8_0>(out, xq, xd, w, S, begin, end);
+  return true;
+#else
+  (void)isa, (void)out, (void)xq, (void)xd, (void)w, (void)S, (void)begin, (void)end;
+  return false;
+#endif
+}
+
 bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
                         std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_BLOCKS_X86
@@ -930,13 +944,15 @@ void rows_of_type(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w
   if (isa == Isa::kAvx512Vnni && S == 1 && mv512::matvec_blocks<T>(out, a, w, begin, end)) {
     return;
   }
-  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
+  // The AVX-512 VNNI prefill tiles: asked by the family itself (kAvx512Vnni, also on CPUs whose
+  // avx512_base() is kAvx2) or by kAvx2Vnni.
   if constexpr (T == WeightType::kQ4_0 || is_k(T)) {
     if (p512::use(isa, w, S)) {
       if constexpr (is_k(T)) return p512::rows_k<T>(out, a, w, S, begin, end);
-      else return p512::rows_q4_0(out, a, w, S, begin, end);
+      else return p512::rows_legacy<T>(out, a.q, a.d, w, S, begin, end);
     }
   }
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     if constexpr (!is_k(T)) {
       return rows_legacy_avx2<T>(out, a, w, S, begin, end);
