@@ -8,6 +8,9 @@
 // 512-token prompt chunk, through matmul()/matmul_fused() with the best kernel family on n
 // threads; <kernels> is tiles (the prefill tiles; for F32/F16/BF16 on an AVX-512 CPU the packed
 // GEMM) or rows (one matrix-vector product per token, engine/matmul.h PrefillKernels).
+// matmul_prefill/<type>/tiles-avx2/...: the block types' tiles with set_avx512_prefill(false)
+// (the AVX2 tiles, not the AVX-512 VNNI ones). matmul_batch8/<type>/<kernels>/...: the same
+// layer over 8 tokens, one step of eight batched decode sessions (rows: eight decode products).
 // items_per_second is prompt tokens per second through the layer's matmuls, FLOP/s the same as
 // floating-point operations (2 per multiply-add: compare with bench kernels' fma_avx512 peak). Run with --benchmark_enable_random_interleaving=true
 // --benchmark_repetitions=N to alternate the cases.
@@ -88,10 +91,11 @@ std::vector<std::uint8_t> prefill_matrix(vq::engine::WeightType type, std::int64
 }
 
 void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
-                      vq::engine::PrefillKernels kernels, int threads) {
+                      vq::engine::PrefillKernels kernels, int threads, bool avx512_tiles,
+                      std::int64_t kS) {
   using vq::engine::MatmulOut;
   using vq::engine::WeightMatrix;
-  constexpr std::int64_t kDim = 768, kHidden = 2048, kS = 512;
+  constexpr std::int64_t kDim = 768, kHidden = 2048;
   const std::int64_t shapes[7][2] = {{kDim, kDim},    {kDim, kDim},    {kDim, kDim},   {kDim, kDim},
                                      {kHidden, kDim}, {kHidden, kDim}, {kDim, kHidden}};
   std::vector<std::vector<std::uint8_t>> bytes;
@@ -106,8 +110,10 @@ void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
       u(kS * kHidden), d(kS * kDim);
   const int saved_threads = vq::engine::threads();
   const vq::engine::PrefillKernels saved_kernels = vq::engine::prefill_kernels();
+  const bool saved_avx512 = vq::engine::avx512_prefill();
   vq::engine::set_threads(threads);
   vq::engine::set_prefill_kernels(kernels);
+  vq::engine::set_avx512_prefill(avx512_tiles);
   for (auto _ : state) {
     const MatmulOut qkv[3] = {{q.data(), &w[0]}, {k.data(), &w[1]}, {v.data(), &w[2]}};
     vq::engine::matmul_fused(qkv, x.data(), kS);
@@ -120,6 +126,7 @@ void BM_MatmulPrefill(benchmark::State& state, vq::engine::WeightType type,
   }
   vq::engine::set_threads(saved_threads);
   vq::engine::set_prefill_kernels(saved_kernels);
+  vq::engine::set_avx512_prefill(saved_avx512);
   state.SetItemsProcessed(state.iterations() * kS);
   double flops = 0;  // 2 per multiply-add, the layer's matrices
   for (const auto& sh : shapes) flops += 2.0 * static_cast<double>(kS * sh[0] * sh[1]);
@@ -139,10 +146,34 @@ void register_all() {
             ("matmul_prefill/" + std::string(vq::engine::to_string(type)) + "/" +
              (k == PrefillKernels::kTiles ? "tiles" : "rows") + "/threads:" + std::to_string(threads))
                 .c_str(),
-            BM_MatmulPrefill, type, k, threads)
+            BM_MatmulPrefill, type, k, threads, true, std::int64_t{512})
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }
+    }
+  }
+  // The block types' tiles without the AVX-512 VNNI ones (set_avx512_prefill(false): the AVX2
+  // tiles), to compare in one process; and the same layer over 8 tokens (matmul_batch8: one
+  // step of eight batched decode sessions) with and without them.
+  for (const WeightType type : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ4_0}) {
+    const std::string t = vq::engine::to_string(type);
+    for (const int threads : {1, 2}) {
+      const std::string n = "/threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(("matmul_prefill/" + t + "/tiles-avx2" + n).c_str(), BM_MatmulPrefill,
+                                   type, PrefillKernels::kTiles, threads, false, std::int64_t{512})
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      for (const bool avx512 : {true, false}) {
+        benchmark::RegisterBenchmark(
+            ("matmul_batch8/" + t + (avx512 ? "/tiles" : "/tiles-avx2") + n).c_str(),
+            BM_MatmulPrefill, type, PrefillKernels::kTiles, threads, avx512, std::int64_t{8})
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+      benchmark::RegisterBenchmark(("matmul_batch8/" + t + "/rows" + n).c_str(), BM_MatmulPrefill,
+                                   type, PrefillKernels::kRows, threads, true, std::int64_t{8})
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
     }
   }
   for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni}) {

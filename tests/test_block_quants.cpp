@@ -5,6 +5,7 @@
 // other and with the (hand-tested) dequantization; a product against double precision.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -186,6 +187,79 @@ TEST(BlockActivations, Q8_KByHand) {
   z[7] = std::numeric_limits<float>::quiet_NaN();
   engine::quantize_activations_q8_k(z.data(), 256, q.data(), &d, bs.data());
   EXPECT_TRUE(std::isnan(d));
+}
+
+// quantize_activations_q8_k (whatever kernel this CPU runs: AVX-512 or scalar) against the
+// Q8_K definition written out here with std::nearbyint (round half to even) for the rounding:
+// blocks of random values at several scales, ties of +max and -max (the first wins), values
+// landing exactly on .5 (max = -127: iscale = 1), an all-zero block, blocks with a NaN or an
+// infinity (d NaN, codes 0), subnormals beside a tiny normal max.
+TEST(BlockActivations, Q8_KIsTheDefinitionOnManyBlocks) {
+  constexpr int kBlocks = 40;
+  std::vector<float> x = test::randn(256 * kBlocks, 4242);
+  for (int b = 0; b < kBlocks; ++b) {
+    float* xb = x.data() + 256 * b;
+    const float scale = std::ldexp(1.0f, (b % 9) * 6 - 24);
+    for (int j = 0; j < 256; ++j) xb[j] *= scale;
+  }
+  float* t = x.data() + 256 * 3;  // a tie: +5 at 7 comes first (max = +5), -5 at 100
+  t[7] = 5.0f;
+  t[100] = -5.0f;
+  t = x.data() + 256 * 4;  // -max first
+  t[9] = -7.0f;
+  t[200] = 7.0f;
+  t = x.data() + 256 * 5;  // max = -127: iscale = 1, the codes round x itself
+  for (int j = 0; j < 256; ++j) t[j] = static_cast<float>(j % 50) - 25.5f;
+  t[17] = -127.0f;
+  std::fill(x.begin() + 256 * 6, x.begin() + 256 * 7, 0.0f);
+  x[256 * 8 + 33] = std::numeric_limits<float>::quiet_NaN();
+  x[256 * 9 + 255] = -std::numeric_limits<float>::infinity();
+  t = x.data() + 256 * 10;
+  for (int j = 0; j < 256; ++j) t[j] = std::ldexp(static_cast<float>(j - 128), -140);  // subnormal
+  t[5] = -1e-36f;  // the max: iscale = 1.27e38, finite
+  std::vector<std::int8_t> q(x.size());
+  std::vector<float> d(kBlocks);
+  std::vector<std::int16_t> bs(16 * kBlocks);
+  engine::quantize_activations_q8_k(x.data(), 256 * kBlocks, q.data(), d.data(), bs.data());
+  for (int b = 0; b < kBlocks; ++b) {
+    const float* xb = x.data() + 256 * b;
+    bool finite = true;
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; ++j) {
+      finite = finite && std::isfinite(xb[j]);
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    std::int8_t want[256] = {};
+    std::int16_t want_bs[16] = {};
+    float want_d = 0.0f;
+    if (!finite) {
+      want_d = std::numeric_limits<float>::quiet_NaN();
+    } else if (amax > 0.0f) {
+      const float iscale = -127.0f / max;
+      for (int j = 0; j < 256; ++j) {
+        const float v = std::nearbyint(iscale * xb[j]);
+        want[j] = static_cast<std::int8_t>(std::min(127.0f, v));
+        want_bs[j / 16] = static_cast<std::int16_t>(want_bs[j / 16] + want[j]);
+      }
+      want_d = 1.0f / iscale;
+    }
+    if (!finite) {
+      EXPECT_TRUE(std::isnan(d[static_cast<std::size_t>(b)])) << "block " << b;
+    } else {
+      EXPECT_EQ(d[static_cast<std::size_t>(b)], want_d) << "block " << b;
+      EXPECT_EQ(std::memcmp(bs.data() + 16 * b, want_bs, sizeof(want_bs)), 0) << "block " << b;
+    }
+    EXPECT_EQ(std::memcmp(q.data() + 256 * b, want, 256), 0) << "block " << b;
+  }
+  EXPECT_EQ(q[256 * 3 + 7], -127);  // the first of the tie: iscale = -127 / 5
+  EXPECT_EQ(q[256 * 3 + 100], 127);
+  EXPECT_EQ(q[256 * 4 + 9], -127);
+  EXPECT_EQ(q[256 * 4 + 200], 127);
+  EXPECT_EQ(q[256 * 5 + 0], -26);     // -25.5 * 1 -> -26 (half to even)
+  EXPECT_EQ(q[256 * 5 + 1], -24);     // -24.5 -> -24
 }
 
 TEST(BlockActivations, Q8_1SumByHand) {
@@ -426,8 +500,8 @@ TEST(BlockMatmul, Avx512DecodeKernelsAreTheScalarDefinitionBitForBit) {
 
 // The prefill tiles (engine/matmul.h PrefillKernels::kTiles: tiles of tokens outermost, each
 // decoded block reused across them) against the scalar definition computed row by row
-// (PrefillKernels::kRows), bit for bit, for every type and family: token counts below, at and
-// past the tiles, row counts split at odd rows, widths with a partial group of eight blocks;
+// (PrefillKernels::kRows), bit for bit, for every type and family: every token count 1 to 13
+// (batched decode: the AVX-512 VNNI tiles' quads, full and partial) and some past the tiles, row counts split at odd rows, widths with a partial group of eight blocks;
 // and through matmul() (activations quantized there) on 1, 2 and 3 threads.
 TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
   const int saved = engine::threads();
@@ -441,8 +515,9 @@ TEST(BlockMatmul, PrefillTilesAreTheScalarDefinitionBitForBit) {
         if (cols > 8192 && rows > 7) continue;
         auto bytes = random_matrix(t, rows, cols, static_cast<std::uint64_t>(cols + rows));
         const WeightMatrix w{t, rows, cols, bytes.data() + 1};
-        for (const std::int64_t S : {1, 2, 3, 5, 8, 17, 64}) {
+        for (const std::int64_t S : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 20, 64}) {
           if (cols > 1000 && S > 17) continue;  // the wide rows: fewer token counts
+          if (cols > 1000 && S > 5 && S % 4 != 1) continue;
           auto x = test::randn(static_cast<std::size_t>(S * cols),
                                static_cast<std::uint64_t>(S * 1000 + rows));
           x[3] = 0;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/block_matmul.h"
 #include "engine/compute/matmul.h"
 #include "engine/compute/ops.h"
 #include "engine/compute/parallel.h"
@@ -486,6 +487,81 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
       }
     }
   }
+  engine::set_threads(saved);
+}
+
+// The Q8_0 x Q8_0 AVX-512 VNNI prefill tiles (block_prefill_avx512.inc: 2 row pairs x 4
+// tokens, groups of 8 blocks, token blocks of 128 KiB of packed codes, rows up to 16384 values)
+// against q8q8_reference, bit for bit, with the tiles switched on and off
+// (set_avx512_prefill) for every family: every token count 2 to 20 and some past a token block,
+// row counts that are not multiples of 4 (rows split at an odd row: tiles start anywhere),
+// widths with a partial group of 8 blocks, one of 16384 values and one past it (the AVX2 tiles
+// or row kernels then), weights with the codes -128 and 127 (make_typed), activations with
+// zero blocks and extreme values; and matmul() on 1, 2 and 3 threads.
+TEST(EngineWeights, Q8_0PrefillTilesAvx512AreTheDefinitionBitForBit) {
+  const int saved = engine::threads();
+  const bool saved512 = engine::avx512_prefill();
+  struct Case {
+    std::int64_t nb, rows;
+    std::vector<std::int64_t> tokens;
+  };
+  std::vector<std::int64_t> every;
+  for (std::int64_t S = 2; S <= 20; ++S) every.push_back(S);
+  const std::vector<Case> cases = {
+      {1, 5, every},   {7, 9, every},         {8, 4, every},      {24, 7, every},
+      {9, 37, {2, 3, 17}},
+      {24, 3, {171, 173}},  // cols 768: 170 tokens a block (one past it, and a partial quad)
+      {260, 6, {13, 16, 20}},  // cols 8320: 12 tokens a block
+      {512, 3, {2, 5}},   // cols 16384: the widest the tiles take
+      {513, 3, {2, 5}}};  // cols 16416: past them
+  for (const Case& c : cases) {
+    const std::int64_t cols = 32 * c.nb;
+    const Typed t = make_typed(WeightType::kQ8_0, c.rows, cols, 900 + static_cast<std::uint64_t>(c.nb));
+    for (const std::int64_t S : c.tokens) {
+      auto x = test::randn(static_cast<std::size_t>(S * cols), 70 + static_cast<std::uint64_t>(S));
+      for (std::size_t i = 0; i < x.size(); i += 7) x[i] *= 25.0f;  // spread the scales
+      for (std::int64_t j = 0; j < 32; ++j) x[static_cast<std::size_t>(j)] = 0.0f;  // a zero block
+      x[x.size() / 2] = 5e4f;  // a block whose other codes round to 0
+      std::vector<std::int8_t> xq(x.size());
+      std::vector<float> xd(x.size() / 32);
+      engine::quantize_activations_q8_0(x.data(), S * cols, xq.data(), xd.data());
+      std::vector<float> want(static_cast<std::size_t>(S * c.rows));
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t i = 0; i < c.rows; ++i) {
+          want[static_cast<std::size_t>(s * c.rows + i)] =
+              q8q8_reference(t.m.row(i), xq.data() + s * cols, xd.data() + s * c.nb, c.nb);
+        }
+      }
+      const auto check = [&](const std::vector<float>& got, const std::string& what) {
+        for (std::size_t k = 0; k < want.size(); ++k) {
+          ASSERT_EQ(std::memcmp(&want[k], &got[k], 4), 0)
+              << c.rows << "x" << cols << " S=" << S << " " << what << " at " << k << ": "
+              << want[k] << " vs " << got[k];
+        }
+      };
+      for (const bool on : {true, false}) {
+        engine::set_avx512_prefill(on);
+        const std::string tiles = on ? "avx512 tiles on" : "avx512 tiles off";
+        for (const Isa isa : {Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
+          if (!cpu::isa_supported(isa)) continue;
+          std::vector<float> got(want.size(), -1.0f);
+          const std::int64_t mid = c.rows / 2 | 1;
+          for (const auto& [b, e] : {std::pair{std::int64_t{0}, std::min(mid, c.rows)},
+                                     std::pair{std::min(mid, c.rows), c.rows}}) {
+            engine::matmul_rows_q8_0(isa, got.data(), xq.data(), xd.data(), t.m, S, b, e);
+          }
+          check(got, tiles + " " + cpu::to_string(isa));
+        }
+        for (const int n : {1, 2, 3}) {
+          engine::set_threads(n);
+          std::vector<float> got(want.size(), -1.0f);
+          engine::matmul(got.data(), x.data(), t.m, S);
+          check(got, tiles + " matmul() at " + std::to_string(n) + " threads");
+        }
+      }
+    }
+  }
+  engine::set_avx512_prefill(saved512);
   engine::set_threads(saved);
 }
 

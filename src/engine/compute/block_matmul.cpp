@@ -849,7 +849,8 @@ std::atomic<bool> g_avx512_prefill{true};
 
 void set_avx512_prefill(bool on) noexcept { g_avx512_prefill.store(on); }
 bool avx512_prefill() noexcept {
-  return g_avx512_prefill.load() && cpu::avx512_prefill_supported();
+  return g_avx512_prefill.load() &&
+         (cpu::avx512_prefill_supported() || cpu::isa_supported(Isa::kAvx512Vnni));
 }
 
 void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, float* d,
@@ -872,12 +873,69 @@ void quantize_activations_q8_1(const float* x, std::int64_t n, std::int8_t* q, f
   }
 }
 
+namespace {
+#ifdef VQ_BLOCKS_X86
+// One finite super-block of quantize_activations_q8_k with AVX-512 (F, BW, DQ), its values
+// bit for bit: amax by max (exact, any order), max = the first value of |x| = amax (the scalar
+// loop's strict >), then per value the same three fp32 operations (iscale * x, + kRound,
+// - kRound) and the min with 127, lane by lane; each 16-group's sum of codes exactly (int32).
+// false, with nothing written, when the block holds a NaN or an infinity (the caller's path).
+__attribute__((target("avx2,avx512f,avx512bw,avx512dq,avx512vl"))) bool q8_k_block_avx512(
+    const float* xb, std::int8_t* qb, float* d, std::int16_t* bs) noexcept {
+  __m512 v[16], a[16];
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 finite = 0xFFFF;
+  for (int g = 0; g < 16; ++g) {
+    v[g] = _mm512_loadu_ps(xb + 16 * g);
+    a[g] = _mm512_abs_ps(v[g]);
+    // |x| <= FLT_MAX is false for NaN and infinities.
+    finite &= _mm512_cmp_ps_mask(a[g], _mm512_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ);
+    amax = _mm512_max_ps(amax, a[g]);
+  }
+  if (finite != 0xFFFF) return false;
+  const float am = _mm512_reduce_max_ps(amax);
+  if (am == 0.0f) {
+    *d = 0.0f;
+    std::memset(qb, 0, 256);
+    std::memset(bs, 0, 32);
+    return true;
+  }
+  float max = 0.0f;
+  for (int g = 0; g < 16; ++g) {
+    const __mmask16 m = _mm512_cmp_ps_mask(a[g], _mm512_set1_ps(am), _CMP_EQ_OQ);
+    if (m != 0) {
+      max = xb[16 * g + __builtin_ctz(m)];
+      break;
+    }
+  }
+  const float iscale = -127.0f / max;
+  const __m512 is = _mm512_set1_ps(iscale), round = _mm512_set1_ps(kRound);
+  const __m512 top = _mm512_set1_ps(127.0f);
+  for (int g = 0; g < 16; ++g) {
+    const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(is, v[g]), round), round);
+    // std::min(127.0f, r) is (r < 127) ? r : 127, as vminps(r, 127) (also for a NaN r).
+    const __m512i c = _mm512_cvttps_epi32(_mm512_min_ps(r, top));  // integral: exact
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * g), _mm512_cvtepi32_epi8(c));
+    bs[g] = static_cast<std::int16_t>(_mm512_reduce_add_epi32(c));
+  }
+  *d = 1.0f / iscale;
+  return true;
+}
+#endif
+}  // namespace
+
 void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, float* d,
                                std::int16_t* bsums) noexcept {
+#ifdef VQ_BLOCKS_X86
+  static const bool avx512 = cpu::isa_supported(Isa::kAvx512);
+#endif
   for (std::int64_t b = 0; b < n / 256; ++b) {
     const float* xb = x + 256 * b;
     std::int8_t* qb = q + 256 * b;
     std::int16_t* bs = bsums + 16 * b;
+#ifdef VQ_BLOCKS_X86
+    if (avx512 && q8_k_block_avx512(xb, qb, d + b, bs)) continue;
+#endif
     std::fill(bs, bs + 16, std::int16_t{0});
     if (!finite_block(xb, 256)) {
       d[b] = std::numeric_limits<float>::quiet_NaN();
@@ -909,6 +967,19 @@ void quantize_activations_q8_k(const float* x, std::int64_t n, std::int8_t* q, f
   }
 }
 
+bool prefill_q8_0_avx512(Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                         const WeightMatrix& w, std::int64_t S, std::int64_t begin,
+                         std::int64_t end) noexcept {
+#ifdef VQ_BLOCKS_X86
+  if (!p512::use(isa, w, S)) return false;
+  p512::rows_legacy<WeightType::kQ8_0>(out, xq, xd, w, S, begin, end);
+  return true;
+#else
+  (void)isa, (void)out, (void)xq, (void)xd, (void)w, (void)S, (void)begin, (void)end;
+  return false;
+#endif
+}
+
 bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
                         std::int64_t begin, std::int64_t end) noexcept {
 #ifdef VQ_BLOCKS_X86
@@ -930,13 +1001,15 @@ void rows_of_type(Isa isa, float* out, const BlockActs& a, const WeightMatrix& w
   if (isa == Isa::kAvx512Vnni && S == 1 && mv512::matvec_blocks<T>(out, a, w, begin, end)) {
     return;
   }
-  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
+  // The AVX-512 VNNI prefill tiles: asked by the family itself (kAvx512Vnni, also on CPUs whose
+  // avx512_base() is kAvx2) or by kAvx2Vnni.
   if constexpr (T == WeightType::kQ4_0 || is_k(T)) {
     if (p512::use(isa, w, S)) {
       if constexpr (is_k(T)) return p512::rows_k<T>(out, a, w, S, begin, end);
-      else return p512::rows_q4_0(out, a, w, S, begin, end);
+      else return p512::rows_legacy<T>(out, a.q, a.d, w, S, begin, end);
     }
   }
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     if constexpr (!is_k(T)) {
       return rows_legacy_avx2<T>(out, a, w, S, begin, end);

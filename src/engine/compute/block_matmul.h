@@ -93,13 +93,21 @@ void matmul_rows_blocks(cpu::Isa isa, float* out, const BlockActs& a, const Weig
 bool matvec_q8_0_avx512(float* out, const std::int8_t* xq, const float* xd, const WeightMatrix& w,
                         std::int64_t row_begin, std::int64_t row_end) noexcept;
 
-// AVX-512 VNNI prefill tiles (block_prefill_avx512.inc) for Q4_0 and the K-quants: within the
-// kAvx2Vnni family, a product over S > 1 tokens with PrefillKernels::kTiles runs them where
-// cpu::avx512_prefill_supported() and they are switched on (the default); rows wider than 16384
-// values keep the AVX2 tiles. They give the scalar definition's bits like every family.
-// set_avx512_prefill(false) keeps the AVX2 tiles (for tests and benchmarks comparing them in one
-// process); process-wide, like set_prefill_kernels, not to be changed while a matmul runs.
-// avx512_prefill() is whether they are on and supported.
+// For matmul.cpp: rows [row_begin, row_end) of the Q8_0 x Q8_0 product over S > 1 tokens with
+// the AVX-512 VNNI prefill tiles (block_prefill_avx512.inc), where the family `isa` takes them
+// (as for Q4_0, below); false, with nothing written, where it does not.
+bool prefill_q8_0_avx512(cpu::Isa isa, float* out, const std::int8_t* xq, const float* xd,
+                         const WeightMatrix& w, std::int64_t S, std::int64_t row_begin,
+                         std::int64_t row_end) noexcept;
+
+// AVX-512 VNNI prefill tiles (block_prefill_avx512.inc) for Q4_0, Q8_0 (x Q8_0) and the
+// K-quants: a product over S > 1 tokens with PrefillKernels::kTiles runs them in the kAvx512Vnni
+// family, and in the kAvx2Vnni family where cpu::avx512_prefill_supported(), when they are
+// switched on (the default); rows wider than 16384 values keep the AVX2 tiles. They give the
+// scalar definition's bits like every family. set_avx512_prefill(false) keeps the AVX2 tiles
+// (for tests and benchmarks comparing them in one process); process-wide, like
+// set_prefill_kernels, not to be changed while a matmul runs. avx512_prefill() is whether they
+// are on and some family of this CPU has them.
 void set_avx512_prefill(bool on) noexcept;
 bool avx512_prefill() noexcept;
 

@@ -485,6 +485,8 @@ void matmul_rows_q8_0(Isa isa, float* out, const std::int8_t* xq, const float* x
   if (isa == Isa::kAvx512Vnni && S == 1 && matvec_q8_0_avx512(out, xq, xd, w, begin, end)) {
     return;
   }
+  // More tokens: the AVX-512 VNNI prefill tiles where the family takes them (engine/block_matmul.h).
+  if (S > 1 && prefill_q8_0_avx512(isa, out, xq, xd, w, S, begin, end)) return;
   if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
 #ifdef VQ_MATMUL_X86
   if (isa == Isa::kAvx2) return q8q8_avx2::rows(out, xq, xd, w, S, begin, end);

@@ -36,7 +36,10 @@
 // are exact either way), so it gives the same bits. For S > 1 both compute tiles of 4 rows x 4
 // tokens over weights and activations packed eight blocks at a time, so that the integer dots'
 // lane l is block l's exact sum (no reduction), then the same fp32 steps lane for lane
-// (matmul.cpp, matmul_q8q8_x86.inc).
+// (matmul.cpp, matmul_q8q8_x86.inc). Where the AVX-512 VNNI prefill tiles run (kAvx512Vnni, and
+// kAvx2Vnni on a CPU with AVX-512 VNNI; engine/block_matmul.h set_avx512_prefill), S > 1 takes
+// them instead: Q4_0's tiles with the weights' codes + 128 as unsigned bytes, two rows per zmm,
+// vpdpbusd, then 128 * the activations' block sum subtracted (exact), the same fp32 steps.
 #pragma once
 
 #include <cstdint>
