@@ -4,7 +4,7 @@
 # the engines alternating. One command for the whole matrix; flags choose subsets.
 #
 #   bench/peers/run_matrix.sh [--models llama-110m,llama-3.2-1b]
-#       [--types f16,q8_0,q4_k_m,q5_k_m,q6_k,q4_0]      llama-110m's weight types
+#       [--types f16,q8_0,q4_k_m,q5_k_m,q6_k,q4_0]      llama-110m's weight types (also bf16)
 #       [--threads 1,2]                                 llama-110m's thread counts
 #       [--tests pp512,pp4096,tg1024,tg4096]            llama-110m's tests
 #       [--types-1b q8_0,q4_k_m] [--threads-1b 2] [--tests-1b pp512,tg1024]
@@ -13,7 +13,7 @@
 #
 # Files (kept in build/peers/matrix/, reused): the shape's deterministic random weights
 # (`veloxquant make-model --shape S --dtype f16`, seed 1), `veloxquant convert --type f16` (and
-# `--type q8_0` for Q8_0) with a vocabulary of the shape's size (llama-110m: Llama 2's 32000
+# `--type q8_0` for Q8_0, `--type bf16` for BF16) with a vocabulary of the shape's size (llama-110m: Llama 2's 32000
 # SentencePiece pieces from data/ggml-vocab-llama-spm.gguf; llama-3.2-1b: Llama 3's 128256-id
 # byte-level BPE from llama.cpp's models/ggml-vocab-llama-bpe.gguf, as a tokenizer.json), and
 # llama.cpp's own `llama-quantize` (the native build; without --engines native and no native
@@ -92,7 +92,7 @@ for m in ${models//,/ }; do
   case $m in llama-110m | llama-3.2-1b) ;; *) die "--models lists llama-110m and/or llama-3.2-1b, got '$m'" ;; esac
 done
 for ty in ${types//,/ } ${types_1b//,/ }; do
-  case $ty in f16 | q8_0 | q4_0 | q4_k_m | q5_k_m | q6_k) ;; *) die "--types/--types-1b list f16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k; got '$ty'" ;; esac
+  case $ty in f16 | bf16 | q8_0 | q4_0 | q4_k_m | q5_k_m | q6_k) ;; *) die "--types/--types-1b list f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k; got '$ty'" ;; esac
 done
 for t in ${threads//,/ } ${threads_1b//,/ }; do
   case $t in '' | 0 | *[!0-9]*) die "--threads/--threads-1b list positive integers, got '$t'" ;; esac
@@ -149,7 +149,7 @@ make_file() {  # model type -> prints the path
       [ -f "$tok" ] || "$vqx" hf-json build/llamacpp/src/models/ggml-vocab-llama-bpe.gguf llama3 "$tok" || return 1 ;;
   esac
   case $ty in
-    f16 | q8_0)
+    f16 | bf16 | q8_0)
       echo "run_matrix: convert $m --type $ty" >&2
       "$vq" convert --from "$dir" --to "$tmpf" --type "$ty" --tokenizer "$tok" >&2 || { rm -f "$tmpf"; return 1; } ;;
     *)

@@ -24,9 +24,12 @@
 //   kAvx2Vnni    avx2                           avx2, its dots by vpdpbusd; prefill    avx2
 //                                               tiles of AVX-512 VNNI where
 //                                               avx512_prefill_supported()
-//   kAvx512      avx512_base()'s                avx512_base()'s                        avx512
-//   kAvx512Vnni  avx512_base()'s                its own for one token (Q4_0, Q8_0,     avx512
-//                                               Q4_K, Q5_K, Q6_K), else avx512_base()'s
+//   kAvx512      S = 1: avx512_base()'s;        avx512_base()'s                        avx512
+//                S > 1: the AVX-512 packed GEMM
+//   kAvx512Vnni  as kAvx512                     its own for one token (Q4_0, Q8_0,     avx512
+//                                               Q4_K, Q5_K, Q6_K); prefill tiles of
+//                                               AVX-512 VNNI (Q8_0, Q4_0, K-quants);
+//                                               else avx512_base()'s
 //
 // best_isa() is the family every area runs in the library's own calls: the first supported of
 // kAvx512Vnni, kAvx512, kAvx2Vnni, kAvx2, kScalar (fixed for the process, so no result depends
@@ -78,7 +81,8 @@ constexpr bool uses_avx512(Isa isa) noexcept {
 }
 
 // Whether the kAvx2Vnni family's block prefill tiles of AVX-512 VNNI (engine/compute/
-// block_prefill_avx512.inc) run here: the CPU has kAvx2Vnni, kAvx512 and AVX512_VNNI.
+// block_prefill_avx512.inc) run here: the CPU has kAvx2Vnni, kAvx512 and AVX512_VNNI. (The
+// kAvx512Vnni family runs the same tiles wherever it is supported, AVX-VNNI or not.)
 bool avx512_prefill_supported() noexcept;
 
 }  // namespace vq::cpu
