@@ -893,7 +893,13 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512dq,avx512vl"))) bool q8_k_blo
     amax = _mm512_max_ps(amax, a[g]);
   }
   if (finite != 0xFFFF) return false;
-  const float am = _mm512_reduce_max_ps(amax);
+  // The largest |x| (max is exact in any order). Written out: GCC 12's _mm512_reduce_max_ps
+  // reads an uninitialised register (-Werror=uninitialized in the sanitizer build).
+  const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(amax), _mm512_extractf32x8_ps(amax, 1));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float am = _mm_cvtss_f32(m4);
   if (am == 0.0f) {
     *d = 0.0f;
     std::memset(qb, 0, 256);
