@@ -890,11 +890,13 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512dq,avx512vl"))) bool q8_k_blo
     a[g] = _mm512_abs_ps(v[g]);
     // |x| <= FLT_MAX is false for NaN and infinities.
     finite &= _mm512_cmp_ps_mask(a[g], _mm512_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ);
-    amax = _mm512_max_ps(amax, a[g]);
+    // GCC 12's _mm512_max_ps passes _mm512_undefined_ps() as its unused masked source, which
+    // the sanitizer build's -Werror=uninitialized refuses; the zero-masked form is the same max.
+    amax = _mm512_maskz_max_ps(0xFFFF, amax, a[g]);
   }
   if (finite != 0xFFFF) return false;
-  // The largest |x| (max is exact in any order). Written out: GCC 12's _mm512_reduce_max_ps
-  // reads an uninitialised register (-Werror=uninitialized in the sanitizer build).
+  // The largest |x| (max is exact in any order), reduced by hand for the same reason
+  // (_mm512_reduce_max_ps is built on _mm512_max_ps).
   const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(amax), _mm512_extractf32x8_ps(amax, 1));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
