@@ -1,7 +1,7 @@
 // Typed weight matrices (engine/weights.h) and their matmul kernels (engine/matmul.h): every
 // kernel family and every thread count against the scalar definition, bit for bit, with the
-// expected values built independently (element conversions written out here, the library's
-// core kernels::dot for the fixed summation order); and GGUF's Q8_0 block layout by hand.
+// expected values built independently (element conversions and the fused multiply-add dot in
+// the fixed lane order written out here, fma_dot); and GGUF's Q8_0 block layout by hand.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "base/kernels.h"
 #include "engine/compute/matmul.h"
 #include "engine/compute/ops.h"
 #include "engine/compute/parallel.h"
@@ -80,6 +79,28 @@ Typed make_typed(WeightType type, std::int64_t rows, std::int64_t cols, std::uin
   return t;
 }
 
+// The definition of every fp32-activation product (engine/matmul.h), written out here from the
+// definition's text: lane l (+0 at the start) takes a[j] * b[j] for j = l, l+8, ... in
+// increasing j, each with one rounding (std::fma), then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+float fma_dot(const float* a, const float* b, std::int64_t n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t j = 0; j < n; ++j) lane[j % 8] = std::fma(a[j], b[j], lane[j % 8]);
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+TEST(EngineWeights, FmaDotByHand) {
+  // One lane's fused multiply-add keeps the product's low bits that a separate multiply drops:
+  // a = b = 1 + 2^-12 gives a * b = 1 + 2^-11 + 2^-24; with c = -(1 + 2^-11) the fused result
+  // is exactly 2^-24, the separate one (a * b rounds to 1 + 2^-11, ties to even) is 0.
+  const float a = 1.0f + std::ldexp(1.0f, -12), c = -(1.0f + std::ldexp(1.0f, -11));
+  std::vector<float> w(9, 0.0f), x(9, 0.0f);
+  w[0] = c;  // lane 0 holds c exactly
+  x[0] = 1.0f;
+  w[8] = a;  // lane 0 again: fma(a, a, c)
+  x[8] = a;
+  EXPECT_EQ(fma_dot(w.data(), x.data(), 9), std::ldexp(1.0f, -24));
+}
+
 TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
   for (const WeightType type :
        {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0}) {
@@ -92,14 +113,15 @@ TEST(EngineWeights, EveryKernelIsTheFixedOrderDotOverTheStoredValues) {
           const Typed t = make_typed(type, rows, cols, 100 + static_cast<std::uint64_t>(cols));
           const auto x =
               test::randn(static_cast<std::size_t>(S * cols), 7 + static_cast<std::uint64_t>(rows));
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
+          for (const Isa isa :
+               {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
             if (!cpu::isa_supported(isa)) continue;
             std::vector<float> out(static_cast<std::size_t>(S * rows), -1.0f);
             engine::matmul_rows(isa, out.data(), x.data(), t.m, S, 0, rows);
             for (std::int64_t s = 0; s < S; ++s) {
               for (std::int64_t i = 0; i < rows; ++i) {
                 const float want =
-                    kernels::dot(t.exact.data() + i * cols, x.data() + s * cols, cols);
+                    fma_dot(t.exact.data() + i * cols, x.data() + s * cols, cols);
                 const float got = out[static_cast<std::size_t>(s * rows + i)];
                 ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
                     << engine::to_string(type) << " " << cpu::to_string(isa) << " " << rows
@@ -419,8 +441,8 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
             want[static_cast<std::size_t>(s * rows + i)] =
                 c.q8_activations ? q8q8_reference(t.m.row(i), xq.data() + s * c.cols,
                                                   xd.data() + s * nb, nb)
-                                 : kernels::dot(t.exact.data() + i * c.cols,
-                                                x.data() + s * c.cols, c.cols);
+                                 : fma_dot(t.exact.data() + i * c.cols,
+                                           x.data() + s * c.cols, c.cols);
           }
         }
         const auto check = [&](const std::vector<float>& got, const std::string& what) {
@@ -435,7 +457,8 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
              {engine::PrefillKernels::kTiles, engine::PrefillKernels::kRows}) {
           engine::set_prefill_kernels(k);
           const std::string kname = k == engine::PrefillKernels::kTiles ? "tiles" : "rows";
-          for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512Vnni}) {
+          for (const Isa isa :
+               {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
             if (!cpu::isa_supported(isa)) continue;
             // Two calls splitting the rows at an odd row: tiles start anywhere.
             std::vector<float> got(want.size(), -1.0f);
@@ -460,6 +483,73 @@ TEST(EngineWeights, PrefillTilesAreTheDefinitionBitForBit) {
           engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
         }
         engine::set_prefill_kernels(engine::PrefillKernels::kTiles);
+      }
+    }
+  }
+  engine::set_threads(saved);
+}
+
+// The AVX-512 GEMM's edges (matmul_gemm_avx512.inc: panels of 4 rows, micro-kernels of 1 to 6
+// token pairs, K blocks of 256 values, blocks of 24 pairs and of up to 64 rows) against
+// fma_dot over the stored values, bit for bit, for every family: token counts 2 to 20 (every
+// micro-kernel width, odd counts with a zero partner) and past one and two pair blocks, row
+// counts that are not multiples of 4 and past one row block, widths of one chunk, with a tail,
+// across one and several K blocks; row ranges starting at odd rows; and matmul() on 1 to 3
+// threads.
+TEST(EngineWeights, GemmEdgesAreTheDefinitionBitForBit) {
+  const int saved = engine::threads();
+  std::vector<std::int64_t> token_counts;
+  for (std::int64_t S = 2; S <= 20; ++S) token_counts.push_back(S);
+  for (const std::int64_t S : {47, 48, 49, 97}) token_counts.push_back(S);
+  for (const WeightType type :
+       {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0}) {
+    const std::vector<std::int64_t> widths =
+        type == WeightType::kQ8_0 ? std::vector<std::int64_t>{32, 256, 288, 544}
+                                  : std::vector<std::int64_t>{8, 15, 256, 264, 523};
+    for (const std::int64_t cols : widths) {
+      for (const std::int64_t rows : {3, 5, 67, 131}) {
+        const Typed t = make_typed(type, rows, cols, 900 + static_cast<std::uint64_t>(cols + rows));
+        for (const std::int64_t S : token_counts) {
+          if (rows * S * cols > 4'000'000 && S % 16 != 1) continue;  // the largest: a few S
+          auto x = test::randn(static_cast<std::size_t>(S * cols),
+                               31 + static_cast<std::uint64_t>(rows * 1000 + S));
+          for (std::size_t i = 0; i < x.size(); i += 5) x[i] *= 40.0f;
+          std::vector<float> want(static_cast<std::size_t>(S * rows));
+          for (std::int64_t s = 0; s < S; ++s) {
+            for (std::int64_t i = 0; i < rows; ++i) {
+              want[static_cast<std::size_t>(s * rows + i)] =
+                  fma_dot(t.exact.data() + i * cols, x.data() + s * cols, cols);
+            }
+          }
+          const auto check = [&](const std::vector<float>& got, const std::string& what) {
+            for (std::size_t k = 0; k < want.size(); ++k) {
+              ASSERT_EQ(std::memcmp(&want[k], &got[k], 4), 0)
+                  << engine::to_string(type) << " " << rows << "x" << cols << " S=" << S << " "
+                  << what << " at " << k << ": " << want[k] << " vs " << got[k];
+            }
+          };
+          for (const Isa isa :
+               {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512, Isa::kAvx512Vnni}) {
+            if (!cpu::isa_supported(isa)) continue;
+            std::vector<float> got(want.size(), -1.0f);
+            const std::int64_t a = rows / 3, b = rows - rows / 4;  // three ranges, odd starts
+            for (const auto& [r0, r1] : {std::pair{std::int64_t{0}, a}, std::pair{a, b},
+                                         std::pair{b, rows}}) {
+              engine::matmul_rows(isa, got.data(), x.data(), t.m, S, r0, r1);
+            }
+            check(got, cpu::to_string(isa));
+          }
+          if (S % 8 == 1 || S == 8) {
+            engine::set_q8_0_activations(Q8_0Activations::kF32);
+            for (const int n : {1, 2, 3}) {
+              engine::set_threads(n);
+              std::vector<float> got(want.size(), -1.0f);
+              engine::matmul(got.data(), x.data(), t.m, S);
+              check(got, "matmul() at " + std::to_string(n) + " threads");
+            }
+            engine::set_q8_0_activations(Q8_0Activations::kQ8_0);
+          }
+        }
       }
     }
   }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -97,15 +99,16 @@ inline float tree(const float* a) noexcept {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-// The definition: ops::dot's order over the row converted to fp32.
+// The definition: the fixed lane order over the row converted to fp32, one fused multiply-add
+// (one rounding) per element.
 template <WeightType T>
 float dot_scalar(const std::uint8_t* row, const float* x, std::int64_t n) noexcept {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += element<T>(row, j + l) * x[j + l];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(element<T>(row, j + l), x[j + l], acc[l]);
   }
-  for (int l = 0; j + l < n; ++l) acc[l] += element<T>(row, j + l) * x[j + l];
+  for (int l = 0; j + l < n; ++l) acc[l] = std::fma(element<T>(row, j + l), x[j + l], acc[l]);
   return tree(acc);
 }
 
@@ -167,7 +170,8 @@ void rows_dequantized(float* out, const float* x, const WeightMatrix& w, std::in
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (std::int64_t b = 0; b < nb; ++b) {
         dequantize(gt, row + b * bytes, vals, B);
-        for (std::int64_t j = 0; j < B; ++j) acc[j % 8] += vals[j] * xs[b * B + j];
+        for (std::int64_t j = 0; j < B; ++j)
+          acc[j % 8] = std::fma(vals[j], xs[b * B + j], acc[j % 8]);
       }
       out[s * w.rows + i] = tree(acc);
     }
@@ -175,7 +179,7 @@ void rows_dequantized(float* out, const float* x, const WeightMatrix& w, std::in
 }
 
 #ifdef VQ_MATMUL_X86
-#define VQ_AVX2 __attribute__((target("avx2,f16c")))
+#define VQ_AVX2 __attribute__((target("avx2,f16c,fma")))
 
 // Eight consecutive weights j .. j+7 of a row (not Q8_0) as fp32, exactly.
 template <WeightType T>
@@ -221,7 +225,7 @@ VQ_AVX2 void dot_rows_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const
           const std::uint8_t* q = w0 + r * row_bytes + b * 34 + 2 + 8 * c;
           const __m256 qf = _mm256_cvtepi32_ps(
               _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
-          acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(d[r], qf), xv));
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d[r], qf), xv, acc[r]);
         }
       }
     }
@@ -239,13 +243,14 @@ VQ_AVX2 void dot_rows_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const
       }
       const __m256 xv = _mm256_loadu_ps(x + j);
       for (int r = 0; r < R; ++r)
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(load8<T>(w0 + r * row_bytes, j), xv));
+        acc[r] = _mm256_fmadd_ps(load8<T>(w0 + r * row_bytes, j), xv, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, acc[r]);
-    for (int l = 0; j + l < n; ++l) lanes[l] += element<T>(w0 + r * row_bytes, j + l) * x[j + l];
+    for (int l = 0; j + l < n; ++l)
+      lanes[l] = std::fma(element<T>(w0 + r * row_bytes, j + l), x[j + l], lanes[l]);
     out[r] = tree(lanes);
   }
 }
@@ -272,7 +277,7 @@ VQ_AVX2 void tile_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const flo
     for (int r = 0; r < R; ++r) wv[r] = load8<T>(w0 + r * row_bytes, j);
     for (int t = 0; t < TT; ++t) {
       const __m256 xv = _mm256_loadu_ps(x0 + t * x_stride + j);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(wv[r], xv));
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -280,7 +285,8 @@ VQ_AVX2 void tile_avx2(const std::uint8_t* w0, std::int64_t row_bytes, const flo
       alignas(32) float lanes[8];
       _mm256_store_ps(lanes, acc[r][t]);
       const float* x = x0 + t * x_stride;
-      for (int l = 0; j + l < n; ++l) lanes[l] += element<T>(w0 + r * row_bytes, j + l) * x[j + l];
+      for (int l = 0; j + l < n; ++l)
+        lanes[l] = std::fma(element<T>(w0 + r * row_bytes, j + l), x[j + l], lanes[l]);
       out[t * out_stride + r] = tree(lanes);
     }
   }
@@ -397,19 +403,39 @@ VQ_Q8Q8_TARGET inline __m256i block_dot(const std::uint8_t* wq, __m256i xv) noex
 #undef VQ_Q8Q8_TARGET
 #undef VQ_Q8Q8_FLIP
 }  // namespace q8q8_vnni
+
+// GCC 12's AVX-512 headers read an intentionally undefined vector in their broadcasts and
+// report it (GCC bug 105593, as in block_matmul.cpp); nothing of ours is uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "engine/compute/matmul_gemm_avx512.inc"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace
 
 void matmul_rows(Isa isa, float* out, const float* x, const WeightMatrix& w, std::int64_t S,
                  std::int64_t begin, std::int64_t end) noexcept {
-  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();  // no fp32-activation kernels of its own
+  // The AVX-512 families: their own GEMM for S > 1 (prefill tiles), avx512_base()'s row kernels
+  // for one token (decode reads each weight once either way).
+  const bool use_gemm512 = cpu::uses_avx512(isa) && S > 1 && w.cols >= 8 &&
+                       prefill_kernels() == PrefillKernels::kTiles;
+  if (cpu::uses_avx512(isa)) isa = cpu::avx512_base();
 #ifndef VQ_MATMUL_X86
   (void)isa;
+  (void)use_gemm512;
 #endif
   const auto rows = [&](auto type) {
     constexpr WeightType T = decltype(type)::value;
 #ifdef VQ_MATMUL_X86
+    if (use_gemm512) {
+      thread_local gemm512::Scratch scratch;
+      if (gemm512::reserve(scratch, w, S)) return gemm512::rows<T>(out, x, w, S, begin, end, scratch);
+    }
     // kAvx2 and kAvx2Vnni run the same kernels for fp32 activations.
     if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return rows_avx2<T>(out, x, w, S, begin, end);
 #endif
