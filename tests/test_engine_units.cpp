@@ -101,7 +101,8 @@ TEST(EngineOps, AttentionKernelsMatchTheScalarDefinitionBitForBit) {
               float part[4] = {0, 0, 0, 0};
               for (std::int64_t r = 0; r < R; ++r) {
                 if (positions[static_cast<std::size_t>(r)] > pos) continue;
-                part[r & 3] += scores[static_cast<std::size_t>(j * ld + r)] * vval(r, d);
+                part[r & 3] =
+                    std::fma(scores[static_cast<std::size_t>(j * ld + r)], vval(r, d), part[r & 3]);
               }
               const float want = (part[0] + part[2]) + (part[1] + part[3]);
               const float got = out[static_cast<std::size_t>(j * D + d)];

@@ -74,15 +74,55 @@ TEST(Half, BulkConversionMatchesScalar) {
   }
 }
 
-// The documented order: lane l = i mod 8 accumulates in increasing i, then
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+// The documented order: lane l = i mod 8 accumulates in increasing i with one fused
+// multiply-add per term (std::fma: a single rounding), then ((l0+l4)+(l2+l6)) +
+// ((l1+l5)+(l3+l7)).
 float reference_dot(const float* a, const float* b, std::int64_t n) {
   float lane[8] = {};
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float p = a[i] * b[i];
-    lane[i % 8] = lane[i % 8] + p;
-  }
+  for (std::int64_t i = 0; i < n; ++i) lane[i % 8] = std::fma(a[i], b[i], lane[i % 8]);
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+// A value worked out by hand where a fused multiply-add and a multiply-then-add differ: lane 0
+// gets 1 * -1 = -1 (i = 0), then (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 (i = 8). Fused, the sum is
+// exact: 2^-11 + 2^-24. A separate multiply would first round the square to 1 + 2^-11 (2^-24 is
+// half an ulp of 1: a tie, to even) and give 2^-11. Every other term is 0. With fp16 rows: a =
+// 1 + 2^-10 (an fp16), b = 1 + 2^-14: the product 1 + 2^-10 + 2^-14 + 2^-24 is exact fused
+// (2^-10 + 2^-14 + 2^-24 after the -1), 2^-10 + 2^-14 rounded first.
+TEST(Kernels, DotFusesEachMultiplyAddIntoOneRounding) {
+  for (const std::int64_t n : {9, 16, 24}) {  // scalar tail (9) and whole blocks of 8
+    std::vector<float> a(static_cast<std::size_t>(n), 0.0f), b = a;
+    a[0] = 1.0f;
+    b[0] = -1.0f;
+    a[8] = b[8] = 1.0f + std::ldexp(1.0f, -12);
+    const float want = std::ldexp(1.0f, -11) + std::ldexp(1.0f, -24);  // exact in fp32
+    EXPECT_EQ(kernels::dot(a.data(), b.data(), n), want) << n;
+    EXPECT_NE(want, std::ldexp(1.0f, -11));
+    // The eight-row path (n a multiple of 8): every row the same.
+    if (n % 8 == 0) {
+      std::vector<float> rows;
+      for (int r = 0; r < 9; ++r) rows.insert(rows.end(), a.begin(), a.end());
+      std::vector<float> got(9);
+      kernels::dot_rows(rows.data(), DType::kF32, n, b.data(), n, 9, got.data());
+      for (int r = 0; r < 9; ++r)
+        EXPECT_EQ(got[static_cast<std::size_t>(r)], want) << n << " " << r;
+    }
+    std::vector<std::uint16_t> ah(static_cast<std::size_t>(n), float_to_half(0.0f));
+    ah[0] = float_to_half(1.0f);
+    ah[8] = float_to_half(1.0f + std::ldexp(1.0f, -10));
+    ASSERT_EQ(half_to_float(ah[8]), 1.0f + std::ldexp(1.0f, -10));
+    b[8] = 1.0f + std::ldexp(1.0f, -14);
+    const float want16 = std::ldexp(1.0f, -10) + std::ldexp(1.0f, -14) + std::ldexp(1.0f, -24);
+    EXPECT_EQ(kernels::dot_f16(ah.data(), b.data(), n), want16) << n;
+    if (n % 8 == 0) {
+      std::vector<std::uint16_t> rows;
+      for (int r = 0; r < 9; ++r) rows.insert(rows.end(), ah.begin(), ah.end());
+      std::vector<float> got(9);
+      kernels::dot_rows(rows.data(), DType::kF16, n, b.data(), n, 9, got.data());
+      for (int r = 0; r < 9; ++r)
+        EXPECT_EQ(got[static_cast<std::size_t>(r)], want16) << n << " " << r;
+    }
+  }
 }
 
 TEST(Kernels, DotIsBitIdenticalToTheDocumentedOrder) {

@@ -351,6 +351,95 @@ TEST(PackedAttention, ChannelScoresMatchScalarAndReference) {
 
 // ggml's q8_0 by hand. amax 127: d = 127 / 127 = 1 (fp16 0x3C00), id = 1, code = roundf(x):
 // halves round away from zero (2.5 -> 3, -2.5 -> -3), not to even.
+// Values worked out by hand where one fused multiply-add and a multiply-then-add differ (the
+// library's definition is the fused one, kernels.h), on every family this CPU runs. 8 identical
+// rows (one SIMD block), every row visible.
+TEST(PackedAttention, FusedMultiplyAddsWorkedOutByHand) {
+  const float e12 = 1.0f + std::ldexp(1.0f, -12);
+  std::vector<std::int32_t> positions(8, 0);
+  for (const Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa != Isa::kScalar && !cpu::isa_supported(isa)) continue;
+    const std::string what = cpu::to_string(isa);
+    // Plain fp32 scores, D = 16: lane 0 sums 1 * -1 (c = 0), then (1 + 2^-12)^2 (c = 8). Fused:
+    // exactly 2^-11 + 2^-24; rounding the square first (to 1 + 2^-11, a tie to even) would
+    // give 2^-11.
+    {
+      std::vector<float> rows(8 * 16, 0.0f), q(16, 0.0f);
+      for (int r = 0; r < 8; ++r) {
+        rows[static_cast<std::size_t>(r * 16)] = -1.0f;
+        rows[static_cast<std::size_t>(r * 16 + 8)] = e12;
+      }
+      q[0] = 1.0f;
+      q[8] = e12;
+      RowSet set;
+      set.fmt = Fmt::kF32;
+      set.data = reinterpret_cast<const std::uint8_t*>(rows.data());
+      set.row_bytes = 64;
+      set.group = 16;
+      set.positions = positions.data();
+      set.n = 8;
+      std::vector<float> out(8, 7.0f);
+      detail::attn::token_scores(isa, set, 16, q.data(), 1, 0, out.data(), 8);
+      for (float x : out) EXPECT_EQ(x, std::ldexp(1.0f, -11) + std::ldexp(1.0f, -24)) << what;
+    }
+    // Grouped q8_0 scores, D = 16, groups of 8: lane 0 has t = 1 * -1 in group 0 (scale 1), so
+    // acc = -1; in group 1 t = q_8 * 1 = q_8 = 1 + 2^-14 + 2^-20 and the scale is 1 + 2^-10:
+    // acc = fma(1 + 2^-10, q_8, -1) = 2^-10 + 2^-14 + 2^-20 + 2^-24 + 2^-30 exactly (21
+    // significant bits). Rounded first, s * t = 1 + 2^-10 + 2^-14 + 2^-20 + 2^-23 (2^-24 + 2^-30
+    // is over half an ulp), and the score would end in 2^-23.
+    {
+      std::vector<std::uint8_t> rows(8 * 16, 0);
+      std::vector<std::uint16_t> scale;
+      for (int r = 0; r < 8; ++r) {
+        rows[static_cast<std::size_t>(r * 16)] = 0xff;  // int8 -1
+        rows[static_cast<std::size_t>(r * 16 + 8)] = 1;
+        scale.push_back(float_to_half(1.0f));
+        scale.push_back(float_to_half(1.0f + std::ldexp(1.0f, -10)));
+      }
+      ASSERT_EQ(half_to_float(scale[1]), 1.0f + std::ldexp(1.0f, -10));
+      std::vector<float> q(16, 0.0f);
+      q[0] = 1.0f;
+      q[8] = 1.0f + std::ldexp(1.0f, -14) + std::ldexp(1.0f, -20);
+      RowSet set;
+      set.fmt = Fmt::kQ8_0;
+      set.data = rows.data();
+      set.row_bytes = 16;
+      set.scale = scale.data();
+      set.param_stride = 2;
+      set.group = 8;
+      set.positions = positions.data();
+      set.n = 8;
+      std::vector<float> out(8, 7.0f);
+      detail::attn::token_scores(isa, set, 16, q.data(), 1, 0, out.data(), 8);
+      const float want = std::ldexp(1.0f, -10) + std::ldexp(1.0f, -14) + std::ldexp(1.0f, -20) +
+                         std::ldexp(1.0f, -24) + std::ldexp(1.0f, -30);
+      for (float x : out) EXPECT_EQ(x, want) << what;
+    }
+    // Plain fp32 value sums, D = 8: rows 0 and 4 share partial sum 0: p_0 = 1 times -1, then
+    // p_4 = 1 + 2^-12 times 1 + 2^-12; every other row has p = 0. Each channel: 2^-11 + 2^-24.
+    {
+      std::vector<float> rows(8 * 8, 0.0f), probs(8, 0.0f);
+      for (int c = 0; c < 8; ++c) {
+        rows[static_cast<std::size_t>(c)] = -1.0f;
+        rows[static_cast<std::size_t>(4 * 8 + c)] = e12;
+      }
+      probs[0] = 1.0f;
+      probs[4] = e12;
+      RowSet set;
+      set.fmt = Fmt::kF32;
+      set.data = reinterpret_cast<const std::uint8_t*>(rows.data());
+      set.row_bytes = 32;
+      set.group = 8;
+      set.positions = positions.data();
+      set.n = 8;
+      std::vector<float> A(4 * 8, 0.0f), out(8, 7.0f);
+      detail::attn::token_values(isa, set, 0, 8, probs.data(), 1, 8, 0, A.data(), nullptr, 0);
+      detail::attn::finish_values(A.data(), nullptr, 0, 8, 1, 8, out.data());
+      for (float x : out) EXPECT_EQ(x, std::ldexp(1.0f, -11) + std::ldexp(1.0f, -24)) << what;
+    }
+  }
+}
+
 TEST(BlockFormat, Q8_0ByHand) {
   float x[32] = {};
   x[0] = 127.0f;

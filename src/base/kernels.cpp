@@ -35,9 +35,9 @@ float dot(const float* a, const float* b, std::int64_t n) noexcept {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   }
-  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   return reduce_lanes(acc);
 }
 
@@ -47,14 +47,14 @@ float dot_f16(const std::uint16_t* a, const float* b, std::int64_t n) noexcept {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     load8_f16(a + i, x);
-    for (int l = 0; l < 8; ++l) acc[l] += x[l] * b[i + l];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(x[l], b[i + l], acc[l]);
   }
-  for (int l = 0; i + l < n; ++l) acc[l] += half_to_float(a[i + l]) * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] = std::fma(half_to_float(a[i + l]), b[i + l], acc[l]);
   return reduce_lanes(acc);
 }
 
 namespace {
-#if defined(VQ_HAVE_F16C) && defined(__AVX2__)
+#if defined(VQ_HAVE_F16C) && defined(__AVX2__) && defined(__FMA__)
 template <bool kF16>
 inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
   if constexpr (kF16) {
@@ -66,7 +66,8 @@ inline __m256 load8_as(const void* row, std::int64_t i) noexcept {
 }
 
 // Eight rows' dots at once, n a multiple of 8: lane l of row k's accumulator sums i = l mod 8 in
-// increasing i, as dot() does; the lanes are reduced by reduce_lanes, row by row.
+// increasing i with one fused multiply-add per term, as dot() does; the lanes are reduced by
+// reduce_lanes, row by row.
 template <bool kF16>
 void dot_rows8(const void* rows, std::int64_t stride, const float* q, std::int64_t n,
                std::int64_t count, float* out) noexcept {
@@ -79,8 +80,7 @@ void dot_rows8(const void* rows, std::int64_t stride, const float* q, std::int64
     for (std::int64_t i = 0; i < n; i += 8) {
       const __m256 qv = _mm256_loadu_ps(q + i);
       for (int k = 0; k < 8; ++k) {
-        acc[k] = _mm256_add_ps(
-            acc[k], _mm256_mul_ps(load8_as<kF16>(base + (r + k) * stride * esize, i), qv));
+        acc[k] = _mm256_fmadd_ps(load8_as<kF16>(base + (r + k) * stride * esize, i), qv, acc[k]);
       }
     }
     for (int k = 0; k < 8; ++k) {
@@ -99,7 +99,7 @@ void dot_rows8(const void* rows, std::int64_t stride, const float* q, std::int64
 
 void dot_rows(const void* rows, DType dtype, std::int64_t stride, const float* q, std::int64_t n,
               std::int64_t count, float* out) noexcept {
-#if defined(VQ_HAVE_F16C) && defined(__AVX2__)
+#if defined(VQ_HAVE_F16C) && defined(__AVX2__) && defined(__FMA__)
   if (n % 8 == 0) {
     if (dtype == DType::kF16) return dot_rows8<true>(rows, stride, q, n, count, out);
     return dot_rows8<false>(rows, stride, q, n, count, out);

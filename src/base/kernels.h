@@ -1,8 +1,16 @@
 // Numeric kernels used by scoring and blending. Every reduction has one fixed order, so results
 // are identical whatever the compiler vectorises (the build forbids -ffast-math and FMA
-// contraction; see CMakeLists.txt):
-//   dot: lane l (0..7) sums the products i = l, l+8, l+16, ... in increasing i; the lanes are
-//        then reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+// contraction, -ffp-contract=off; see CMakeLists.txt: a fused multiply-add happens only where
+// the code writes one).
+//
+// THE LIBRARY'S DEFINITION OF AN FP32 DOT PRODUCT (every kernel family, every file that sums
+// products -- kernels, engine ops and matmuls, the packed-KV attention -- follows it, and tests
+// hold each SIMD twin to it bit for bit):
+//   dot(a, b, n): lane l (0..7) holds acc_l, +0 at the start; for i = l, l+8, l+16, ... < n in
+//        increasing i, acc_l = fma(a_i, b_i, acc_l) -- ONE rounding (std::fma in scalar code,
+//        vfmadd in vectors); then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), plain additions.
+//   A weighted accumulation s += p * v is likewise s = fma(p, v, s). Plain sums (sum(), the
+//   lane tree, partial sums combined) stay additions.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +20,7 @@
 namespace vq::kernels {
 
 float dot(const float* a, const float* b, std::int64_t n) noexcept;
-// a holds fp16 bits; converted exactly to fp32 before multiplying. Same order as dot().
+// a holds fp16 bits; converted exactly to fp32 before the fma. Same order as dot().
 float dot_f16(const std::uint16_t* a, const float* b, std::int64_t n) noexcept;
 
 inline float dot_row(const void* row, DType dtype, const float* q, std::int64_t n) noexcept {
@@ -21,7 +29,7 @@ inline float dot_row(const void* row, DType dtype, const float* q, std::int64_t 
 }
 
 // out[i] = dot_row(rows + i * stride elements, dtype, q, n) for i < count, bit for bit (with
-// AVX2, eight rows at a time).
+// AVX2 + FMA, eight rows at a time).
 void dot_rows(const void* rows, DType dtype, std::int64_t stride, const float* q, std::int64_t n,
               std::int64_t count, float* out) noexcept;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -90,16 +91,17 @@ void token_scores_scalar(const RowSet& s, std::int64_t D, const float* q, std::i
       for (std::int64_t g = 0; g < n_groups; ++g) {
         const std::int64_t c0 = g * G, c1 = std::min(D, c0 + G);
         float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (std::int64_t c = c0; c < c1; ++c) t[c % 8] += qj[c] * element(s, r, c);
+        for (std::int64_t c = c0; c < c1; ++c)
+          t[c % 8] = std::fma(qj[c], element(s, r, c), t[c % 8]);
         const float w = plain ? 1.0f : scale_of(s, r, g);
-        for (int l = 0; l < 8; ++l) acc[l] += plain ? t[l] : w * t[l];
+        for (int l = 0; l < 8; ++l) acc[l] = plain ? acc[l] + t[l] : std::fma(w, t[l], acc[l]);
       }
       float score = reduce_lanes(acc);
       if (asym) {
         float zt = 0.0f;
         for (std::int64_t g = 0; g < n_groups; ++g) {
           const std::int64_t c0 = g * G, c1 = std::min(D, c0 + G);
-          zt += zero_of(s, r, g) * kernels::sum(qj + c0, c1 - c0);
+          zt = std::fma(zero_of(s, r, g), kernels::sum(qj + c0, c1 - c0), zt);
         }
         score = score + zt;
       }
@@ -142,8 +144,11 @@ void token_values_scalar(const RowSet& s, std::int64_t first, std::int64_t D, co
       for (std::int64_t g = 0; g < n_groups; ++g) {
         const std::int64_t c0 = g * G, c1 = std::min(D, c0 + G);
         const float w = plain ? p : p * scale_of(s, r, g);
-        for (std::int64_t c = c0; c < c1; ++c) a[c] += w * element(s, r, c);
-        if (asym) Z[(j * 4 + k) * zs + g] += p * zero_of(s, r, g);
+        for (std::int64_t c = c0; c < c1; ++c) a[c] = std::fma(w, element(s, r, c), a[c]);
+        if (asym) {
+          float& z = Z[(j * 4 + k) * zs + g];
+          z = std::fma(p, zero_of(s, r, g), z);
+        }
       }
     }
   }
@@ -155,13 +160,13 @@ constexpr std::int64_t kMaxGroups = 32;  // D <= 256 with groups of >= 8 channel
 constexpr std::int64_t kValueBlock = 32;  // rows per block of the value sums
 
 namespace avx2 {
-#define VQ_ATTN_TARGET __attribute__((target("avx2,f16c")))
+#define VQ_ATTN_TARGET __attribute__((target("avx2,f16c,fma")))
 #include "store/packed_attention_x86.inc"
 #undef VQ_ATTN_TARGET
 }  // namespace avx2
 
 namespace avx512 {
-#define VQ_ATTN_TARGET __attribute__((target("avx2,f16c,avx512f,avx512vl,avx512bw,avx512dq")))
+#define VQ_ATTN_TARGET __attribute__((target("avx2,f16c,fma,avx512f,avx512vl,avx512bw,avx512dq")))
 #include "store/packed_attention_x86.inc"
 #undef VQ_ATTN_TARGET
 }  // namespace avx512

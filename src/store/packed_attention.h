@@ -8,8 +8,11 @@
 // Each kernel has one scalar definition, below, in a fixed order; each SIMD family (chosen at
 // run time: AVX2, or the same kernels built for AVX-512) computes the same additions in the
 // same order and is bit-identical to it
-// (tests/test_packed_attention.cpp). "dot" is kernels::dot's order: lane l (0..7) sums the terms
-// c = l, l+8, ... in increasing c from +0, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+// (tests/test_packed_attention.cpp). "dot" is kernels::dot's order (src/base/kernels.h, the
+// library's definition): lane l (0..7) accumulates the terms c = l, l+8, ... in increasing c
+// from +0 with one fused multiply-add each, acc_l = fma(a_c, b_c, acc_l), then
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Below, "sums a * b" means that: fma(a, b, acc) per
+// term, one rounding (std::fma in the scalar definitions, vfmadd in the SIMD families).
 //
 // Element x_rc of a row (exact in fp32): a plain row's value (kF32, kF16); a code 0..2^bits-1
 // (kU2, kU4: packed as packed_codes.h, code c at bit (c * bits) % 8 of byte (c * bits) / 8);
@@ -59,18 +62,18 @@ float element(const RowSet& rows, std::int64_t r, std::int64_t c) noexcept;
 // Scores of n_q queries (q_j = q + j * D) over the rows of a per-token set:
 //   out[j * ld + r] = -inf if positions[r] > pos, else
 //   plain: dot(q_j, x_r);
-//   grouped: acc_l = sum over groups g, in order, from +0, of s_rg * t_gl, where t_gl sums
-//   q_jc * x_rc over the group's channels c with c % 8 == l, in increasing c, from +0; the score
-//   is ((acc_0+acc_4)+(acc_2+acc_6)) + ((acc_1+acc_5)+(acc_3+acc_7)), plus, asymmetric,
-//   zt = sum over g, in order, from +0, of z_rg * Q_jg with Q_jg = kernels::sum of q_j over the
-//   group's channels.
+//   grouped: acc_l = fma(s_rg, t_gl, acc_l) over groups g, in order, from +0, where t_gl sums
+//   q_jc * x_rc (t = fma(q_jc, x_rc, t)) over the group's channels c with c % 8 == l, in
+//   increasing c, from +0; the score is ((acc_0+acc_4)+(acc_2+acc_6)) +
+//   ((acc_1+acc_5)+(acc_3+acc_7)), plus, asymmetric, zt = fma(z_rg, Q_jg, zt) over g, in order,
+//   from +0, with Q_jg = kernels::sum of q_j over the group's channels (a plain sum).
 void token_scores(cpu::Isa isa, const RowSet& rows, std::int64_t D, const float* q,
                   std::int64_t n_q, std::int64_t pos, float* out, std::int64_t ld) noexcept;
 
 // Scores over a KIVI key group: rows sharing per-channel fp16 scale[c] and zero[c], codes kU2 or
 // kU4 (fmt), param_stride and group unused. out[j * ld + r] = -inf if positions[r] > pos, else
-// dot(qs_j, x_r) + dot(q_j, z) where qs_jc = q_jc * s_c (the query folded into the scales once
-// per group).
+// dot(qs_j, x_r) + dot(q_j, z) where qs_jc = q_jc * s_c (a plain product: the query folded into
+// the scales once per group).
 void channel_scores(cpu::Isa isa, const RowSet& rows, const std::uint16_t* scale,
                     const std::uint16_t* zero, std::int64_t D, const float* q, std::int64_t n_q,
                     std::int64_t pos, float* out, std::int64_t ld) noexcept;
@@ -78,8 +81,9 @@ void channel_scores(cpu::Isa isa, const RowSet& rows, const std::uint16_t* scale
 // Weighted value sums, added into partial sums: for each row r with positions[r] <= pos, in
 // increasing r, k = (first + r) mod 4 (first: the index of row 0 in the whole head), for each
 // query j (p = probs[j * ld + r]) and group g:
-//   A[(j * 4 + k) * D + c] += w * x_rc for the group's channels c, w = p (plain) or p * s_rg;
-//   asymmetric: Z[(j * 4 + k) * zs + g] += p * z_rg (zs: Z's stride, >= the number of groups).
+//   A[(j * 4 + k) * D + c] = fma(w, x_rc, A[...]) for the group's channels c, w = p (plain) or
+//   the plain product p * s_rg; asymmetric: Z[(j * 4 + k) * zs + g] = fma(p, z_rg, Z[...]) (zs:
+//   Z's stride, >= the number of groups).
 // A and Z are the caller's, +0 at the start of the head; finish_values turns them into outputs.
 void token_values(cpu::Isa isa, const RowSet& rows, std::int64_t first, std::int64_t D,
                   const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t pos,

@@ -7,7 +7,7 @@
 
 #include "base/kernels.h"
 
-#if defined(__AVX__)
+#if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
 #define VQ_ENGINE_AVX 1
 #endif
@@ -66,13 +66,13 @@ inline void dot_rows(const float* w, const float* x, std::int64_t n, float* out)
   for (; j + 8 <= n; j += 8) {
     const __m256 xv = _mm256_loadu_ps(x + j);
     for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_loadu_ps(w + r * n + j), xv));
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * n + j), xv, acc[r]);
   }
-  if (j < n) {  // lanes past the end load 0: 0 * 0 adds +0, which leaves a lane unchanged
+  if (j < n) {  // lanes past the end load 0: fma(0, 0, acc) = acc, lanes unchanged
     const __m256i m = tail_mask(n - j);
     const __m256 xv = _mm256_maskload_ps(x + j, m);
     for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_maskload_ps(w + r * n + j, m), xv));
+      acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(w + r * n + j, m), xv, acc[r]);
   }
 #ifdef __AVX2__
   if constexpr (R == 8) {
@@ -246,8 +246,7 @@ std::int64_t score_blocks(const float* q, std::int64_t n_q, std::int64_t D,
       for (std::int64_t c = 0; c < C; ++c) {
         const __m256 qv = _mm256_loadu_ps(qj + 8 * c);
         for (int k = 0; k < 8; ++k) {
-          acc[k] = _mm256_add_ps(
-              acc[k], _mm256_mul_ps(qv, load8_as<kF16>(base + (r + k) * row_bytes, 8 * c)));
+          acc[k] = _mm256_fmadd_ps(qv, load8_as<kF16>(base + (r + k) * row_bytes, 8 * c), acc[k]);
         }
       }
       _mm256_storeu_ps(scores + j * ld + r,
@@ -287,8 +286,7 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
         const float* qj = q + j * D;
         __m256 acc = _mm256_setzero_ps();
         for (std::int64_t c = 0; c < C; ++c)
-          acc = _mm256_add_ps(acc,
-                              _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c)));
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(qj + 8 * c), load8(row, dtype, 8 * c), acc);
         scores[j * ld + r] = reduce_tree(acc);
       }
     }
@@ -346,8 +344,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
           for (int k = 0; k < 4; ++k) {
             const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
             for (int j = 0; j < NQ; ++j) {
-              part[j][k] = _mm256_add_ps(part[j][k],
-                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+              part[j][k] = _mm256_fmadd_ps(_mm256_set1_ps(probs[j * ld + r + k]), v, part[j][k]);
             }
           }
         }
@@ -358,8 +355,7 @@ void values_group(const float* probs, std::int64_t ld, std::int64_t D, const std
             const __m256 v = load8_as<kF16>(base + (r + k) * row_bytes, 8 * c);
             for (int j = 0; j < NQ; ++j) {
               if (positions[r + k] > qpos[j]) continue;
-              part[j][k] = _mm256_add_ps(part[j][k],
-                                         _mm256_mul_ps(_mm256_set1_ps(probs[j * ld + r + k]), v));
+              part[j][k] = _mm256_fmadd_ps(_mm256_set1_ps(probs[j * ld + r + k]), v, part[j][k]);
             }
           }
         }
@@ -436,7 +432,7 @@ void values_add(const float* probs, std::int64_t n_q, std::int64_t ld, std::int6
           std::memcpy(&h, row + d * 2, 2);
           v = half_to_float(h);
         }
-        part[d] += p[r] * v;
+        part[d] = std::fma(p[r], v, part[d]);
       }
     }
   }

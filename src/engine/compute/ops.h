@@ -1,10 +1,13 @@
 // The engine's numeric kernels. Every reduction uses the library's one fixed order
-// (src/base/kernels.h): lane l of 8 sums the terms i = l, l+8, l+16, ... in increasing i, then
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Blocking over output rows or SIMD only changes which
-// rows are computed together, never the order within a row, so results are bit-identical to
-// kernels::dot whatever the instruction set (-ffp-contract=off, no fast-math; see CMakeLists).
+// (src/base/kernels.h): lane l of 8 accumulates the terms i = l, l+8, l+16, ... in increasing i
+// with one fused multiply-add each (acc_l = fma(a_i, b_i, acc_l), from +0), then
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)); a weighted sum s += p * v is s = fma(p, v, s). Blocking
+// over output rows or SIMD only changes which rows are computed together, never the order within a
+// row, so results are bit-identical to kernels::dot whatever the instruction set
+// (-ffp-contract=off, no fast-math; see CMakeLists).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "veloxquant/types.h"
@@ -16,9 +19,9 @@ inline float dot(const float* a, const float* b, std::int64_t n) noexcept {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   }
-  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
@@ -54,8 +57,8 @@ void attention_scores(const float* q, std::int64_t n_q, std::int64_t D, const vo
 
 // out_j[d] = sum over rows r with positions[r] <= pos of probs[j * ld + r] * value_r[d], for
 // j < n_q (out_j = out + j * D). Fixed order: four partial sums s_k over the rows r = k mod 4,
-// each in increasing r, then (s0 + s2) + (s1 + s3) (independent chains hide the add latency).
-// sums: scratch of n_q * 4 * D floats (the partial sums).
+// each in increasing r as s_k = fma(p_r, value_r[d], s_k), then (s0 + s2) + (s1 + s3) (independent
+// chains hide the add latency). sums: scratch of n_q * 4 * D floats (the partial sums).
 void attention_values(const float* probs, std::int64_t n_q, std::int64_t ld, std::int64_t D,
                       const void* values, DType dtype, std::int64_t stride,
                       const std::int32_t* positions, std::int64_t n_rows, std::int64_t pos,
