@@ -50,6 +50,19 @@ const char* name(Fmt f) {
   return "?";
 }
 
+// n plain fp32 rows of D channels held in `rows` (one group of D channels).
+RowSet plain_f32_rows(const std::vector<float>& rows, std::int64_t D,
+                      const std::int32_t* positions, std::int64_t n) {
+  RowSet set;
+  set.fmt = Fmt::kF32;
+  set.data = reinterpret_cast<const std::uint8_t*>(rows.data());
+  set.row_bytes = 4 * D;
+  set.group = D;
+  set.positions = positions;
+  set.n = n;
+  return set;
+}
+
 // Random rows of one format and their data.
 struct Rows {
   RowSet set;
@@ -436,13 +449,7 @@ TEST(PackedAttention, FusedMultiplyAddsWorkedOutByHand) {
       }
       q[0] = 1.0f;
       q[8] = e12;
-      RowSet set;
-      set.fmt = Fmt::kF32;
-      set.data = reinterpret_cast<const std::uint8_t*>(rows.data());
-      set.row_bytes = 64;
-      set.group = 16;
-      set.positions = positions.data();
-      set.n = 8;
+      const RowSet set = plain_f32_rows(rows, 16, positions.data(), 8);
       std::vector<float> out(8, 7.0f);
       detail::attn::token_scores(isa, set, 16, q.data(), 1, 0, out.data(), 8);
       for (float x : out) EXPECT_EQ(x, std::ldexp(1.0f, -11) + std::ldexp(1.0f, -24)) << what;
@@ -490,13 +497,7 @@ TEST(PackedAttention, FusedMultiplyAddsWorkedOutByHand) {
       }
       probs[0] = 1.0f;
       probs[4] = e12;
-      RowSet set;
-      set.fmt = Fmt::kF32;
-      set.data = reinterpret_cast<const std::uint8_t*>(rows.data());
-      set.row_bytes = 32;
-      set.group = 8;
-      set.positions = positions.data();
-      set.n = 8;
+      const RowSet set = plain_f32_rows(rows, 8, positions.data(), 8);
       std::vector<float> A(4 * 8, 0.0f), out(8, 7.0f);
       detail::attn::token_values(isa, set, 0, 8, probs.data(), 1, 8, 0, A.data(), nullptr, 0);
       detail::attn::finish_values(A.data(), nullptr, 0, 8, 1, 8, out.data());
