@@ -4,6 +4,7 @@
 // steps (block value, lanes, tree) are one shared piece of code, so the families agree bit for
 // bit as long as the integer sums are exact, which the comments at each SIMD dot show.
 #include "engine/compute/block_matmul.h"
+#include "engine/compute/prefetch.h"
 
 #include <algorithm>
 #include <atomic>
