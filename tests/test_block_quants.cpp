@@ -458,9 +458,9 @@ TEST(BlockMatmul, EveryFamilyIsTheScalarDefinitionBitForBit) {
 // The decode (S = 1) kernels of the AVX-512 VNNI family (Q4_0, Q4_K, Q5_K, Q6_K; the other types
 // fall back to the AVX2 kernels) against the scalar definition, bit for bit: every width from
 // one block up to past two groups of eight blocks (partial groups of every size, K super-block
-// counts past the eight accumulators), row counts that leave every remainder of the two- and four-row
-// passes, ranges split at odd rows, random bytes (every code, scale and min value; Q8_0-style
-// extreme activations from a large value), and an activation block holding a NaN.
+// counts past the eight accumulators), row counts that leave every remainder of the two- and
+// four-row passes, ranges split at odd rows, random bytes (every code, scale and min value;
+// Q8_0-style extreme activations from a large value), and an activation block holding a NaN.
 TEST(BlockMatmul, Avx512DecodeKernelsAreTheScalarDefinitionBitForBit) {
   if (!cpu::isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI/VBMI here";
   for (const WeightType t : kTypes) {
