@@ -8,8 +8,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 if [ "${1:-}" = "--sanitize" ]; then
   export VQ_BUILD_DIR=build-asan
+  # Line tables only (-g1): the sanitizers' reports keep file:line, and the build (link-heavy:
+  # every test binary carries the instrumented library) no longer writes gigabytes of debug info.
   scripts/build.sh -DVELOXQUANT_SANITIZE=address,undefined -DVELOXQUANT_BUILD_BENCH=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 else
