@@ -24,8 +24,9 @@
 
 namespace vq::engine {
 
-// One prefetch per 64-byte line of [p, p + n) (a line of a span starting mid-line is covered
-// by the span before it). A prefetch never faults, so spans may run past the matrix's end.
+// One prefetch per 64 bytes from p: the lines of [p, p + n) but, where the span does not start
+// on a line, possibly its last one, which holds the next span's first byte and is fetched by
+// that span. A prefetch never faults, so spans may run past the matrix's end.
 inline void prefetch_span(const std::uint8_t* p, std::int64_t n) noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   for (std::int64_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
