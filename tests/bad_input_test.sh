@@ -196,6 +196,8 @@ bad "decode threads 65536" 2 "--threads values must be at most the [0-9]+ core\(
 bad "eval threads 65536" 2 "--threads: must be at most the [0-9]+ core\(s\)" -- ev --threads 65536 --json "$out"
 #    Allocations sized from flags: estimated and refused before allocating.
 bad "decode fill-chunk memory" 2 "bench decode: the run needs about .* more than 64.0 MiB \(the --max-memory limit\); nothing was allocated" -- "${dec[@]}" --context 4096 --fill-chunk 4096 --max-memory 64M --json "$out"
+bad "decode prefill-chunk 0" 2 "--prefill-chunk: must be an integer in \[1, 16777216\], got 0" -- "${dec[@]}" --context 16 --prefill-real --prefill-chunk 0 --json "$out"
+bad "decode prefill-chunk without prefill-real" 2 "--prefill-chunk sets the prompt's chunks of --prefill-real; without --prefill-real" -- "${dec[@]}" --context 16 --prefill-chunk 8 --json "$out"
 bad "decode bandwidth buffer" 2 "--bandwidth-mib: must be an integer in \[16, 1048576\], got 1000000000" -- "${dec[@]}" --context 16 --bandwidth-mib 1000000000 --json "$out"
 bad "make-model memory" 2 "make-model: the run needs about 15.0 GiB \(the weights of --shape llama-3-8b \(32 layers, bf16\)" -- make-model --shape llama-3-8b --layers 32 --max-memory 1G --out "$tmp/out/m"
 bad "convert memory" 2 "convert: the run needs about .* \(the converted tensors of '$model' as f32\)" -- convert --from "$model" --to "$tmp/out/m.gguf" --max-memory 1K

@@ -285,6 +285,11 @@ void add_bench_decode(CLI::App& bench, int argc, const char* const* argv) {
       ->check(int_range(1, eval::kMaxDecodeContext));
   decode->add_flag("--prefill-real", d->o.prefill_real,
                    "Fill by running the model over N tokens (slow at long contexts)");
+  decode->add_option("--prefill-chunk", d->o.prefill_chunk,
+                     "With --prefill-real: prompt tokens per forward step (llama-bench's default "
+                     "micro-batch is 512)")
+      ->capture_default_str()
+      ->check(int_range(1, eval::kMaxDecodeContext));
   decode->add_option("--bandwidth-mib", d->o.bandwidth_mib,
                      "Buffer size for the read-bandwidth measurement")
       ->capture_default_str()
@@ -298,6 +303,11 @@ void add_bench_decode(CLI::App& bench, int argc, const char* const* argv) {
   decode->add_flag("--quiet", d->quiet, "No progress lines on stderr");
   decode->callback([d, decode]() {
     d->o.budget_given = decode->count("--budget") > 0;
+    if (decode->count("--prefill-chunk") > 0 && !d->o.prefill_real) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "bench decode: --prefill-chunk sets the prompt's chunks of --prefill-real; "
+                  "without --prefill-real the cache is filled synthetically (--fill-chunk)");
+    }
     refuse_shape_flags_with_model(*decode, d->o.model_path);
     run_bench_decode(*d);
   });

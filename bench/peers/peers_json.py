@@ -119,8 +119,9 @@ def matrix_main(argv):
                      "tokens/s after N prompt tokens",
             "steps": a.steps,
             "llama_cpp": a.llama_cpp,
-            "veloxquant": "bench decode --method full --prefill-real (f16 KV, prompt chunks "
-                          "of 64); pp from the fill time, tg from the median step",
+            "veloxquant": "bench decode --method full --prefill-real --prefill-chunk 512 (f16 "
+                          "KV, prompt chunks of 512, llama-bench's ubatch); pp from the fill "
+                          "time, tg from the median step",
             "native": "llama-bench -r 1 -o json (" + a.native_bin + "): pp as -p N -n 0, tg as "
                       "-p 0 -n STEPS -d N; f16 KV, flash attention auto, ubatch 512",
             "npm": "npm @node-llama-cpp/linux-x64@3.22.1 through llamacpp_driver bench: pp "

@@ -21,8 +21,9 @@
 # llama.cpp and VeloxQuant read the very same file.
 #
 # Engines (--engines):
-#   veloxquant  `veloxquant bench decode --model F --method full --prefill-real` (f16 KV, the
-#               prompt in chunks of 64): ppN = N / its fill time; tgN = 1000 / its median step
+#   veloxquant  `veloxquant bench decode --model F --method full --prefill-real --prefill-chunk
+#               512` (f16 KV, the prompt in chunks of 512 tokens, llama-bench's micro-batch;
+#               chunks of 64 before 2026-12-07): ppN = N / its fill time; tgN = 1000 / its median step
 #               (ms) after N real prompt tokens (STEPS timed steps after 2 warmup steps).
 #   native      llama.cpp built for this CPU (bench/peers/build_llamacpp_native.sh, -march=native
 #               without AMX): `llama-bench -m F -t T -r 1 -o json`, ppN as `-p N -n 0`, tgN as
@@ -180,7 +181,7 @@ measure() {  # engine file threads test with_pp
       local vs=$steps vw=2
       [ "$kind" = pp ] && { vs=1; vw=0; }
       "$vq" bench decode --model "$f" --context "$n" --threads "$t" --method full --steps "$vs" \
-        --warmup "$vw" --prefill-real --bandwidth-mib 16 --quiet --json "$tmpj" >/dev/null 2>"$tmpj.err" ||
+        --warmup "$vw" --prefill-real --prefill-chunk 512 --bandwidth-mib 16 --quiet --json "$tmpj" >/dev/null 2>"$tmpj.err" ||
         { echo "veloxquant: $(tail -c 300 "$tmpj.err")" >&2; rm -f "$tmpj" "$tmpj.err"; return 1; }
       python3 - "$tmpj" "$kind" "$n" "$with_pp" <<'PY'
 import json, sys

@@ -171,7 +171,7 @@ double decode_bench_bytes(const DecodeBenchOptions& o, const engine::ModelConfig
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
   const std::int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
   const std::int64_t rows = max_ctx + o.warmup + o.steps + 1;
-  const std::int64_t chunk = o.prefill_real ? std::min<std::int64_t>(64, max_ctx) : 1;
+  const std::int64_t chunk = o.prefill_real ? std::min(o.prefill_chunk, max_ctx) : 1;
   // The chunk's probabilities only for the methods that read them (the engine and the
   // synthetic fill materialise them for those alone).
   double methods = 0;
@@ -274,6 +274,7 @@ nlohmann::json decode_settings(const DecodeBenchOptions& o, const engine::Model&
   settings["warmup"] = o.warmup;
   settings["fill"] = o.prefill_real ? "prefill" : "synthetic";
   settings["fill_chunk"] = o.fill_chunk;
+  if (o.prefill_real) settings["prefill_chunk"] = o.prefill_chunk;
   settings["model_load_ms"] = load_s * 1e3;
   settings["matmul_isa"] = cpu::to_string(cpu::best_isa());
   return settings;
@@ -333,18 +334,18 @@ Run fill_run(const engine::Model& model, const DecodeBenchOptions& o, const std:
   // so the stores grow no further than that (a full cache holds exactly its rows).
   r.cache->expect_positions(n + o.warmup + o.steps);
   r.tf = std::make_unique<engine::Transformer>(
-      model, o.prefill_real ? std::min<std::int64_t>(64, n) : 1, n + o.warmup + o.steps + 1);
+      model, o.prefill_real ? std::min(o.prefill_chunk, n) : 1, n + o.warmup + o.steps + 1);
   const auto t_fill = Clock::now();
   r.token = c.bos_id >= 0 ? c.bos_id : 0;
   if (o.prefill_real) {
-    // n tokens, deterministic and spread over the vocabulary, in chunks of 64.
+    // n tokens, deterministic and spread over the vocabulary, in chunks of --prefill-chunk.
     prompt.resize(sz(n));
     for (std::int64_t i = 0; i < n; ++i)
       prompt[sz(i)] = static_cast<std::int32_t>(mix(o.seed + static_cast<std::uint64_t>(i)) %
                                                 static_cast<std::uint64_t>(c.vocab_size));
     const float* logits = nullptr;
-    for (std::int64_t p = 0; p < n; p += 64) {
-      const std::int64_t S = std::min<std::int64_t>(64, n - p);
+    for (std::int64_t p = 0; p < n; p += o.prefill_chunk) {
+      const std::int64_t S = std::min(o.prefill_chunk, n - p);
       logits = r.tf->forward(prompt.data() + p, S, *r.cache, engine::Logits::kLast);
     }
     r.token = argmax(logits, c.vocab_size);

@@ -32,6 +32,7 @@ struct DecodeBenchOptions {
   std::int64_t warmup = 2;           // untimed decode steps first
   std::int64_t fill_chunk = 256;     // positions per synthetic fill step
   bool prefill_real = false;         // fill by running the model over N tokens
+  std::int64_t prefill_chunk = 64;   // prefill_real: prompt tokens per forward step
   std::int64_t bandwidth_mib = 512;  // buffer for the bandwidth measurement
   std::uint64_t max_memory = 0;      // --max-memory; 0: the available memory (engine/run/resources.h)
   std::string head_pattern;          // --duo-pattern: for methods with head types ("" = none)
@@ -45,7 +46,8 @@ struct DecodeProgress {
 // Upper bounds of the flags (inclusive). With them no size computed from the flags overflows;
 // the memory guard (engine/run/resources.h) then refuses runs too large for the machine.
 inline constexpr std::int64_t kMaxDecodeContext = std::int64_t{1} << 24;  // --context, --budget,
-                                                                         // --fill-chunk
+                                                                         // --fill-chunk,
+                                                                         // --prefill-chunk
 inline constexpr std::int64_t kMaxDecodeSteps = std::int64_t{1} << 20;    // --steps, --warmup
 inline constexpr std::int64_t kMaxDecodeLayers = 4096;                    // --layers
 inline constexpr std::int64_t kMaxBandwidthMib = std::int64_t{1} << 20;   // --bandwidth-mib
